@@ -1,0 +1,39 @@
+# mrcstack: the targets a newcomer uses.  `make demo` and `make test` are the two README commands.
+SHELL := /bin/bash
+PY    := .venv/bin/python
+# Debian packages the project needs (tshark decodes our packets in tests).
+APT_PACKAGES := tshark
+
+.PHONY: setup lint test bench demo clean-venv
+
+setup: .venv/.installed
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+.venv/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+lint: setup
+	.venv/bin/ruff check mrcstack tests bench
+	.venv/bin/ruff format --check mrcstack tests bench
+	.venv/bin/mypy mrcstack
+
+test: setup lint
+	.venv/bin/pytest -q
+
+bench: setup
+	$(PY) -m bench
+
+demo:
+	@echo "make demo: not built yet (the daemon lands with issue 4); try: $(PY) -m mrcstack.sim --help"
+
+clean-venv:
+	rm -rf .venv

@@ -1,0 +1,382 @@
+"""The sans-IO MRC connection (a QP): three inputs, two outputs, one timer.
+
+In: API calls (``post_write``, ``set_port_state``), ``receive_datagram(data, now, port)``,
+``handle_timer(now)``.  Out: ``datagrams_to_send(now)`` and ``next_event()``; ``get_timer()``
+is the one deadline the adapter arms.  Nothing here reads a clock, opens a socket or draws
+global randomness.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from mrcstack.core import cc as cc_mod
+from mrcstack.core.config import ConnectionConfig, ConnectionStats
+from mrcstack.core.errors import ConnectionFailedError, LocalError
+from mrcstack.core.events import (
+    ConnectionFailed,
+    Event,
+    EvStateChanged,
+    PortStateChanged,
+    WcStatus,
+)
+from mrcstack.core.evs import EvSlot, EvTable
+from mrcstack.core.memory import MemoryTable
+from mrcstack.core.psn import to_psn
+from mrcstack.core.receiver import Feedback, Receiver
+from mrcstack.core.sender import Sender
+from mrcstack.wire import (
+    AckPacket,
+    AeadIntegrity,
+    CrcIntegrity,
+    DataPacket,
+    DecodeError,
+    FeedbackFlags,
+    Integrity,
+    ProbePacket,
+    ProbeReplyPacket,
+    ReplayWindow,
+    decode,
+    encode,
+)
+
+#: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
+DEFAULT_BATCH = 1 << 16
+U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Datagram:
+    """One UDP payload to send on NIC port ``port``, to the path that EV ``ev`` names."""
+
+    data: bytes
+    port: int
+    ev: int
+
+
+class Connection:
+    def __init__(
+        self,
+        config: ConnectionConfig,
+        *,
+        memory: MemoryTable,
+        rng: random.Random,
+        now: float,
+    ) -> None:
+        self.cfg = config
+        self.rng = rng
+        self.memory = memory
+        self.stats = ConnectionStats(planes=config.planes)
+        self._events: deque[Event] = deque()
+        entries = config.evs[:1] if config.mode == "roce" else config.evs
+        self.evs = EvTable(
+            entries,
+            config.planes,
+            self._emit,
+            profile_id=config.profile_id,
+            ev_count=1 if config.mode == "roce" else config.ev_count,
+            ev_min_active=config.ev_min_active,
+            denied=config.denied,
+        )
+        params = config.cc_params if config.cc_params is not None else cc_mod.CCParams()
+        self.cc = cc_mod.create(config.cc, params, config.mtu_payload, now)
+        self.integrity: Integrity
+        if config.key is not None:
+            self.integrity = AeadIntegrity(
+                config.key, config.local_qpn, config.remote_qpn, encrypt=config.encrypt
+            )
+            self.replay: ReplayWindow | None = ReplayWindow()
+        else:
+            self.integrity = CrcIntegrity()
+            self.replay = None
+        self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
+        self.receiver = Receiver(config, memory, self.stats, self._emit)
+        self._control: deque[Datagram] = deque()
+        self._tx_seq = 0
+        self._rr = rng.randrange(1 << 16)
+        self._port_bits = (1 << config.planes) - 1
+        self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
+        self._next_probe: float | None = None
+        self._last_data_rx = -1.0
+        self.failed: str | None = None
+
+    # Application API ------------------------------------------------------------------
+    def post_write(
+        self,
+        wr_id: int,
+        local: bytes | bytearray | memoryview,
+        remote_va: int,
+        rkey: int,
+        *,
+        imm: int | None = None,
+        now: float,
+    ) -> None:
+        """Post an RDMA WRITE (with immediate if ``imm`` is given) of all of ``local``."""
+        if self.failed is not None:
+            raise ConnectionFailedError(f"connection failed: {self.failed}")
+        view = memoryview(local)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        n = view.nbytes
+        if n == 0:
+            raise LocalError("a write needs at least one byte")
+        if remote_va < 0 or remote_va + n - 1 > U64:
+            raise LocalError(f"remote range {remote_va:#x}+{n} leaves the 64-bit space")
+        if not 0 <= rkey <= 0xFFFFFFFF:
+            raise LocalError(f"rkey {rkey} is not 32-bit")
+        if imm is not None and not 0 <= imm <= 0xFFFFFFFF:
+            raise LocalError(f"immediate {imm} is not 32-bit")
+        self.sender.post(wr_id, view, remote_va, rkey, imm)
+        self._schedule_probes(now)
+
+    def set_port_state(self, port: int, up: bool, now: float) -> None:
+        """Our NIC port for ``port`` went down or came back (the adapter watches links)."""
+        if not 0 <= port < self.cfg.planes:
+            raise LocalError(f"port {port} out of range 0..{self.cfg.planes - 1}")
+        if up:
+            self._port_bits |= 1 << port
+        else:
+            self._port_bits &= ~(1 << port)
+        if self.evs.set_port(port, up, remote=False):
+            self._emit(PortStateChanged(port, up, remote=False))
+            if not up:
+                self.sender.port_lost(port)
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing posted is pending (every write completed or failed)."""
+        return self.sender.idle
+
+    # Network input --------------------------------------------------------------------
+    def receive_datagram(
+        self, data: bytes | memoryview, *, now: float, port: int, ecn: bool = False
+    ) -> None:
+        stats = self.stats
+        if self.failed is not None:
+            return
+        if not 0 <= port < self.cfg.planes:
+            stats.count(stats.rejected, "port")
+            return
+        try:
+            pkt = decode(data, self.integrity)
+        except DecodeError as exc:
+            stats.count(stats.rejected, exc.reason.name.lower())
+            return
+        if pkt.qpn != self.cfg.local_qpn:
+            stats.count(stats.rejected, "qpn")
+            return
+        replay = self.replay
+        if replay is not None and not (type(pkt) is DataPacket and pkt.trimmed):
+            if not replay.check(pkt.tx_seq):
+                stats.count(stats.rejected, "replay")
+                return
+            replay.update(pkt.tx_seq)
+        stats.packets_received[port] += 1
+        stats.bytes_received[port] += len(data)
+        if type(pkt) is DataPacket:
+            self._last_data_rx = now
+            if ecn:
+                stats.ecn_received += 1
+            fb = self.receiver.on_data(pkt, ecn)
+            if fb is not None:
+                self._feedback(fb, port)
+            if self._next_probe is None:
+                self._schedule_probes(now)
+        elif type(pkt) is AckPacket:
+            self._peer_ports(pkt.port_state)
+            self.sender.on_ack(pkt, now)
+            if self.sender.failed is not None:
+                self._fail(*self.sender.failed)
+        elif type(pkt) is ProbePacket:
+            self._reply_probe(pkt, port)
+        elif type(pkt) is ProbeReplyPacket:
+            self._peer_ports(pkt.port_state)
+            if self._probes.pop(pkt.echo_ev, None) is not None:
+                stats.probe_replies += 1
+                self.sender.rtt_sample(now - pkt.echo_ts_ns / 1e9)
+                self.evs.probe_result(
+                    pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
+                )
+
+    def _peer_ports(self, bits: int) -> None:
+        for port in range(self.cfg.planes):
+            up = bool(bits >> port & 1)
+            if self.evs.set_port(port, up, remote=True):
+                self._emit(PortStateChanged(port, up, remote=True))
+                if not up:
+                    self.sender.port_lost(port)
+
+    # Output ---------------------------------------------------------------------------
+    def _next_tx_seq(self) -> int:
+        self._tx_seq += 1
+        return self._tx_seq
+
+    def _reverse_slot(self, port: int) -> EvSlot | None:
+        self._rr += 1
+        return self.evs.reverse_ev(port, self._rr, self.cfg.reverse_evs_per_plane)
+
+    def _feedback(self, fb: Feedback, port: int) -> None:
+        slot = self._reverse_slot(port)
+        if slot is None:
+            self.stats.count(self.stats.rejected, "no_reverse_path")
+            return
+        ack = AckPacket(
+            qpn=self.cfg.remote_qpn,
+            cum_psn=fb.cum_psn,
+            msn=fb.msn,
+            ev=slot.entry.value,
+            port=slot.entry.port,
+            tx_seq=self._next_tx_seq(),
+            echo_ev=fb.echo_ev,
+            echo_psn=fb.echo_psn,
+            echo_ts_ns=fb.echo_ts_ns,
+            sack_base=fb.sack_base,
+            sack_bitmap=fb.sack_bitmap,
+            port_state=self._port_bits,
+            flags=FeedbackFlags.ECN_ECHO if fb.ecn else 0,
+            nack_reason=fb.nack_reason,
+        )
+        self._queue(encode(ack, self.integrity), slot)
+
+    def _reply_probe(self, probe: ProbePacket, port: int) -> None:
+        slot = self._reverse_slot(port)
+        if slot is None:
+            return
+        reply = ProbeReplyPacket(
+            qpn=self.cfg.remote_qpn,
+            ev=slot.entry.value,
+            port=slot.entry.port,
+            tx_seq=self._next_tx_seq(),
+            echo_ev=probe.ev,
+            echo_ts_ns=probe.ts_ns,
+            port_state=self._port_bits,
+        )
+        self._queue(encode(reply, self.integrity), slot)
+
+    def _queue(self, data: bytes, slot: EvSlot) -> None:
+        port = slot.entry.port
+        self._control.append(Datagram(data, port, slot.entry.value))
+        self.stats.packets_sent[port] += 1
+        self.stats.bytes_sent[port] += len(data)
+
+    def datagrams_to_send(self, now: float, limit: int = DEFAULT_BATCH) -> list[Datagram]:
+        out: list[Datagram] = []
+        control = self._control
+        while control and len(out) < limit:
+            out.append(control.popleft())
+        if self.failed is not None or len(out) >= limit:
+            return out
+        evs = self.evs
+        if evs.next_skip_expiry <= now:
+            evs.expire_skips(now)
+        specs = self.sender.next_packets(now, limit - len(out))
+        if not specs:
+            return out
+        ts_ns = int(now * 1e9) & U64
+        qpn = self.cfg.remote_qpn
+        integrity = self.integrity
+        stats = self.stats
+        for spec in specs:
+            self._tx_seq += 1
+            pkt = DataPacket(
+                qpn,
+                to_psn(spec.seq),
+                spec.va,
+                spec.rkey,
+                spec.payload,
+                spec.ev,
+                spec.port,
+                self._tx_seq,
+                ts_ns,
+                spec.flags,
+                spec.imm,
+            )
+            data = encode(pkt, integrity)
+            stats.packets_sent[spec.port] += 1
+            stats.bytes_sent[spec.port] += len(data)
+            out.append(Datagram(data, spec.port, spec.ev))
+        return out
+
+    # Timers ---------------------------------------------------------------------------
+    def get_timer(self) -> float | None:
+        if self.failed is not None:
+            return None
+        deadline = self.sender.next_deadline()
+        probe = self._next_probe
+        if probe is not None and (deadline is None or probe < deadline):
+            return probe
+        return deadline
+
+    def handle_timer(self, now: float) -> None:
+        if self.failed is not None:
+            return
+        self.sender.on_timer(now)
+        if self.sender.failed is not None:
+            self._fail(*self.sender.failed)
+            return
+        if self._next_probe is not None and self._next_probe <= now:
+            self._probe_tick(now)
+
+    # Probes ---------------------------------------------------------------------------
+    def _probe_interval(self) -> float:
+        if self.cfg.probe_interval is not None:
+            return self.cfg.probe_interval
+        srtt = self.sender.srtt
+        return max(srtt if srtt is not None else self.cfg.timeout, self.cfg.timeout / 4)
+
+    def _schedule_probes(self, now: float) -> None:
+        if self.cfg.mode == "mrc" and self._next_probe is None:
+            self._next_probe = now + self._probe_interval()
+
+    def _probe_tick(self, now: float) -> None:
+        """Probe assumed-bad EVs (to resurrect them) and, when we only send feedback, the
+        EVs our ACKs use (nothing else would tell us that the reverse path broke)."""
+        interval = self._probe_interval()
+        timeout = max(3 * interval, self.cfg.timeout)
+        cfg = self.cfg
+        for ev, sent in list(self._probes.items()):
+            if now - sent > timeout:
+                del self._probes[ev]
+                self.evs.probe_result(ev, False, now, cfg.probe_ok_needed, cfg.probe_lost_needed)
+        receiving = now - self._last_data_rx < 8 * timeout
+        if self.sender.idle and not receiving:
+            self._next_probe = None  # idle: no traffic, no probes
+            return
+        targets = self.evs.probe_candidates()
+        if self.sender.idle:
+            for port in range(cfg.planes):
+                for slot in self.evs.reverse_set(port, cfg.reverse_evs_per_plane):
+                    if now - slot.last_evidence > 2 * interval:
+                        targets.append(slot)
+        for slot in targets:
+            value = slot.entry.value
+            if value in self._probes:
+                continue
+            self._probes[value] = now
+            probe = ProbePacket(
+                self.cfg.remote_qpn, value, slot.entry.port, self._next_tx_seq(), int(now * 1e9)
+            )
+            self.stats.probes_sent += 1
+            self._queue(encode(probe, self.integrity), slot)
+        self._next_probe = now + interval
+
+    # Events and failure ---------------------------------------------------------------
+    def _emit(self, event: Event) -> None:
+        if type(event) is EvStateChanged:
+            self.stats.ev_state_changes += 1
+        self._events.append(event)
+
+    def _fail(self, reason: str, status: WcStatus) -> None:
+        if self.failed is not None:
+            return
+        self.failed = reason
+        self.sender.flush(status)
+        self._control.clear()
+        self._probes.clear()
+        self._next_probe = None
+        self._emit(ConnectionFailed(reason))

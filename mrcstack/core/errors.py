@@ -1,0 +1,23 @@
+"""Errors that name their side: local misuse versus bad input from the peer."""
+
+from __future__ import annotations
+
+
+class MrcError(Exception):
+    """Base of every mrcstack error."""
+
+
+class LocalError(MrcError):
+    """The local application misused the API (bad argument, unknown region...)."""
+
+
+class PeerError(MrcError):
+    """The peer (or the network) sent something we reject."""
+
+
+class AccessError(LocalError):
+    """A memory access does not match a registered region (rkey, range or permission)."""
+
+
+class ConnectionFailedError(MrcError):
+    """The connection is in the error state; no further work is accepted."""

@@ -1,0 +1,380 @@
+"""EV profiles, the per-connection EV set, and per-EV path health.
+
+Vocabulary of the OCP MRC controller API: an *EV profile* is explicit (a list of EVs, each a
+value plus a NIC port) or generated from field definitions; ``ev_count`` EVs are used at a
+time (split equally across planes), the rest are backups; ``ev_min_active`` bounds demotion;
+any subset may be DENIED.  Every state change goes through :data:`TRANSITIONS`, the single
+table of the EV state machine, and is reported as an :class:`EvStateChanged` event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from mrcstack.core.events import EvState, EvStateChanged
+
+GOOD, SKIP, BAD, DENIED, UNKNOWN = (
+    EvState.GOOD,
+    EvState.SKIP,
+    EvState.ASSUMED_BAD,
+    EvState.DENIED,
+    EvState.UNKNOWN,
+)
+
+#: The EV state machine: (state, signal) -> new state.  Signals not listed for a state are
+#: ignored.  UNKNOWN is a backup EV that is not in use; ``activate`` puts it in use.
+TRANSITIONS: dict[tuple[EvState, str], EvState] = {
+    (GOOD, "ecn"): SKIP,  # a mark means this path is busier than the others
+    (GOOD, "trim"): SKIP,  # a trim means congestion on this path, not breakage
+    (SKIP, "ecn"): SKIP,  # extends the skip
+    (SKIP, "trim"): SKIP,
+    (SKIP, "skip_expired"): GOOD,
+    (GOOD, "loss"): BAD,  # a silent loss means a broken path: stop using it at once
+    (SKIP, "loss"): BAD,
+    (GOOD, "timeout"): BAD,
+    (SKIP, "timeout"): BAD,
+    (GOOD, "probe_lost"): BAD,  # the only evidence an ACK-only endpoint has
+    (SKIP, "probe_lost"): BAD,
+    (BAD, "probe_ok"): GOOD,  # enough consecutive probe replies: resurrect
+    (UNKNOWN, "activate"): GOOD,  # a backup swapped in
+    (BAD, "retire"): UNKNOWN,  # resurrected but not needed: back to the backup pool
+    (GOOD, "deny"): DENIED,
+    (SKIP, "deny"): DENIED,
+    (BAD, "deny"): DENIED,
+    (UNKNOWN, "deny"): DENIED,
+    (DENIED, "allow"): BAD,  # an allowed EV must prove itself with probes first
+}
+
+USABLE = (GOOD, SKIP)
+
+
+@dataclass(frozen=True, slots=True)
+class EvEntry:
+    """One EV of a profile: the path value and the (0-based) NIC port / plane it leaves on."""
+
+    value: int
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvField:
+    """One field of a generated EV (OCP GEN mode): bits [offset, offset+width)."""
+
+    name: str
+    width: int
+    min: int = 0
+    max: int | None = None  # inclusive; default: all ones
+    mask: int | None = None  # only values v with v & ~mask == 0 are generated
+
+    def values(self) -> Iterable[int]:
+        top = (1 << self.width) - 1 if self.max is None else self.max
+        if not 0 < self.width <= 32 or not 0 <= self.min <= top < 1 << self.width:
+            raise ValueError(f"EV field {self.name}: bad width/min/max")
+        for v in range(self.min, top + 1):
+            if self.mask is None or v & ~self.mask == 0:
+                yield v
+
+
+def generate_evs(fields: Sequence[EvField], port_field: str = "plane") -> tuple[EvEntry, ...]:
+    """Every EV the fields describe, packed from bit 0 in field order (first field fastest).
+
+    The port of each EV is the value of ``port_field``.  Order: the port field varies slowest,
+    so a prefix of the result is not biased to one plane only when callers split by port.
+    """
+    names = [f.name for f in fields]
+    if port_field not in names:
+        raise ValueError(f"EV fields have no port field {port_field!r}")
+    if sum(f.width for f in fields) > 32:
+        raise ValueError("EV fields exceed 32 bits")
+    offsets = list(itertools.accumulate((f.width for f in fields), initial=0))
+    out = []
+    for combo in itertools.product(*(list(f.values()) for f in reversed(fields))):
+        values = list(reversed(combo))
+        value = sum(v << off for v, off in zip(values, offsets, strict=False))
+        out.append(EvEntry(value, values[names.index(port_field)]))
+    return tuple(out)
+
+
+class EvSlot:
+    """Mutable per-EV record inside an :class:`EvTable` (never crosses the core boundary)."""
+
+    __slots__ = (
+        "drop_count",
+        "entry",
+        "in_use",
+        "last_evidence",
+        "probe_fails",
+        "probe_oks",
+        "skip_until",
+        "state",
+    )
+
+    def __init__(self, entry: EvEntry, state: EvState) -> None:
+        self.entry = entry
+        self.state = state
+        self.in_use = False
+        self.drop_count = 0
+        self.skip_until = 0.0
+        self.probe_oks = 0
+        self.probe_fails = 0
+        self.last_evidence = -1.0  # last time a reply proved this path works
+
+
+class EvTable:
+    """The EV set of one sending direction of a connection, with its backups.
+
+    Spraying rotates over the up planes, then over the usable in-use EVs of the plane, so
+    planes stay exactly equally loaded whatever their number of healthy EVs.
+    """
+
+    def __init__(
+        self,
+        entries: Sequence[EvEntry],
+        planes: int,
+        emit: Callable[[EvStateChanged], None],
+        *,
+        profile_id: int = 0,
+        ev_count: int = 128,
+        ev_min_active: int = 1,
+        denied: Iterable[int] = (),
+    ) -> None:
+        if not entries:
+            raise ValueError("an EV profile needs at least one EV")
+        if ev_count < 1 or ev_min_active < 0:
+            raise ValueError("ev_count must be >= 1 and ev_min_active >= 0")
+        self.planes = planes
+        self.profile_id = profile_id
+        self.ev_min_active = ev_min_active
+        self._emit = emit
+        self.next_skip_expiry = math.inf
+        self.port_up = [True] * planes
+        self.remote_port_up = [True] * planes
+        self._plane_rr = 0
+        self._ev_rr = [0] * planes
+        self._in_use: list[list[EvSlot]] = [[] for _ in range(planes)]
+        self.up_planes: list[int] = []
+        self.slots: dict[int, EvSlot] = {}
+        self.by_plane: list[list[EvSlot]] = [[] for _ in range(planes)]
+        for e in entries:
+            if not 0 <= e.port < planes:
+                raise ValueError(f"EV {e.value:#x} names port {e.port}, fabric has {planes}")
+            if e.value in self.slots:
+                raise ValueError(f"EV {e.value:#x} listed twice")
+            slot = EvSlot(e, UNKNOWN)
+            self.slots[e.value] = slot
+            self.by_plane[e.port].append(slot)
+        per_plane = max(1, ev_count // planes)
+        self.target_per_plane = per_plane
+        for value in denied:
+            self.apply(value, "deny", "denylist")
+        for plane_slots in self.by_plane:
+            for slot in plane_slots:
+                if self._in_use_count(slot.entry.port) >= per_plane:
+                    break
+                if slot.state is UNKNOWN:
+                    slot.in_use = True  # the initial set starts GOOD without an event
+                    slot.state = GOOD
+        self._refresh_in_use()
+
+    # State changes --------------------------------------------------------------------
+    def apply(self, value: int, signal: str, reason: str, now: float = 0.0) -> bool:
+        """Feed a signal for an EV through the table; return True if its state changed."""
+        slot = self.slots.get(value)
+        if slot is None:
+            return False
+        port = slot.entry.port
+        if signal == "probe_ok" and self._in_use_count(port) >= self.target_per_plane:
+            signal = "retire"  # healthy again, but the plane has its EVs: keep as backup
+        new = TRANSITIONS.get((slot.state, signal))
+        if new is None:
+            return False
+        if signal in ("loss", "timeout", "probe_lost"):
+            slot.drop_count += 1
+            if (
+                slot.in_use
+                and not self._has_backup(port)
+                and self.good_count() - 1 < self.ev_min_active
+            ):
+                return False  # ev_min_active: never demote below this many good EVs
+        if signal in ("ecn", "trim") and new is SKIP and slot.state is SKIP:
+            return False  # the caller extends skip_until; no state change
+        self._set(slot, new, reason)
+        if new in (BAD, DENIED) and slot.in_use:
+            slot.in_use = False
+            slot.probe_oks = slot.probe_fails = 0
+            self._replace(slot.entry.port)
+        elif new is GOOD and not slot.in_use:
+            slot.in_use = True
+        self._refresh_in_use()
+        return True
+
+    def skip(self, value: int, until: float, reason: str) -> None:
+        """ECN echo or trim: skip the EV until ``until`` (GOOD -> SKIP, SKIP extended)."""
+        slot = self.slots.get(value)
+        if slot is None or slot.state not in USABLE:
+            return
+        slot.skip_until = max(slot.skip_until, until)
+        self.next_skip_expiry = min(self.next_skip_expiry, slot.skip_until)
+        if slot.state is GOOD:
+            self._set(slot, TRANSITIONS[(GOOD, reason)], reason)
+
+    def expire_skips(self, now: float) -> None:
+        """Return SKIP EVs whose time is up to GOOD; cheap when nothing is due."""
+        if now < self.next_skip_expiry:
+            return
+        nxt = math.inf
+        for slot in self.slots.values():
+            if slot.state is SKIP:
+                if slot.skip_until <= now:
+                    self._set(slot, TRANSITIONS[(SKIP, "skip_expired")], "skip_expired")
+                else:
+                    nxt = min(nxt, slot.skip_until)
+        self.next_skip_expiry = nxt
+
+    def probe_result(
+        self, value: int, ok: bool, now: float, needed_ok: int, needed_fail: int
+    ) -> None:
+        """Account one probe outcome; resurrect or demote after enough in a row."""
+        slot = self.slots.get(value)
+        if slot is None:
+            return
+        if ok:
+            slot.last_evidence = now
+            slot.probe_fails = 0
+            slot.probe_oks += 1
+            if slot.state is BAD and slot.probe_oks >= needed_ok:
+                self.apply(value, "probe_ok", "probes_ok", now)
+        else:
+            slot.probe_oks = 0
+            slot.probe_fails += 1
+            if slot.state in USABLE and slot.probe_fails >= needed_fail:
+                self.apply(value, "probe_lost", "probes_lost", now)
+
+    def set_port(self, port: int, up: bool, *, remote: bool) -> bool:
+        """A plane went down/up locally or at the peer; return True if usability changed."""
+        flags = self.remote_port_up if remote else self.port_up
+        if flags[port] == up:
+            return False
+        flags[port] = up
+        self._refresh_in_use()
+        return True
+
+    def _set(self, slot: EvSlot, new: EvState, reason: str) -> None:
+        old = slot.state
+        if old is new:
+            return
+        slot.state = new
+        self._emit(
+            EvStateChanged(
+                self.profile_id,
+                slot.entry.value,
+                slot.entry.port,
+                slot.drop_count,
+                old,
+                new,
+                reason,
+            )
+        )
+
+    def _activate(self, slot: EvSlot, reason: str) -> None:
+        slot.in_use = True
+        self._set(slot, TRANSITIONS[(UNKNOWN, "activate")], reason)
+
+    def _replace(self, port: int) -> None:
+        """Swap in a backup EV from the same plane (MRC keeps planes equally provisioned)."""
+        for slot in self.by_plane[port]:
+            if self._in_use_count(port) >= self.target_per_plane:
+                return
+            if not slot.in_use and slot.state is UNKNOWN:
+                self._activate(slot, "backup")
+
+    def _has_backup(self, port: int) -> bool:
+        return any(not s.in_use and s.state is UNKNOWN for s in self.by_plane[port])
+
+    def _in_use_count(self, port: int) -> int:
+        return sum(1 for s in self.by_plane[port] if s.in_use)
+
+    def _refresh_in_use(self) -> None:
+        self._in_use = [
+            [s for s in plane_slots if s.in_use and s.state in USABLE]
+            for plane_slots in self.by_plane
+        ]
+        self.up_planes = [
+            p
+            for p in range(self.planes)
+            if self.port_up[p] and self.remote_port_up[p] and self._in_use[p]
+        ]
+
+    # Queries --------------------------------------------------------------------------
+    def good_count(self) -> int:
+        return sum(len(p) for p in self._in_use)
+
+    def state(self, value: int) -> EvState:
+        return self.slots[value].state
+
+    def plane_usable(self, port: int) -> bool:
+        return port in self.up_planes
+
+    def next_ev(self, avoid: int | None = None) -> EvSlot | None:
+        """The next EV to spray on: round robin over planes, then over the plane's EVs.
+
+        GOOD EVs are preferred over SKIP ones; ``avoid`` (the EV a lost packet used) is
+        skipped whenever any other EV is usable.
+        """
+        planes = self.up_planes
+        if not planes:
+            return None
+        n = len(planes)
+        fallback: EvSlot | None = None
+        for _ in range(n):
+            plane = planes[self._plane_rr % n]
+            self._plane_rr += 1
+            slots = self._in_use[plane]
+            m = len(slots)
+            start = self._ev_rr[plane]
+            for i in range(m):
+                slot = slots[(start + i) % m]
+                if slot.entry.value == avoid:
+                    continue
+                if slot.state is GOOD:
+                    self._ev_rr[plane] = start + i + 1
+                    return slot
+                if fallback is None:
+                    fallback = slot
+            if fallback is not None:
+                return fallback
+        if avoid is not None:
+            return self.next_ev()  # the avoided EV is the only usable one left
+        return None
+
+    def reverse_set(self, port: int, k: int) -> list[EvSlot]:
+        """The few EVs of ``port`` that carry feedback (ACK/NACK/probe replies)."""
+        if not self.port_up[port]:
+            return []
+        return self._in_use[port][:k]
+
+    def reverse_ev(self, port: int, rr: int, k: int) -> EvSlot | None:
+        """An EV for feedback to a packet that arrived on ``port``, rotating with ``rr``.
+
+        Feedback returns on the plane the data came in on; when that plane has no usable
+        EV, any up plane will do (the cumulative ACK makes a lost one harmless).
+        """
+        slots = self.reverse_set(port, k)
+        if not slots:
+            for plane in self.up_planes:
+                slots = self._in_use[plane][:k]
+                break
+            else:
+                return None
+        return slots[rr % len(slots)]
+
+    def probe_candidates(self) -> list[EvSlot]:
+        """EVs that want a probe: assumed bad ones on planes that are up."""
+        return [
+            s
+            for s in self.slots.values()
+            if s.state is BAD and self.port_up[s.entry.port] and self.remote_port_up[s.entry.port]
+        ]

@@ -1,0 +1,405 @@
+"""The requester side of a connection: work requests, spraying, SACK-driven recovery, RTO.
+
+Loss detection is path-aware: packets on one EV follow one path and arrive in order, so when
+a later packet on an EV is acknowledged while an earlier one on the same EV is not, the
+earlier one was lost (a silent loss: the path is broken, the EV becomes ASSUMED_BAD).  A
+trim NACK means congestion instead: retransmit at once, skip the EV for a while.  A per-packet
+retransmission timeout catches the rest (black-holed paths, lost tails).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mrcstack.core.cc import CongestionController
+from mrcstack.core.config import ConnectionConfig, ConnectionStats
+from mrcstack.core.events import Event, SendCompleted, WcStatus
+from mrcstack.core.evs import EvTable
+from mrcstack.core.psn import to_psn, unwrap
+from mrcstack.wire.packets import AckPacket, DataFlags, FeedbackFlags, NackReason
+
+#: RFC 6298 smoothing gains.
+RTT_ALPHA = 1 / 8
+RTT_BETA = 1 / 4
+
+
+class WorkRequest:
+    """A posted RDMA WRITE (or WRITE with immediate), cut into packets lazily."""
+
+    __slots__ = ("acked", "first", "imm", "length", "npkts", "rkey", "src", "va", "wr_id")
+
+    def __init__(
+        self, wr_id: int, src: memoryview, va: int, rkey: int, imm: int | None, first: int, mtu: int
+    ) -> None:
+        self.wr_id = wr_id
+        self.src = src
+        self.va = va
+        self.rkey = rkey
+        self.imm = imm
+        self.length = src.nbytes
+        self.first = first
+        self.npkts = (self.length + mtu - 1) // mtu
+        self.acked = 0
+
+
+class Tx:
+    """One transmission of one packet (a retransmission is a new Tx)."""
+
+    __slots__ = (
+        "acked",
+        "deadline",
+        "ev",
+        "lost",
+        "queued",
+        "sent",
+        "seq",
+        "size",
+        "timeouts",
+        "wr",
+    )
+
+    def __init__(self, seq: int, wr: WorkRequest, size: int, ev: int, sent: float) -> None:
+        self.seq = seq
+        self.wr = wr
+        self.size = size
+        self.ev = ev
+        self.sent = sent
+        self.deadline = 0.0
+        self.timeouts = 0
+        self.acked = False
+        self.lost = False
+        self.queued = False  # in its EV's FIFO
+
+
+@dataclass(frozen=True, slots=True)
+class DataSpec:
+    """What the connection must encode and send for one data packet."""
+
+    seq: int
+    va: int
+    rkey: int
+    payload: memoryview
+    ev: int
+    port: int
+    flags: int
+    imm: int | None
+
+
+class Sender:
+    def __init__(
+        self,
+        config: ConnectionConfig,
+        evs: EvTable,
+        cc: CongestionController,
+        stats: ConnectionStats,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.cfg = config
+        self.evs = evs
+        self.cc = cc
+        self.stats = stats
+        self.emit = emit
+        self.mtu = config.mtu_payload
+        self.roce = config.mode == "roce"
+        self.wrs: deque[WorkRequest] = deque()
+        self.send_wr_index = 0  # index in wrs of the WR holding next_seq
+        self.next_seq = config.local_psn
+        self.snd_una = config.local_psn  # oldest unacknowledged sequence number
+        self.end_seq = config.local_psn  # one past the last posted packet
+        self.txs: dict[int, Tx] = {}  # current transmission of every unacked sent packet
+        self.ev_fifo: dict[int, deque[Tx]] = {}
+        self.rto_heap: list[tuple[float, int, Tx]] = []
+        self._heap_tie = 0
+        self.retx: deque[tuple[Tx, str]] = deque()
+        self.in_flight = 0  # bytes sent, not acked, not declared lost
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.failed: tuple[str, WcStatus] | None = None
+
+    # Application side -----------------------------------------------------------------
+    def post(self, wr_id: int, src: memoryview, va: int, rkey: int, imm: int | None) -> None:
+        wr = WorkRequest(wr_id, src, va, rkey, imm, self.end_seq, self.mtu)
+        self.wrs.append(wr)
+        self.end_seq += wr.npkts
+
+    @property
+    def idle(self) -> bool:
+        return not self.wrs
+
+    # RTT and RTO ----------------------------------------------------------------------
+    def rto(self, timeouts: int = 0) -> float:
+        base = self.cfg.timeout
+        if self.srtt is not None:
+            base = max(base, self.srtt + 4 * self.rttvar)
+        extra = max(0, timeouts - self.cfg.linear_cnt)
+        return min(self.cfg.max_rto, base * (1 << min(extra, 16)))
+
+    def rtt_sample(self, rtt: float) -> None:
+        if rtt < 0:
+            return
+        self.stats.rtt_samples += 1
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar += RTT_BETA * (abs(self.srtt - rtt) - self.rttvar)
+            self.srtt += RTT_ALPHA * (rtt - self.srtt)
+
+    def next_deadline(self) -> float | None:
+        heap = self.rto_heap
+        while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # Transmission ---------------------------------------------------------------------
+    def next_packets(self, now: float, limit: int) -> list[DataSpec]:
+        """Retransmissions first, then new packets, as far as the window allows."""
+        out: list[DataSpec] = []
+        cwnd = self.cc.cwnd
+        while self.retx and len(out) < limit:
+            tx, _reason = self.retx[0]
+            if tx.acked or self.txs.get(tx.seq) is not tx:
+                self.retx.popleft()
+                continue
+            if self.in_flight + tx.size > cwnd and self.in_flight > 0:
+                return out
+            self.retx.popleft()
+            spec = self._send(tx.seq, tx.wr, now, avoid=tx.ev, retx=tx)
+            if spec is None:
+                self.retx.appendleft((tx, _reason))
+                return out
+            out.append(spec)
+        max_seq = self.snd_una + self.cfg.max_window
+        while self.next_seq < self.end_seq and self.next_seq < max_seq and len(out) < limit:
+            wr = self.wrs[self.send_wr_index]
+            size = min(self.mtu, wr.length - (self.next_seq - wr.first) * self.mtu)
+            if self.in_flight + size > cwnd and self.in_flight > 0:
+                break
+            spec = self._send(self.next_seq, wr, now, avoid=None, retx=None)
+            if spec is None:
+                break
+            out.append(spec)
+            self.next_seq += 1
+            if self.next_seq == wr.first + wr.npkts:
+                self.send_wr_index += 1
+        return out
+
+    def _send(
+        self, seq: int, wr: WorkRequest, now: float, avoid: int | None, retx: Tx | None
+    ) -> DataSpec | None:
+        slot = self.evs.next_ev(avoid=avoid)
+        if slot is None:
+            return None
+        ev = slot.entry.value
+        offset = (seq - wr.first) * self.mtu
+        size = min(self.mtu, wr.length - offset)
+        tx = Tx(seq, wr, size, ev, now)
+        flags = 0
+        if retx is not None:
+            tx.timeouts = retx.timeouts
+            flags |= DataFlags.RETX
+        last = seq == wr.first + wr.npkts - 1
+        if last:
+            flags |= DataFlags.LAST
+        self.txs[seq] = tx
+        fifo = self.ev_fifo.get(ev)
+        if fifo is None:
+            fifo = self.ev_fifo[ev] = deque()
+        fifo.append(tx)
+        tx.queued = True
+        tx.deadline = now + self.rto(tx.timeouts)
+        self._heap_tie += 1
+        heapq.heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
+        self.in_flight += size
+        self.cc.on_sent(size, now)
+        return DataSpec(
+            seq,
+            wr.va + offset,
+            wr.rkey,
+            wr.src[offset : offset + size],
+            ev,
+            slot.entry.port,
+            flags,
+            wr.imm if last else None,
+        )
+
+    def _lose(self, tx: Tx, reason: str) -> None:
+        """Declare a transmission lost and queue its packet for retransmission."""
+        if tx.acked or tx.lost or self.txs.get(tx.seq) is not tx:
+            return
+        tx.lost = True
+        self.in_flight -= tx.size
+        self.stats.count(self.stats.retransmissions, reason)
+        self.retx.append((tx, reason))
+
+    # Feedback -------------------------------------------------------------------------
+    def on_ack(self, ack: AckPacket, now: float) -> None:
+        echo_seq = unwrap(ack.echo_psn, self.snd_una)
+        echo_tx = self.txs.get(echo_seq)
+        if echo_tx is not None and echo_tx.ev != ack.echo_ev:
+            echo_tx = None  # the ack is for an earlier transmission of that packet
+        ecn = bool(ack.flags & FeedbackFlags.ECN_ECHO)
+        rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
+        if rtt is not None and not ack.nack_reason:
+            self.rtt_sample(rtt)
+        if echo_tx is not None:
+            slot = self.evs.slots.get(echo_tx.ev)
+            if slot is not None:
+                slot.last_evidence = now
+            if ecn:
+                self.stats.ecn_echoes += 1
+                if self.srtt is not None:
+                    self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, "ecn")
+        cum = unwrap(ack.cum_psn, self.snd_una) + 1
+        if cum > self.next_seq:
+            return  # acknowledges what we never sent: ignore
+        if ack.nack_reason:
+            self._on_nack(ack, echo_seq, now)
+            if self.failed:
+                return
+        while self.snd_una < cum:
+            hit = self.snd_una == echo_seq
+            self._acked(self.snd_una, rtt if hit else None, ecn and hit, now)
+            self.snd_una += 1
+        bitmap = ack.sack_bitmap
+        if bitmap:
+            base = unwrap(ack.sack_base, self.snd_una)
+            while bitmap:
+                low = bitmap & -bitmap
+                seq = base + low.bit_length() - 1
+                bitmap ^= low
+                if self.snd_una <= seq < self.next_seq:
+                    hit = seq == echo_seq
+                    self._acked(seq, rtt if hit else None, ecn and hit, now)
+        if echo_tx is not None and not self.roce:
+            self._detect_losses(echo_tx)
+        self._complete()
+
+    def _acked(self, seq: int, rtt: float | None, ecn: bool, now: float) -> None:
+        tx = self.txs.pop(seq, None)
+        if tx is None:
+            return
+        tx.acked = True
+        if not tx.lost:
+            self.in_flight -= tx.size
+        tx.wr.acked += 1
+        self.cc.on_ack(tx.size, rtt, ecn, now)
+
+    def _detect_losses(self, echo_tx: Tx) -> None:
+        fifo = self.ev_fifo.get(echo_tx.ev)
+        if not fifo or not echo_tx.queued:
+            return
+        while fifo:
+            tx = fifo.popleft()
+            tx.queued = False
+            if tx is echo_tx:
+                return
+            if not tx.acked and not tx.lost and self.txs.get(tx.seq) is tx:
+                self._lose(tx, "sack")
+                self.evs.apply(tx.ev, "loss", "sack_loss")
+
+    def _on_nack(self, ack: AckPacket, seq: int, now: float) -> None:
+        reason = ack.nack_reason
+        name = _NACK_NAMES.get(reason, "other")
+        self.stats.count(self.stats.nacks_received, name)
+        if reason == NackReason.REMOTE_ACCESS:
+            tx = self.txs.get(seq)
+            if tx is not None:
+                self.failed = (
+                    f"remote access error: the peer rejected rkey {tx.wr.rkey:#x} "
+                    f"at va {tx.wr.va:#x} (wr_id {tx.wr.wr_id})",
+                    WcStatus.REMOTE_ACCESS_ERROR,
+                )
+            return
+        if reason == NackReason.SEQ_ERROR or (self.roce and reason in _RETRY_NACKS):
+            self._go_back(unwrap(ack.cum_psn, self.snd_una) + 1, "nack")
+            return
+        tx = self.txs.get(seq)
+        if tx is None or tx.ev != ack.echo_ev:
+            return
+        if reason in (NackReason.TRIMMED, NackReason.TRIMMED_LASTHOP):
+            self.cc.on_trim(now)
+            if reason == NackReason.TRIMMED and self.srtt is not None:
+                # Congestion on this path (not the receiver's last hop): skip it a while.
+                self.evs.skip(tx.ev, now + self.cfg.skip_rtts * self.srtt, "trim")
+            self._lose(tx, "trim")
+        elif reason in _RETRY_NACKS:
+            self._lose(tx, "nack")
+
+    def _go_back(self, from_seq: int, reason: str) -> None:
+        """RoCE-like recovery: resend everything from ``from_seq`` in order."""
+        for seq in range(max(from_seq, self.snd_una), self.next_seq):
+            tx = self.txs.get(seq)
+            if tx is not None:
+                self._lose(tx, reason)
+
+    def on_timer(self, now: float) -> None:
+        heap = self.rto_heap
+        while heap and heap[0][0] <= now:
+            deadline, _, tx = heapq.heappop(heap)
+            if tx.acked or tx.lost or deadline != tx.deadline or self.txs.get(tx.seq) is not tx:
+                continue
+            tx.timeouts += 1
+            if tx.timeouts > self.cfg.linear_cnt + self.cfg.exp_cnt:
+                self.failed = (
+                    f"retry limit exhausted: PSN {to_psn(tx.seq)} timed out {tx.timeouts} times",
+                    WcStatus.RETRY_EXCEEDED,
+                )
+                self.cc.on_timeout(now)
+                return
+            self.cc.on_timeout(now)
+            if self.roce:
+                self._go_back(tx.seq, "timeout")
+                continue
+            self._lose(tx, "timeout")
+            self.evs.apply(tx.ev, "timeout", "rto", now)
+            # The path is black-holed: everything else in flight on it is gone too.
+            for other in self.ev_fifo.pop(tx.ev, ()):
+                other.queued = False
+                if other is not tx and not other.acked and not other.lost:
+                    other.timeouts = max(other.timeouts, tx.timeouts - 1)
+                    self._lose(other, "timeout")
+
+    def port_lost(self, port: int) -> None:
+        """A plane went down: whatever is in flight on it will never arrive."""
+        for ev, fifo in list(self.ev_fifo.items()):
+            slot = self.evs.slots.get(ev)
+            if slot is not None and slot.entry.port == port:
+                for tx in fifo:
+                    tx.queued = False
+                    self._lose(tx, "port")
+                del self.ev_fifo[ev]
+
+    # Completions ----------------------------------------------------------------------
+    def _complete(self) -> None:
+        while self.wrs and self.wrs[0].acked >= self.wrs[0].npkts:
+            wr = self.wrs.popleft()
+            self.send_wr_index -= 1
+            self.emit(SendCompleted(wr.wr_id, WcStatus.SUCCESS, wr.length))
+
+    def flush(self, status_first: WcStatus) -> None:
+        """The connection failed: complete every pending WR in order with an error."""
+        status = status_first
+        while self.wrs:
+            wr = self.wrs.popleft()
+            self.emit(SendCompleted(wr.wr_id, status, wr.length))
+            status = WcStatus.FLUSHED
+        self.txs.clear()
+        self.retx.clear()
+        self.rto_heap.clear()
+        self.ev_fifo.clear()
+        self.in_flight = 0
+
+
+_NACK_NAMES = {r.value: r.name.lower() for r in NackReason}
+_RETRY_NACKS = frozenset(
+    {
+        NackReason.NO_BITMAP,
+        NackReason.NO_PKT_BUFFER,
+        NackReason.NO_RESOURCE,
+        NackReason.PSN_OOR_WINDOW,
+        NackReason.UNEXP_EVENT,
+    }
+)

@@ -1,0 +1,309 @@
+"""The connection core driven in-process over a faulty virtual link."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mrcstack.core.errors import ConnectionFailedError, LocalError
+from mrcstack.core.events import (
+    ConnectionFailed,
+    EvState,
+    EvStateChanged,
+    PortStateChanged,
+    SendCompleted,
+    WcStatus,
+    WriteImmReceived,
+)
+from mrcstack.core.memory import Access
+from tests.pairnet import Faults, PairNet
+
+GUARD = 64
+
+
+def region(net: PairNet, side: int, size: int) -> tuple[bytearray, int, int]:
+    """A registered region inside a larger buffer whose guard bytes must never change."""
+    backing = bytearray(b"\xee" * (size + 2 * GUARD))
+    view = memoryview(backing)[GUARD : GUARD + size]
+    mr = net.mem[side].register(view)
+    return backing, mr.va, mr.rkey
+
+
+def sends(net: PairNet, side: int = 0) -> list[SendCompleted]:
+    return [e for e in net.events[side] if isinstance(e, SendCompleted)]
+
+
+def imms(net: PairNet, side: int = 1) -> list[WriteImmReceived]:
+    return [e for e in net.events[side] if isinstance(e, WriteImmReceived)]
+
+
+def test_write_with_immediate_lands_and_completes() -> None:
+    net = PairNet(1, Faults())
+    backing, va, rkey = region(net, 1, 5000)
+    src = bytes(range(256)) * 19 + b"xyz"
+    net.conns[0].post_write(7, src[:4867], va, rkey, imm=0xDEADBEEF, now=0.0)
+    net.run(1.0, stop=lambda: bool(sends(net)) and bool(imms(net)))
+    assert sends(net) == [SendCompleted(7, WcStatus.SUCCESS, 4867)]
+    assert imms(net) == [WriteImmReceived(0xDEADBEEF, 4867)]
+    assert backing[GUARD : GUARD + 4867] == src[:4867]
+    assert backing[:GUARD] == b"\xee" * GUARD
+    assert backing[GUARD + 4867 :] == b"\xee" * (len(backing) - GUARD - 4867)
+
+
+def test_one_byte_write_and_psn_wraparound() -> None:
+    # Both PSN spaces wrap within this transfer.
+    net = PairNet(2, Faults(), psns=((1 << 24) - 3, (1 << 24) - 1))
+    backing, va, rkey = region(net, 1, 4096)
+    net.conns[0].post_write(1, b"\x01", va, rkey, now=0.0)
+    net.conns[0].post_write(2, bytes(range(200)) * 20, va + 1, rkey, imm=5, now=0.0)
+    net.run(1.0, stop=lambda: len(sends(net)) == 2)
+    assert [s.wr_id for s in sends(net)] == [1, 2]
+    assert backing[GUARD] == 1
+    assert backing[GUARD + 1 : GUARD + 4001] == bytes(range(200)) * 20
+
+
+def test_bad_rkey_is_nacked_and_never_touches_memory() -> None:
+    net = PairNet(3, Faults())
+    backing, va, rkey = region(net, 1, 1024)
+    before = bytes(backing)
+    net.conns[0].post_write(1, b"A" * 100, va, rkey + 99, now=0.0)  # wrong rkey
+    net.run(1.0, stop=lambda: bool(sends(net)))
+    assert sends(net)[0].status is WcStatus.REMOTE_ACCESS_ERROR
+    assert any(isinstance(e, ConnectionFailed) for e in net.events[0])
+    assert bytes(backing) == before
+    assert net.conns[1].stats.rejected.get("rkey", 0) >= 1
+    with pytest.raises(ConnectionFailedError):
+        net.conns[0].post_write(2, b"x", va, rkey, now=net.now)
+
+
+@pytest.mark.parametrize("offset,length", [(1000, 100), (-1, 10), (0, 1025)])
+def test_out_of_range_writes_are_rejected(offset: int, length: int) -> None:
+    net = PairNet(4, Faults())
+    backing, va, rkey = region(net, 1, 1024)
+    before = bytes(backing)
+    net.conns[0].post_write(1, b"B" * length, va + offset, rkey, now=0.0)
+    net.run(1.0, stop=lambda: bool(sends(net)))
+    assert sends(net)[0].status is WcStatus.REMOTE_ACCESS_ERROR
+    # Packets are checked one by one (as in RDMA): in-range ones of the same write may land,
+    # but nothing outside the region ever changes.
+    assert backing[:GUARD] == before[:GUARD] and backing[-GUARD:] == before[-GUARD:]
+    assert net.conns[1].stats.rejected["rkey"] >= 1
+
+
+def test_read_only_region_rejects_remote_writes() -> None:
+    net = PairNet(5, Faults())
+    buf = bytearray(256)
+    mr = net.mem[1].register(buf, Access.LOCAL_READ)
+    net.conns[0].post_write(1, b"C" * 10, mr.va, mr.rkey, now=0.0)
+    net.run(1.0, stop=lambda: bool(sends(net)))
+    assert sends(net)[0].status is WcStatus.REMOTE_ACCESS_ERROR
+    assert buf == bytearray(256)
+
+
+def test_post_write_checks_arguments() -> None:
+    net = PairNet(6, Faults())
+    conn = net.conns[0]
+    with pytest.raises(LocalError):
+        conn.post_write(1, b"", 0, 1, now=0.0)
+    with pytest.raises(LocalError):
+        conn.post_write(1, b"x", 0, 1, imm=1 << 32, now=0.0)
+    with pytest.raises(LocalError):
+        conn.post_write(1, b"x", (1 << 64) - 1 + 1, 1, now=0.0)
+    with pytest.raises(LocalError):
+        conn.set_port_state(9, False, now=0.0)
+
+
+def test_completions_in_posting_order_and_imm_implies_earlier_writes_placed() -> None:
+    net = PairNet(7, Faults(loss=0.1, reorder=50e-6))
+    backing, va, rkey = region(net, 1, 64 * 1024)
+    chunks = [bytes([i]) * (1000 + 37 * i) for i in range(20)]
+    offset = 0
+    placed_at_imm: list[bool] = []
+    for i, chunk in enumerate(chunks):
+        imm = i if i % 3 == 2 else None
+        net.conns[0].post_write(i, chunk, va + offset, rkey, imm=imm, now=0.0)
+        offset += len(chunk)
+
+    def on_event(side: int, ev: object) -> None:
+        # The moment an immediate shows up, every earlier write must be fully placed.
+        if side == 1 and isinstance(ev, WriteImmReceived):
+            end = sum(len(c) for c in chunks[: ev.imm + 1])
+            expect = b"".join(chunks[: ev.imm + 1])
+            placed_at_imm.append(bytes(backing[GUARD : GUARD + end]) == expect)
+
+    net.on_event = on_event
+    net.run(5.0, stop=lambda: len(sends(net)) == len(chunks))
+    assert [s.wr_id for s in sends(net)] == list(range(20))
+    assert all(s.status is WcStatus.SUCCESS for s in sends(net))
+    assert [e.imm for e in imms(net)] == [2, 5, 8, 11, 14, 17]
+    assert placed_at_imm and all(placed_at_imm)
+
+
+def test_blackholed_ev_goes_assumed_bad_and_retransmits_elsewhere() -> None:
+    net = PairNet(8, Faults(blackouts=[(0.0, 10.0, 0x001)]), planes=2, per_plane=4)
+    backing, va, rkey = region(net, 1, 100_000)
+    data = os.urandom(100_000)
+    net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
+    net.run(5.0, stop=lambda: bool(sends(net)))
+    assert sends(net)[0].status is WcStatus.SUCCESS
+    assert backing[GUARD : GUARD + 100_000] == data
+    assert net.conns[0].evs.state(0x001) is EvState.ASSUMED_BAD
+    bad = [
+        e
+        for e in net.events[0]
+        if isinstance(e, EvStateChanged) and e.ev == 0x001 and e.new is EvState.ASSUMED_BAD
+    ]
+    assert bad and bad[0].drop_count >= 1 and bad[0].port == 0
+
+
+def test_lossy_ev_is_replaced_by_a_backup_from_the_same_plane() -> None:
+    net = PairNet(
+        9, Faults(ev_loss={0x102: 0.2}), planes=2, per_plane=6, ev_count=8
+    )  # 4 in use per plane, 2 backups
+    backing, va, rkey = region(net, 1, 200_000)
+    data = os.urandom(200_000)
+    net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
+    net.run(5.0, stop=lambda: bool(sends(net)))
+    assert backing[GUARD : GUARD + 200_000] == data
+    changes = [e for e in net.events[0] if isinstance(e, EvStateChanged)]
+    assert any(e.ev == 0x102 and e.new is EvState.ASSUMED_BAD for e in changes)
+    activated = [e for e in changes if e.old is EvState.UNKNOWN and e.new is EvState.GOOD]
+    assert activated and all(e.port == 1 for e in activated)
+
+
+def test_retry_limit_fails_the_connection_only_when_exhausted() -> None:
+    net = PairNet(10, Faults(loss=1.0), linear_cnt=2, exp_cnt=2)
+    _, va, rkey = region(net, 1, 1024)
+    net.conns[0].post_write(1, b"z" * 500, va, rkey, now=0.0)
+    net.conns[0].post_write(2, b"z" * 10, va, rkey, now=0.0)
+    net.run(60.0, stop=lambda: len(sends(net)) == 2)
+    failed = [e for e in net.events[0] if isinstance(e, ConnectionFailed)]
+    assert len(failed) == 1 and "retry limit" in failed[0].reason
+    assert [s.status for s in sends(net)] == [WcStatus.RETRY_EXCEEDED, WcStatus.FLUSHED]
+    assert net.conns[0].stats.retransmissions.get("timeout", 0) >= 4
+
+
+def test_plane_down_locally_stops_its_use_and_peer_learns_it() -> None:
+    net = PairNet(11, Faults(), planes=2, per_plane=2)
+    backing, va, rkey = region(net, 1, 400_000)
+    data = os.urandom(400_000)
+    sender = net.conns[0]
+    sent_at_event: list[int] = []
+    net.on_event = lambda side, ev: (
+        sent_at_event.append(sender.stats.packets_sent[1])
+        if side == 0 and isinstance(ev, PortStateChanged)
+        else None
+    )
+    net.conns[0].post_write(1, data, va, rkey, imm=3, now=0.0)
+    net.run(20e-6, stop=lambda: bool(sends(net)))  # packets are on the wire on both planes
+    net.conns[1].set_port_state(1, False, now=net.now)  # the receiver's port 1 goes down
+    net.run(5.0, stop=lambda: bool(sends(net)))
+    assert backing[GUARD : GUARD + 400_000] == data
+    remote_down = [e for e in net.events[0] if isinstance(e, PortStateChanged)]
+    assert remote_down == [PortStateChanged(1, False, remote=True)]
+    # Once the first ACK told the sender, nothing more went out on plane 1.
+    assert sent_at_event[0] > 0
+    assert sender.stats.packets_sent[1] == sent_at_event[0]
+    net.conns[1].set_port_state(1, True, now=net.now)
+    sent_before = net.conns[0].stats.packets_sent[1]
+    net.conns[0].post_write(2, data, va, rkey, imm=4, now=net.now)
+    net.run(net.now + 5.0, stop=lambda: len(sends(net)) == 2)
+    assert net.conns[0].stats.packets_sent[1] - sent_before > 100
+
+
+def test_keyed_connection_rejects_forged_and_replayed_packets() -> None:
+    key = bytes(range(16))
+    net = PairNet(12, Faults(), key=key, encrypt=True)
+    backing, va, rkey = region(net, 1, 2048)
+    net.conns[0].post_write(1, b"S" * 300, va, rkey, imm=1, now=0.0)
+    captured = net.conns[0].datagrams_to_send(0.0)
+    assert captured and all(b"S" * 32 not in d.data for d in captured)  # encrypted
+    for d in captured:
+        net.conns[1].receive_datagram(d.data, now=0.0, port=d.port)
+    replayed_before = net.conns[1].stats.rejected.get("replay", 0)
+    for d in captured:  # replay every packet
+        net.conns[1].receive_datagram(d.data, now=0.0, port=d.port)
+    forged = bytearray(captured[0].data)
+    forged[-1] ^= 1
+    net.conns[1].receive_datagram(bytes(forged), now=0.0, port=0)
+    rejected = net.conns[1].stats.rejected
+    assert rejected.get("replay", 0) - replayed_before == len(captured)
+    assert rejected.get("bad_auth", 0) == 1
+    assert backing[GUARD : GUARD + 300] == b"S" * 300
+
+
+def test_roce_mode_is_single_path_and_recovers_with_go_back_n() -> None:
+    net = PairNet(13, Faults(loss=0.05), mode="roce", planes=2, per_plane=4)
+    backing, va, rkey = region(net, 1, 50_000)
+    data = os.urandom(50_000)
+    net.conns[0].post_write(1, data, va, rkey, imm=9, now=0.0)
+    net.run(30.0, stop=lambda: bool(sends(net)))
+    assert backing[GUARD : GUARD + 50_000] == data
+    assert net.conns[0].stats.packets_sent[1] == 0  # one EV, one plane
+    assert net.conns[0].stats.retransmissions.get("nack", 0) > 0
+
+
+PROFILE = int(os.environ.get("MRC_PROPERTY_CASES", "2000"))
+
+
+@settings(
+    max_examples=PROFILE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    loss=st.floats(0.0, 0.2),
+    dup=st.floats(0.0, 0.1),
+    reorder=st.sampled_from([0.0, 5e-6, 50e-6, 500e-6]),
+    trim=st.floats(0.0, 0.1),
+    ecn=st.floats(0.0, 0.2),
+    blackout=st.booleans(),
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=6),
+    imm_mask=st.integers(0, 63),
+    keyed=st.booleans(),
+)
+def test_property_every_byte_lands_every_completion_once_in_order(
+    seed: int,
+    loss: float,
+    dup: float,
+    reorder: float,
+    trim: float,
+    ecn: float,
+    blackout: bool,
+    sizes: list[int],
+    imm_mask: int,
+    keyed: bool,
+) -> None:
+    faults = Faults(
+        loss=loss,
+        dup=dup,
+        reorder=reorder,
+        trim=trim,
+        ecn=ecn,
+        blackouts=[(0.0, 0.05, 0x100)] if blackout else [],
+    )
+    net = PairNet(seed, faults, key=bytes(16) if keyed else None, mtu=256)
+    total = sum(sizes)
+    backing, va, rkey = region(net, 1, total)
+    payload = net.rng.randbytes(total)
+    offset = 0
+    for i, size in enumerate(sizes):
+        imm = i if imm_mask >> i & 1 or i == len(sizes) - 1 else None
+        net.conns[0].post_write(
+            i, payload[offset : offset + size], va + offset, rkey, imm=imm, now=0.0
+        )
+        offset += size
+    net.run(120.0, stop=lambda: len(sends(net)) == len(sizes))
+    done = sends(net)
+    assert [s.wr_id for s in done] == list(range(len(sizes)))
+    assert all(s.status is WcStatus.SUCCESS for s in done)
+    assert bytes(backing[GUARD : GUARD + total]) == payload
+    assert backing[:GUARD] == b"\xee" * GUARD and backing[GUARD + total :] == b"\xee" * GUARD
+    net.run(net.now + 1.0, stop=lambda: bool(imms(net)) and imms(net)[-1].imm == len(sizes) - 1)
+    expected = [i for i in range(len(sizes)) if imm_mask >> i & 1 or i == len(sizes) - 1]
+    assert [e.imm for e in imms(net)] == expected
