@@ -378,3 +378,11 @@ class EvTable:
             for s in self.slots.values()
             if s.state is BAD and self.port_up[s.entry.port] and self.remote_port_up[s.entry.port]
         ]
+
+
+def transitions_markdown() -> str:
+    """The state table as Markdown; ``docs/ev-states.md`` embeds it (a test keeps them equal)."""
+    lines = ["| state | signal | new state |", "|---|---|---|"]
+    for (state, signal), new in TRANSITIONS.items():
+        lines.append(f"| {state.name} | `{signal}` | {new.name} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,575 @@
+"""Pluggable congestion control: a window-controller base class, a registry, and NSCC.
+
+The protocol core owns one controller per connection, feeds it events and asks only for
+``cwnd`` (bytes the sender may have in flight).  Sans-IO: ``now`` is always a parameter
+(float seconds); nothing here reads a clock or draws randomness.
+
+Parameter names are the OCP MRC CC-profile ones (``mrc_ctl.h``: ``base_rtt``,
+``target_delay``, ``max_cwnd``, ``adjust_bytes_threshold``, ``adjust_period_threshold``,
+``qa_gate``, ``qa_threshold``, ``disable_qa``).  The algorithm follows the shape of UET 1.0's
+NSCC (four ECN x delay quadrants, batched increases, a decrease proportional to the delay
+excess, quick adapt).  The UET text is not available here: constants marked "UET ref" come
+from the published descriptions of NSCC and its reference simulator (htsim); the others are
+our choices and say so.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+__all__ = [
+    "REGISTRY",
+    "CCParams",
+    "CongestionController",
+    "DcqcnLite",
+    "FixedWindow",
+    "Nscc",
+    "create",
+    "register",
+]
+
+# --- CCParams defaults and derivation ------------------------------------------------------
+DEFAULT_BASE_RTT = 1e-3  # s; ours: an upper bound, controllers lower it to the smallest RTT seen
+DEFAULT_MAX_CWND = 512 * 1024  # bytes; ours: >= BDP of 4 x 100 Gbit/s at 10 us, 1 Gbit/s at 4 ms
+DEFAULT_QA_GATE = 3  # UET ref: quick adapt only if delivered < max_cwnd >> 3
+MAX_QA_GATE = 31  # ours: a larger shift would gate every window to zero
+TARGET_DELAY_BASE_RTT_RATIO = 0.75  # UET ref: target_qdelay = 0.75 x RTT with trimming on
+QA_THRESHOLD_TARGET_RATIO = 4.0  # UET ref: qa_threshold = 4 x target_qdelay
+ADJUST_BYTES_PACKETS = 8  # UET ref: adjust_bytes_threshold = 8 MTU
+MAX_CWND_BDP_RATIO = 1.5  # UET ref: max_cwnd = 1.5 x BDP
+ADJUST_BYTES_BDP_DIVISOR = 8  # ours: for_path adjusts about 8 times per RTT (8 MTU at UET scale)
+FOR_PATH_MIN_MAX_CWND = 64 * 1024  # ours: keep several packets in flight on a tiny BDP
+
+# --- NSCC gains --------------------------------------------------------------------------
+NSCC_PROPORTIONAL_INCREASE = 1 / 16  # ours: x max_cwnd per RTT at zero delay (UET ref ~1/14)
+NSCC_FAST_INCREASE_DELAY_RATIO = 0.25  # ours: delay below target/4 is "far below target"
+NSCC_FAST_INCREASE_GAIN = 0.25  # UET ref fi_scale: +25% per RTT after a clean window
+NSCC_FAIR_INCREASE_PACKETS = 1  # ours: unmarked high delay grows one packet per RTT (mild)
+NSCC_ETA = 1 / 256  # ours: x max_cwnd added once per adjust period in every quadrant, so that
+# flows holding unequal windows converge (AIMD); UET ref eta is ~1/370 at its scale
+NSCC_GAMMA = 0.8  # UET ref: decrease factor 1 - gamma * (avg_delay - target) / avg_delay
+NSCC_MD_MIN_FACTOR = 0.5  # UET ref: one decrease removes at most half the window
+NSCC_DELAY_EWMA_GAIN = 1 / 8  # ours (RFC 6298's SRTT gain); UET ref uses 1/80, more pkts/RTT
+NSCC_TRIM_MAX_DECREASE = 0.5  # ours: trims remove at most half the window per RTT
+
+# --- DCQCN-lite (Zhu et al., "Congestion Control for Large-Scale RDMA Deployments", 2015) ---
+DCQCN_G = 1 / 16  # ours: alpha gain per window (DCQCN: 1/256 per 55 us timer tick)
+DCQCN_FAST_RECOVERY_STEPS = 5  # DCQCN F: halve the gap to the target this many times first
+DCQCN_AI_PACKETS = 1  # ours: additive increase of the target, packets per byte-counter event
+
+
+def _require_positive(field: str, value: float) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value > 0):
+        raise ValueError(f"{field} must be a positive finite number, got {value!r}")
+
+
+def _require_int(field: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CCParams:
+    """One CC profile: the OCP NSCC parameters plus window bounds.
+
+    ``None`` means "derive it", so the defaults serve both a simulated fabric (RTT of a few
+    microseconds) and a Linux testbed (RTT of 0.1-2 ms).  For a known path prefer
+    :meth:`for_path`, and ``dataclasses.replace`` to override single fields.
+    """
+
+    base_rtt: float = DEFAULT_BASE_RTT
+    """Unloaded RTT (s).  Controllers use min(base_rtt, smallest RTT sample), so too high is
+    self-correcting and the default is deliberately high."""
+    target_delay: float | None = None
+    """Queuing delay (s) NSCC aims for; None: 0.75 x the effective base RTT."""
+    max_cwnd: int = DEFAULT_MAX_CWND
+    """Largest window (bytes); about 1.5 x BDP of the whole connection (all planes)."""
+    adjust_bytes_threshold: int | None = None
+    """Apply batched increases after this many bytes acked; None: 8 packets."""
+    adjust_period_threshold: float | None = None
+    """...or after this long (s) since the last adjustment; None: the effective base RTT."""
+    qa_gate: int = DEFAULT_QA_GATE
+    """Quick adapt fires only if an epoch delivered less than max_cwnd >> qa_gate bytes."""
+    qa_threshold: float | None = None
+    """Queuing delay (s) that arms quick adapt, like a trim does; None: 4 x target_delay."""
+    disable_qa: bool = False
+    """Turn quick adapt off."""
+    initial_cwnd: int | None = None
+    """Starting window (bytes); None: max_cwnd, as UET does (line rate in the first RTT:
+    trimming and quick adapt make an overshoot cheap)."""
+    min_cwnd: int | None = None
+    """Smallest window (bytes); None or less than a packet: one packet (mtu_payload)."""
+
+    def __post_init__(self) -> None:
+        _require_positive("base_rtt", self.base_rtt)
+        for name in ("target_delay", "adjust_period_threshold", "qa_threshold"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(name, value)
+        _require_int("max_cwnd", self.max_cwnd, 1)
+        if self.adjust_bytes_threshold is not None:
+            _require_int("adjust_bytes_threshold", self.adjust_bytes_threshold, 1)
+        _require_int("qa_gate", self.qa_gate, 0)
+        if self.qa_gate > MAX_QA_GATE:
+            raise ValueError(f"qa_gate must be <= {MAX_QA_GATE}, got {self.qa_gate!r}")
+        if not isinstance(self.disable_qa, bool):
+            raise ValueError(f"disable_qa must be a bool, got {self.disable_qa!r}")
+        if self.min_cwnd is not None:
+            _require_int("min_cwnd", self.min_cwnd, 1)
+            if self.min_cwnd > self.max_cwnd:
+                raise ValueError(f"min_cwnd {self.min_cwnd} exceeds max_cwnd {self.max_cwnd}")
+        if self.initial_cwnd is not None:
+            _require_int("initial_cwnd", self.initial_cwnd, 1)
+            low = self.min_cwnd or 1
+            if not low <= self.initial_cwnd <= self.max_cwnd:
+                raise ValueError(
+                    f"initial_cwnd {self.initial_cwnd} outside [{low}, {self.max_cwnd}]"
+                )
+
+    @classmethod
+    def for_path(cls, rate_bps: float, base_rtt: float) -> CCParams:
+        """Derive a profile from the connection's line rate (all planes, bit/s) and base RTT.
+
+        max_cwnd = 1.5 x BDP (at least 64 KiB), target_delay = 0.75 x base_rtt,
+        qa_threshold = 4 x target_delay, adjustments every BDP/8 bytes or every base RTT.
+        """
+        _require_positive("rate_bps", rate_bps)
+        _require_positive("base_rtt", base_rtt)
+        bdp = rate_bps / 8 * base_rtt
+        target = TARGET_DELAY_BASE_RTT_RATIO * base_rtt
+        return cls(
+            base_rtt=base_rtt,
+            target_delay=target,
+            max_cwnd=max(math.ceil(MAX_CWND_BDP_RATIO * bdp), FOR_PATH_MIN_MAX_CWND),
+            adjust_bytes_threshold=max(math.ceil(bdp / ADJUST_BYTES_BDP_DIVISOR), 1),
+            adjust_period_threshold=base_rtt,
+            qa_threshold=QA_THRESHOLD_TARGET_RATIO * target,
+        )
+
+
+class CongestionController(abc.ABC):
+    """A per-connection window controller driven by the protocol core.
+
+    Subclasses set ``name`` and are made available with :func:`register`.  The window is
+    always within [min_cwnd, max_cwnd], and min_cwnd is at least one packet.  Time that runs
+    backwards is treated as no time elapsed.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, params: CCParams, mtu_payload: int, now: float) -> None:
+        _require_int("mtu_payload", mtu_payload, 1)
+        if not math.isfinite(now):
+            raise ValueError(f"now must be finite, got {now!r}")
+        if params.max_cwnd < mtu_payload:
+            raise ValueError(
+                f"max_cwnd {params.max_cwnd} is below one packet (mtu_payload {mtu_payload})"
+            )
+        self._params = params
+        self._mtu_payload = mtu_payload
+        self._min_cwnd = max(params.min_cwnd or mtu_payload, mtu_payload)
+        self._max_cwnd = params.max_cwnd
+        self._base_rtt = params.base_rtt
+
+    @property
+    def params(self) -> CCParams:
+        return self._params
+
+    @property
+    def mtu_payload(self) -> int:
+        return self._mtu_payload
+
+    @property
+    def min_cwnd(self) -> int:
+        return self._min_cwnd
+
+    @property
+    def max_cwnd(self) -> int:
+        return self._max_cwnd
+
+    @property
+    def base_rtt(self) -> float:
+        """Effective base RTT: the configured one, lowered by any smaller RTT sample."""
+        return self._base_rtt
+
+    @property
+    @abc.abstractmethod
+    def cwnd(self) -> int:
+        """Bytes the sender may have in flight."""
+
+    @abc.abstractmethod
+    def on_ack(self, acked_bytes: int, rtt: float | None, ecn: bool, now: float) -> None:
+        """One newly acknowledged data packet; ``rtt`` from its echoed timestamp, if any."""
+
+    @abc.abstractmethod
+    def on_trim(self, now: float) -> None:
+        """A NACK for a trimmed packet: congestion."""
+
+    @abc.abstractmethod
+    def on_loss(self, now: float) -> None:
+        """A silent loss: in MRC a broken path (the EV layer's business), not congestion."""
+
+    @abc.abstractmethod
+    def on_timeout(self, now: float) -> None:
+        """A retransmission timeout."""
+
+    def on_sent(self, sent_bytes: int, now: float) -> None:
+        """Optional bookkeeping; the default ignores it."""
+        _require_int("sent_bytes", sent_bytes, 0)
+
+    def _initial_window(self) -> float:
+        initial = self._params.initial_cwnd
+        return self._clamp(float(self._max_cwnd if initial is None else initial))
+
+    def _clamp(self, window: float) -> float:
+        return min(max(window, float(self._min_cwnd)), float(self._max_cwnd))
+
+    def _check_ack(self, acked_bytes: int, rtt: float | None) -> None:
+        """Validate an ack and let its RTT sample lower the effective base RTT."""
+        _require_int("acked_bytes", acked_bytes, 0)
+        if rtt is None:
+            return
+        if not (math.isfinite(rtt) and rtt >= 0):
+            raise ValueError(f"rtt must be None or a finite number >= 0, got {rtt!r}")
+        if 0 < rtt < self._base_rtt:
+            self._base_rtt = rtt
+
+
+_C = TypeVar("_C", bound=type[CongestionController])
+
+REGISTRY: dict[str, type[CongestionController]] = {}
+"""Controllers by name; CC profiles and the simulator's configuration pick from here."""
+
+
+def register(cls: _C) -> _C:
+    """Class decorator: make ``cls`` creatable by its ``name``; duplicates are refused."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__qualname__} must set a non-empty class attribute 'name'")
+    if name in REGISTRY:
+        raise ValueError(
+            f"congestion controller {name!r} is already registered by {REGISTRY[name].__qualname__}"
+        )
+    REGISTRY[name] = cls
+    return cls
+
+
+def create(name: str, params: CCParams, mtu_payload: int, now: float) -> CongestionController:
+    """Instantiate the controller registered as ``name``."""
+    try:
+        cls = REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(REGISTRY))
+        raise ValueError(f"unknown congestion controller {name!r}; known: {known}") from None
+    return cls(params, mtu_payload, now)
+
+
+@register
+class FixedWindow(CongestionController):
+    """A constant window (initial_cwnd, else max_cwnd) that ignores every signal.
+
+    The baseline for single-path RoCE-like runs (RoCE without DCQCN) and for experiments
+    that want congestion control out of the picture.
+    """
+
+    name = "fixed"
+
+    def __init__(self, params: CCParams, mtu_payload: int, now: float) -> None:
+        super().__init__(params, mtu_payload, now)
+        self._window = int(self._initial_window())
+
+    @property
+    def cwnd(self) -> int:
+        return self._window
+
+    def on_ack(self, acked_bytes: int, rtt: float | None, ecn: bool, now: float) -> None:
+        self._check_ack(acked_bytes, rtt)
+
+    def on_trim(self, now: float) -> None:
+        pass
+
+    def on_loss(self, now: float) -> None:
+        pass
+
+    def on_timeout(self, now: float) -> None:
+        pass
+
+
+@register
+class Nscc(CongestionController):
+    """NSCC-style window control from ECN echoes and queuing delay.
+
+    Quadrants per ack (delay = rtt - base_rtt against target_delay):
+
+    - no ECN, low delay: proportional increase (more the further below target), plus fast
+      increase (+25% per RTT) once a whole window came back far below target;
+    - no ECN, high delay: the congestion is not at a marking switch queue: grow mildly
+      (one packet per RTT) so competing flows converge;
+    - ECN, high delay: multiplicative decrease proportional to the smoothed delay excess,
+      at most once per RTT;
+    - ECN, low delay: one path is busier than the others, not the network: the window is
+      kept and MRC's EV layer moves traffic off that path.
+
+    Increases are batched (``adjust_bytes_threshold`` / ``adjust_period_threshold``), and
+    every adjust period adds a small ``eta`` whatever the quadrant, so that flows holding
+    unequal windows converge (additive increase against proportional decrease); decreases
+    apply at once.  A trim removes one packet from the window, at most half the
+    window per RTT, and arms quick adapt.  Quick adapt: at the end of each epoch
+    (base_rtt + target_delay) in which a trim, a timeout or a delay above ``qa_threshold``
+    was seen, if fewer than ``max_cwnd >> qa_gate`` bytes were delivered the window drops to
+    what was delivered; signals from the packets already in flight are then ignored.
+
+    A silent loss changes nothing: in MRC it means a broken path, which the EV layer
+    retires; shrinking the window would punish every healthy path for it.  A timeout is a
+    packet whose fate is unknown and is treated like a trim.
+    """
+
+    name = "nscc"
+
+    def __init__(self, params: CCParams, mtu_payload: int, now: float) -> None:
+        super().__init__(params, mtu_payload, now)
+        self._cwnd = self._initial_window()
+        self._avg_delay = 0.0
+        # Batched increases.
+        self._pending_increase = 0.0
+        self._bytes_since_adjust = 0
+        self._last_adjust = now
+        self._last_eta = now
+        self._clean_streak = 0  # bytes acked in a row far below target
+        # Decreases.
+        self._last_decrease = -math.inf
+        self._trim_epoch_end = -math.inf
+        self._trim_budget = 0.0
+        # Quick adapt.
+        self._qa_epoch_end = now + self._qa_period()
+        self._qa_armed = False
+        self._achieved = 0
+        self._stale_bytes = 0.0  # signals of this many more bytes predate the last QA cut
+        self._stale_until = -math.inf
+
+    @property
+    def cwnd(self) -> int:
+        return int(self._cwnd)
+
+    @property
+    def target_delay(self) -> float:
+        configured = self._params.target_delay
+        if configured is not None:
+            return configured
+        return TARGET_DELAY_BASE_RTT_RATIO * self._base_rtt
+
+    @property
+    def avg_delay(self) -> float:
+        """Smoothed queuing delay (s), the measure of a multiplicative decrease."""
+        return self._avg_delay
+
+    def _qa_threshold(self) -> float:
+        configured = self._params.qa_threshold
+        return QA_THRESHOLD_TARGET_RATIO * self.target_delay if configured is None else configured
+
+    def _adjust_bytes(self) -> int:
+        configured = self._params.adjust_bytes_threshold
+        return ADJUST_BYTES_PACKETS * self._mtu_payload if configured is None else configured
+
+    def _adjust_period(self) -> float:
+        configured = self._params.adjust_period_threshold
+        return self._base_rtt if configured is None else configured
+
+    def _qa_period(self) -> float:
+        return self._base_rtt + self.target_delay
+
+    def _rtt_estimate(self) -> float:
+        return self._base_rtt + self._avg_delay
+
+    def _set_cwnd(self, window: float) -> None:
+        self._cwnd = self._clamp(window)
+
+    def on_ack(self, acked_bytes: int, rtt: float | None, ecn: bool, now: float) -> None:
+        self._check_ack(acked_bytes, rtt)
+        if rtt is None:
+            delay = self._avg_delay
+        else:
+            delay = max(0.0, rtt - self._base_rtt)
+            self._avg_delay += NSCC_DELAY_EWMA_GAIN * (delay - self._avg_delay)
+        cut = self._end_qa_epoch_if_due(now)
+        self._achieved += acked_bytes
+        stale = self._consume_stale(acked_bytes, now)
+        if delay > self._qa_threshold() and not stale:
+            self._qa_armed = True
+        if cut:
+            return
+        target = self.target_delay
+        if not ecn:
+            self._increase(acked_bytes, delay, target)
+        else:
+            self._clean_streak = 0
+            if delay >= target and not stale:
+                self._decrease(now, target)
+        self._bytes_since_adjust += acked_bytes
+        if (
+            self._bytes_since_adjust >= self._adjust_bytes()
+            or now - self._last_adjust >= self._adjust_period()
+        ):
+            self._adjust(now)
+
+    def _adjust(self, now: float) -> None:
+        """Apply the batched increase, plus eta once per adjust period."""
+        increase = self._pending_increase
+        if now - self._last_eta >= self._adjust_period():
+            increase += NSCC_ETA * self._max_cwnd
+            self._last_eta = now
+        self._set_cwnd(self._cwnd + increase)
+        self._pending_increase = 0.0
+        self._bytes_since_adjust = 0
+        self._last_adjust = now
+
+    def on_trim(self, now: float) -> None:
+        self._congestion_loss(now)
+
+    def on_loss(self, now: float) -> None:
+        pass  # a broken path, not congestion: see the class docstring
+
+    def on_timeout(self, now: float) -> None:
+        self._congestion_loss(now)
+
+    def _congestion_loss(self, now: float) -> None:
+        """A packet that did not make it because of congestion (a trim, or a timeout)."""
+        self._end_qa_epoch_if_due(now)
+        if self._consume_stale(self._mtu_payload, now):
+            return
+        self._qa_armed = True
+        self._clean_streak = 0
+        if now >= self._trim_epoch_end:
+            self._trim_epoch_end = now + self._rtt_estimate()
+            self._trim_budget = self._cwnd * NSCC_TRIM_MAX_DECREASE
+        step = min(float(self._mtu_payload), self._trim_budget)
+        self._trim_budget -= step
+        self._set_cwnd(self._cwnd - step)
+
+    def _increase(self, acked_bytes: int, delay: float, target: float) -> None:
+        per_window = acked_bytes / self._cwnd
+        if delay < target:
+            headroom = (target - delay) / target
+            gain = NSCC_PROPORTIONAL_INCREASE * self._max_cwnd * headroom
+            self._pending_increase += gain * per_window
+            if delay <= NSCC_FAST_INCREASE_DELAY_RATIO * target:
+                self._clean_streak += acked_bytes
+                if self._clean_streak >= self._cwnd:
+                    self._pending_increase += NSCC_FAST_INCREASE_GAIN * acked_bytes
+            else:
+                self._clean_streak = 0
+        else:
+            self._clean_streak = 0
+            fair = NSCC_FAIR_INCREASE_PACKETS * self._mtu_payload
+            self._pending_increase += fair * per_window
+
+    def _decrease(self, now: float, target: float) -> None:
+        avg = self._avg_delay
+        if avg <= target or now - self._last_decrease < self._rtt_estimate():
+            return
+        factor = max(1.0 - NSCC_GAMMA * (avg - target) / avg, NSCC_MD_MIN_FACTOR)
+        self._set_cwnd(self._cwnd * factor)
+        self._pending_increase = 0.0
+        self._last_decrease = now
+
+    def _end_qa_epoch_if_due(self, now: float) -> bool:
+        """Close a finished quick-adapt epoch; True if it cut the window."""
+        if now < self._qa_epoch_end:
+            return False
+        cut = (
+            self._qa_armed
+            and not self._params.disable_qa
+            and self._achieved < self._max_cwnd >> self._params.qa_gate
+            and self._achieved < self._cwnd
+        )
+        if cut:
+            self._stale_bytes = self._cwnd
+            self._stale_until = now + self._base_rtt + self._qa_threshold()
+            self._set_cwnd(float(self._achieved))
+            self._pending_increase = 0.0
+            self._clean_streak = 0
+        self._qa_armed = False
+        self._achieved = 0
+        self._qa_epoch_end = now + self._qa_period()
+        return cut
+
+    def _consume_stale(self, nbytes: int, now: float) -> bool:
+        """True if this signal belongs to packets sent before the last quick-adapt cut."""
+        if now >= self._stale_until:
+            self._stale_bytes = 0.0
+        if self._stale_bytes <= 0:
+            return False
+        self._stale_bytes -= nbytes
+        return True
+
+
+@register
+class DcqcnLite(CongestionController):
+    """A RoCE+DCQCN-like baseline, as a window and without timers.
+
+    ECN (or a trim) cuts the window by alpha/2 at most once per RTT, alpha being the
+    marked fraction smoothed per window; every ``adjust_bytes_threshold`` bytes acked
+    without a cut first halves the gap to the pre-cut window (fast recovery), then raises
+    that target by one packet (additive increase).  Losses and timeouts are ignored, as
+    DCQCN reacts only to congestion notifications.
+    """
+
+    name = "dcqcn_lite"
+
+    def __init__(self, params: CCParams, mtu_payload: int, now: float) -> None:
+        super().__init__(params, mtu_payload, now)
+        self._cwnd = self._initial_window()
+        self._target = self._cwnd
+        self._alpha = 1.0  # DCQCN starts at 1: the first cut halves the window
+        self._window_bytes = 0
+        self._marked_bytes = 0
+        self._byte_counter = 0
+        self._stage = 0
+        self._last_cut = -math.inf
+
+    @property
+    def cwnd(self) -> int:
+        return int(self._cwnd)
+
+    def on_ack(self, acked_bytes: int, rtt: float | None, ecn: bool, now: float) -> None:
+        self._check_ack(acked_bytes, rtt)
+        self._window_bytes += acked_bytes
+        if ecn:
+            self._marked_bytes += acked_bytes
+        if self._window_bytes >= self._cwnd:
+            fraction = self._marked_bytes / self._window_bytes
+            self._alpha += DCQCN_G * (fraction - self._alpha)
+            self._window_bytes = self._marked_bytes = 0
+        if ecn:
+            self._cut(now)
+            return
+        self._byte_counter += acked_bytes
+        threshold = self._params.adjust_bytes_threshold or ADJUST_BYTES_PACKETS * self._mtu_payload
+        if self._byte_counter >= threshold:
+            self._byte_counter = 0
+            self._stage += 1
+            if self._stage > DCQCN_FAST_RECOVERY_STEPS:
+                self._target = self._clamp(self._target + DCQCN_AI_PACKETS * self._mtu_payload)
+            self._cwnd = self._clamp((self._cwnd + self._target) / 2)
+
+    def on_trim(self, now: float) -> None:
+        self._cut(now)
+
+    def on_loss(self, now: float) -> None:
+        pass
+
+    def on_timeout(self, now: float) -> None:
+        pass
+
+    def _cut(self, now: float) -> None:
+        if now - self._last_cut < self._base_rtt:
+            return
+        self._target = self._cwnd
+        self._cwnd = self._clamp(self._cwnd * (1 - self._alpha / 2))
+        self._stage = 0
+        self._byte_counter = 0
+        self._last_cut = now
