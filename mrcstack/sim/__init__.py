@@ -1,0 +1,91 @@
+"""Deterministic fabric simulator: MRC connections in virtual time over a multi-plane Clos.
+
+It is how the protocol core is tested, and a what-if tool::
+
+    python -m mrcstack.sim --planes 4 --t1 8 --bytes 64MiB --loss 0.01 \\
+        --fail-link p0:t0a-t1c@2ms --seed 7 --json
+
+or from Python: ``run(SimConfig(...)).to_json()``.  Layers: :mod:`.engine` (event heap),
+:mod:`.network` (links, switch queues, trimming, ECN, faults), :mod:`.runner` (scenario ->
+connections -> result), :mod:`.cli`.  The same configuration and seed always give the same
+JSON, byte for byte (``json.dumps(result.to_json(), sort_keys=True)``; floats keep 9
+significant digits).
+
+Accounting: a packet occupies ``len(datagram) + 48`` bytes on the wire (outer IPv6 40 +
+UDP 8; no Ethernet framing).  Goodput counts payload only while capacity is raw line rate,
+so headers cap ``goodput_fraction`` at 4096 / (4096 + 60 + 48) = 0.974 with 4096-byte
+payloads and CRC trailers.
+
+JSON reference (``SimResult.to_json()``; these keys are stable)::
+
+    key                type            meaning
+    -----------------  --------------  -----------------------------------------------------
+    bytes_delivered    int             payload bytes of writes completed with SUCCESS
+    verified           bool            every flow completed; every receiver region equals
+                                       its source; each completion fired once, in order,
+                                       with SUCCESS; the immediate arrived exactly once
+    completion_time_s  float           when the last flow finished (the end of the run if
+                                       a flow never did)
+    goodput_bps        float           bytes_delivered * 8 / completion_time_s
+    capacity_bps       float           planes x host link rate x distinct sending hosts
+    goodput_fraction   float           goodput_bps / capacity_bps
+    retransmissions    {reason: int}   summed over all connections (core's reason names)
+    trims              int             data packets trimmed by switches
+    ecn_marks          int             CE marks set by switches (never on host ports)
+    drops              {reason: int}   queue (tail drop), loss (random), link_down,
+                                       ev_loss, unknown_qpn
+    ev_state_changes   int             EV state changes after setup, both ends, all flows
+    per_plane_bytes    [int]           datagram bytes (payload + MRC headers) senders put
+                                       on each plane
+    flows              [object]        per flow: index, src, dst, bytes, work_requests,
+                                       complete, verified, completion_time_s (null if not
+                                       complete), goodput_bps, failed (reason or null),
+                                       retransmissions, nacks_received, trims_received
+                                       (receiver), ecn_echoes (sender), per_plane_bytes
+    events             [object]        the first 1000 EV state changes: t_s, flow, side
+                                       ("sender"/"receiver"), ev, plane, old, new, reason,
+                                       drop_count
+    events_truncated   int             EV state changes left out of ``events``
+    port_events        [object]        port state changes seen by connections: t_s, flow,
+                                       side, port, up, remote
+    timeline           [object]        with ``--series``: t_s (interval start), bytes and
+                                       goodput_bps (payload newly placed at receivers),
+                                       flow_bytes (per flow); [] otherwise
+    links              {name: object}  per directional link that forwarded anything:
+                                       packets, bytes (wire), trims, ecn_marks, drops_queue,
+                                       drops_loss, drops_down, max_queue_bytes
+    packets_sent       int             datagrams injected by all endpoints
+    packets_delivered  int             datagrams handed to endpoints
+    sim_time_s         float           virtual time when the run ended
+    sim_events         int             heap events processed
+    config             object          the SimConfig echoed (pairs resolved)
+    seed               int             the seed
+"""
+
+from mrcstack.sim.engine import Engine
+from mrcstack.sim.network import NetParams, NetStats, Network
+from mrcstack.sim.runner import (
+    FlowResult,
+    LinkFailure,
+    NicDown,
+    SimConfig,
+    SimError,
+    SimResult,
+    SwitchFailure,
+    run,
+)
+
+__all__ = [
+    "Engine",
+    "FlowResult",
+    "LinkFailure",
+    "NetParams",
+    "NetStats",
+    "Network",
+    "NicDown",
+    "SimConfig",
+    "SimError",
+    "SimResult",
+    "SwitchFailure",
+    "run",
+]

@@ -1,0 +1,440 @@
+"""The fabric model: directional links with rate, delay and an egress queue; hosts at the edges.
+
+Built for speed: one heap event per packet per hop and no per-packet queue objects.  An
+egress queue is only a ``busy_until`` time: a packet reaching an egress at ``now`` sees
+``max(0, busy_until - now) * rate / 8`` queued bytes, departs at ``max(now, busy_until)``
+plus its serialization time and reaches the next node one propagation delay later.
+
+Accounting (used everywhere, including the runner's capacity and goodput): a packet's size on
+the wire is ``len(datagram) + WIRE_OVERHEAD_BYTES`` (outer IPv6 40 + UDP 8); Ethernet
+framing is not modelled.
+
+- Host NIC egress (host -> T0): unlimited queue (a NIC never drops its own packets), no ECN,
+  no trimming.
+- Switch egress: queue limit ``queue_bytes``.  With trimming on, a data packet that would push
+  the queue over ``trim_threshold_bytes`` is cut to its headers (``TRIM_LASTHOP`` when the
+  port faces a host) and leaves at high priority after only its own serialization (trimmed
+  headers are never dropped for congestion); any other packet over the limit is tail-dropped.
+  Data packets seeing more than ``ecn_kmin_bytes`` queued are CE-marked with a probability
+  ramping linearly to 1 at ``ecn_kmax_bytes`` (RED style), except on a port facing a host:
+  MRC marks only where another path could help.
+- Faults: random loss per link (the packet still uses the link's bandwidth), failed links
+  (a packet reaching the egress of a failed link is dropped; packets already on the wire
+  arrive), and per-EV loss on chosen host pairs (applied on arrival, after the path's
+  bandwidth was used).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from mrcstack import addrplan
+from mrcstack.fabric import Fabric, letters
+from mrcstack.sim.engine import Engine
+from mrcstack.wire import Opcode, encode_trimmed
+
+#: Outer IPv6 (40) + UDP (8) header bytes added to every datagram on the wire.
+WIRE_OVERHEAD_BYTES = 48
+DEFAULT_RATE_BPS = 100e9
+DEFAULT_LINK_DELAY_S = 1e-6
+#: Threshold defaults, as fractions of the switch queue limit.
+DEFAULT_TRIM_FRACTION = 1 / 2
+DEFAULT_ECN_KMIN_FRACTION = 1 / 16
+DEFAULT_ECN_KMAX_FRACTION = 1 / 4
+DATA_OPCODES = frozenset({Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE})
+
+#: (src host, dst host, plane, ev) -> directional link names from src to dst.
+Router = Callable[[int, int, int, int], Sequence[str]]
+#: (encoded data packet, trimmed on a host-facing port) -> trimmed packet.
+Trimmer = Callable[[bytes, bool], bytes]
+#: Called on delivery at a host: (datagram, plane, ecn_marked).
+Handler = Callable[[bytes, int, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class NetParams:
+    """Link and switch behaviour; ``None`` thresholds derive from the queue limit."""
+
+    link_delay_s: float = DEFAULT_LINK_DELAY_S
+    default_rate_bps: float = DEFAULT_RATE_BPS  # for links the fabric leaves unshaped
+    queue_bytes: int | None = None  # switch egress limit; None = fabric.queue_bytes
+    trim: bool = True
+    trim_threshold_bytes: int | None = None
+    ecn_kmin_bytes: int | None = None
+    ecn_kmax_bytes: int | None = None
+    loss: float = 0.0  # every link, both directions
+    link_loss: tuple[tuple[str, float], ...] = ()  # physical link name, probability
+    ev_loss: tuple[tuple[int, float], ...] = ()  # EV value, probability
+
+    def __post_init__(self) -> None:
+        if not self.link_delay_s >= 0:
+            raise ValueError(f"link delay must be >= 0, got {self.link_delay_s}")
+        if not self.default_rate_bps > 0:
+            raise ValueError(f"link rate must be positive, got {self.default_rate_bps}")
+        for what, p in (
+            ("loss", self.loss),
+            *((f"loss of {n}", q) for n, q in self.link_loss),
+            *((f"loss of EV {e}", q) for e, q in self.ev_loss),
+        ):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{what} must be a probability in [0, 1], got {p}")
+        for what, v in (
+            ("queue", self.queue_bytes),
+            ("trim threshold", self.trim_threshold_bytes),
+            ("ECN kmin", self.ecn_kmin_bytes),
+            ("ECN kmax", self.ecn_kmax_bytes),
+        ):
+            if v is not None and v <= 0:
+                raise ValueError(f"{what} must be positive, got {v}")
+
+    def thresholds(self, fabric: Fabric) -> tuple[int, int, int, int]:
+        """(queue limit, trim threshold, ECN kmin, ECN kmax) in bytes, checked for order."""
+        queue = fabric.queue_bytes if self.queue_bytes is None else self.queue_bytes
+        trim = self.trim_threshold_bytes or int(queue * DEFAULT_TRIM_FRACTION)
+        kmin = self.ecn_kmin_bytes or int(queue * DEFAULT_ECN_KMIN_FRACTION)
+        kmax = self.ecn_kmax_bytes or max(kmin + 1, int(queue * DEFAULT_ECN_KMAX_FRACTION))
+        if trim > queue:
+            raise ValueError(f"trim threshold {trim} exceeds the queue limit {queue}")
+        if kmax <= kmin:
+            raise ValueError(f"ECN kmax {kmax} must exceed kmin {kmin}")
+        return queue, trim, kmin, kmax
+
+
+class Link:
+    """One direction of a physical link, with its egress queue and counters."""
+
+    __slots__ = (
+        "busy_until",
+        "byte_time",
+        "bytes_per_s",
+        "delay",
+        "down",
+        "drops_down",
+        "drops_loss",
+        "drops_queue",
+        "ecn_marks",
+        "last_hop",
+        "loss",
+        "max_queue",
+        "name",
+        "physical",
+        "plane",
+        "rate_bps",
+        "switch_egress",
+        "trims",
+        "tx_bytes",
+        "tx_packets",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        physical: str,
+        plane: int,
+        rate_bps: float,
+        delay: float,
+        *,
+        switch_egress: bool,
+        last_hop: bool,
+    ) -> None:
+        self.name = name
+        self.physical = physical
+        self.plane = plane
+        self.rate_bps = rate_bps
+        self.bytes_per_s = rate_bps / 8
+        self.byte_time = 8 / rate_bps
+        self.delay = delay
+        self.switch_egress = switch_egress
+        self.last_hop = last_hop
+        self.loss = 0.0
+        self.down = 0  # number of active failures (windows may overlap)
+        self.busy_until = 0.0
+        self.tx_packets = 0
+        self.tx_bytes = 0
+        self.trims = 0
+        self.ecn_marks = 0
+        self.drops_queue = 0
+        self.drops_loss = 0
+        self.drops_down = 0
+        self.max_queue = 0.0
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "packets": self.tx_packets,
+            "bytes": self.tx_bytes,
+            "trims": self.trims,
+            "ecn_marks": self.ecn_marks,
+            "drops_queue": self.drops_queue,
+            "drops_loss": self.drops_loss,
+            "drops_down": self.drops_down,
+            "max_queue_bytes": int(self.max_queue),
+        }
+
+
+class _Packet:
+    """A datagram in flight (internal and mutable: trimming and marking change it)."""
+
+    __slots__ = ("data", "doomed", "dst", "ecn", "hop", "is_data", "plane", "priority", "route")
+
+    def __init__(
+        self, data: bytes, route: tuple[Link, ...], dst: int, plane: int, doomed: bool
+    ) -> None:
+        self.data = data
+        self.route = route
+        self.dst = dst
+        self.plane = plane
+        self.doomed = doomed
+        self.hop = 0
+        self.ecn = False
+        self.priority = False
+        self.is_data = bool(data) and data[0] in DATA_OPCODES
+
+
+@dataclass(frozen=True, slots=True)
+class NetStats:
+    """Counters summed over all links, plus per-link detail for links that saw traffic."""
+
+    packets_sent: int  # datagrams injected by hosts
+    packets_delivered: int
+    trims: int
+    ecn_marks: int
+    drops: dict[str, int]  # reason -> count: queue, loss, link_down, ev_loss
+    links: dict[str, dict[str, int]]  # directional link name -> counters
+
+
+class Network:
+    """Hosts, switches and links of a multi-plane two-tier Clos, driven by an Engine."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        engine: Engine,
+        rng: random.Random,
+        params: NetParams | None = None,
+        *,
+        router: Router | None = None,
+        trimmer: Trimmer | None = None,
+        ev_loss_pairs: Iterable[tuple[int, int]] | None = None,
+    ) -> None:
+        self.fabric = fabric
+        self.engine = engine
+        self.params = params = params or NetParams()
+        self._rng = rng
+        self._router = router or _addrplan_router(fabric)
+        self._trimmer = trimmer or encode_trimmed
+        self.queue_bytes, self.trim_threshold, self.ecn_kmin, self.ecn_kmax = params.thresholds(
+            fabric
+        )
+        self._ecn_span = self.ecn_kmax - self.ecn_kmin
+        self.links: dict[str, Link] = {}  # directional name -> Link
+        self.physical: dict[str, tuple[Link, Link]] = {}  # canonical name -> both directions
+        self._node_links: dict[str, list[str]] = {}  # full node name -> canonical link names
+        self._build()
+        for link in self.links.values():
+            link.loss = params.loss
+        for name, p in params.link_loss:
+            for link in self.physical[self.canonical(name)]:
+                link.loss = p
+        self._ev_loss = dict(params.ev_loss)
+        self._ev_loss_pairs = None if ev_loss_pairs is None else frozenset(ev_loss_pairs)
+        self._handlers: dict[int, Handler] = {}
+        self._routes: dict[tuple[int, int, int, int], tuple[Link, ...]] = {}
+        self._forward_cb = self._forward
+        self.packets_sent = 0
+        self.packets_delivered = 0
+        self.drops_ev_loss = 0
+
+    # Topology -------------------------------------------------------------------------
+    def _build(self) -> None:
+        f = self.fabric
+        host_rate = f.host_link_bps or self.params.default_rate_bps
+        fabric_rate = f.fabric_link_bps or self.params.default_rate_bps
+        for plane in range(f.planes):
+            for host in range(f.hosts):
+                rack = host // f.hosts_per_rack
+                self._add(
+                    plane,
+                    (f"h{host}", f.host_name(host)),
+                    (f"t0{letters(rack)}", f.t0_name(plane, rack)),
+                    host_rate,
+                    host_side=True,
+                )
+            for rack in range(f.racks):
+                for t1 in range(f.t1_per_plane):
+                    self._add(
+                        plane,
+                        (f"t0{letters(rack)}", f.t0_name(plane, rack)),
+                        (f"t1{letters(t1)}", f.t1_name(plane, t1)),
+                        fabric_rate,
+                        host_side=False,
+                    )
+
+    def _add(
+        self, plane: int, a: tuple[str, str], b: tuple[str, str], rate: float, *, host_side: bool
+    ) -> None:
+        name = f"p{plane}:{a[0]}-{b[0]}"
+        reverse = f"p{plane}:{b[0]}-{a[0]}"
+        delay = self.params.link_delay_s
+        up = Link(name, name, plane, rate, delay, switch_egress=not host_side, last_hop=False)
+        down = Link(reverse, name, plane, rate, delay, switch_egress=True, last_hop=host_side)
+        self.links[name] = up
+        self.links[reverse] = down
+        self.physical[name] = (up, down)
+        for node in (a[1], b[1]):
+            self._node_links.setdefault(node, []).append(name)
+
+    def canonical(self, name: str) -> str:
+        """The physical link a directional name belongs to; ValueError if unknown."""
+        link = self.links.get(name)
+        if link is None:
+            raise ValueError(f"no link named {name!r} in this fabric")
+        return link.physical
+
+    def host_link(self, host: int, plane: int) -> str:
+        """The physical name of a host's link to its T0 in ``plane``."""
+        self.fabric.check_host(host)
+        self.fabric.check_plane(plane)
+        rack = host // self.fabric.hosts_per_rack
+        return f"p{plane}:h{host}-t0{letters(rack)}"
+
+    def switch_links(self, node: str) -> list[str]:
+        """Every physical link of a switch (full node name, e.g. ``p0-t1a``)."""
+        links = self._node_links.get(node)
+        if links is None or node.startswith("h"):
+            raise ValueError(f"no switch named {node!r} in this fabric")
+        return list(links)
+
+    # Faults ---------------------------------------------------------------------------
+    def set_link(self, name: str, up: bool) -> None:
+        """Fail (``up=False``) or restore one physical link, both directions.
+
+        Failures nest: a link failed twice (say by a link and a switch failure) comes back
+        only after both are restored.
+        """
+        for link in self.physical[self.canonical(name)]:
+            link.down = link.down + 1 if not up else max(0, link.down - 1)
+
+    def set_switch(self, node: str, up: bool) -> None:
+        for name in self.switch_links(node):
+            self.set_link(name, up)
+
+    # Data path ------------------------------------------------------------------------
+    def attach(self, host: int, handler: Handler) -> None:
+        """Deliver datagrams arriving at ``host`` to ``handler(data, plane, ecn)``."""
+        self.fabric.check_host(host)
+        self._handlers[host] = handler
+
+    def route(self, src: int, dst: int, plane: int, ev: int) -> tuple[Link, ...]:
+        """The links a packet from src to dst on (plane, ev) crosses (cached)."""
+        key = (src, dst, plane, ev)
+        route = self._routes.get(key)
+        if route is None:
+            names = self._router(src, dst, plane, ev)
+            links = []
+            for name in names:
+                link = self.links.get(name)
+                if link is None:
+                    raise ValueError(f"route {key} names unknown link {name!r}")
+                links.append(link)
+            if not links:
+                raise ValueError(f"route {key} is empty")
+            route = tuple(links)
+            self._routes[key] = route
+        return route
+
+    def send(self, src: int, dst: int, plane: int, ev: int, data: bytes) -> None:
+        """Inject a datagram at ``src``'s NIC port for ``plane`` now, on the path of ``ev``."""
+        route = self.route(src, dst, plane, ev)
+        doomed = False
+        p = self._ev_loss.get(ev)
+        if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
+            doomed = self._rng.random() < p
+        self.packets_sent += 1
+        self._forward(_Packet(data, route, dst, plane, doomed))
+
+    def _forward(self, pkt: _Packet) -> None:
+        """The packet is at the node before ``route[hop]``: enqueue it there, or deliver."""
+        now = self.engine.now
+        route = pkt.route
+        hop = pkt.hop
+        if hop == len(route):
+            self._deliver(pkt)
+            return
+        link = route[hop]
+        pkt.hop = hop + 1
+        if link.down:
+            link.drops_down += 1
+            return
+        size = len(pkt.data) + WIRE_OVERHEAD_BYTES
+        busy = link.busy_until
+        busy = max(busy, now)
+        if link.switch_egress:
+            queued = (busy - now) * link.bytes_per_s
+            link.max_queue = max(link.max_queue, queued)
+            if not pkt.priority:
+                if pkt.is_data and self.params.trim and queued + size > self.trim_threshold:
+                    pkt.data = self._trimmer(pkt.data, link.last_hop)
+                    pkt.priority = True
+                    link.trims += 1
+                    size = len(pkt.data) + WIRE_OVERHEAD_BYTES
+                elif queued + size > self.queue_bytes:
+                    link.drops_queue += 1
+                    return
+                elif pkt.is_data and queued > self.ecn_kmin and not link.last_hop:
+                    excess = queued - self.ecn_kmin
+                    if excess >= self._ecn_span or self._rng.random() * self._ecn_span < excess:
+                        pkt.ecn = True
+                        link.ecn_marks += 1
+            if pkt.priority:
+                serialization = size * link.byte_time
+                link.busy_until = busy + serialization
+                depart = now + serialization
+            else:
+                depart = link.busy_until = busy + size * link.byte_time
+        else:
+            depart = link.busy_until = busy + size * link.byte_time
+        link.tx_packets += 1
+        link.tx_bytes += size
+        if link.loss and self._rng.random() < link.loss:
+            link.drops_loss += 1
+            return
+        self.engine.at(depart + link.delay, self._forward_cb, pkt)
+
+    def _deliver(self, pkt: _Packet) -> None:
+        if pkt.doomed:
+            self.drops_ev_loss += 1
+            return
+        handler = self._handlers.get(pkt.dst)
+        if handler is None:
+            raise ValueError(f"no endpoint attached at host {pkt.dst}")
+        self.packets_delivered += 1
+        handler(pkt.data, pkt.plane, pkt.ecn)
+
+    # Counters -------------------------------------------------------------------------
+    def stats(self) -> NetStats:
+        links = {n: lk.counters() for n, lk in sorted(self.links.items()) if lk.tx_packets}
+        all_links = self.links.values()
+        return NetStats(
+            packets_sent=self.packets_sent,
+            packets_delivered=self.packets_delivered,
+            trims=sum(lk.trims for lk in all_links),
+            ecn_marks=sum(lk.ecn_marks for lk in all_links),
+            drops={
+                "queue": sum(lk.drops_queue for lk in all_links),
+                "loss": sum(lk.drops_loss for lk in all_links),
+                "link_down": sum(lk.drops_down for lk in all_links),
+                "ev_loss": self.drops_ev_loss,
+            },
+            links=links,
+        )
+
+
+def _addrplan_router(fabric: Fabric) -> Router:
+    """The production router: MRC's algorithmic EV -> path mapping from ``addrplan``."""
+
+    def router(src: int, dst: int, plane: int, ev: int) -> Sequence[str]:
+        return addrplan.path(fabric, src, dst, plane, ev).links
+
+    return router

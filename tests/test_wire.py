@@ -1,0 +1,804 @@
+"""Wire codec and packet integrity: round trips, exact layout, tamper detection, anti-replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.wire import (
+    ACK_HDR_LEN,
+    AEAD_TAG_LEN,
+    AETH_ACK,
+    AETH_NAK_ACCESS,
+    AETH_NAK_SEQ,
+    BTH_LEN,
+    BTH_PKEY,
+    CRC_TRAILER_LEN,
+    DATA_HDR_LEN,
+    DATA_IMM_HDR_LEN,
+    MRC_EXT_VERSION,
+    PROBE_HDR_LEN,
+    PROBE_REPLY_HDR_LEN,
+    PSN_MASK,
+    PSN_MOD,
+    AckPacket,
+    AeadIntegrity,
+    CrcIntegrity,
+    DataFlags,
+    DataPacket,
+    DecodeError,
+    DecodeReason,
+    FeedbackFlags,
+    Integrity,
+    NackReason,
+    Opcode,
+    Packet,
+    ProbePacket,
+    ProbeReplyPacket,
+    ReplayWindow,
+    WireUsageError,
+    crc32_header,
+    decode,
+    encode,
+    encode_trimmed,
+    header_length,
+    peek_qpn,
+    trimmed_length,
+)
+
+KEY16 = bytes(range(16))
+KEY32 = bytes(range(100, 132))
+MODES = ("crc", "aead", "aead-encrypt")
+SENDER_ID, RECEIVER_ID = 0x0A0B0C0D, 0x01020304
+MRCX_FLAGS_FROM_END = 27  # the data extension's flags byte, counted back from the header end
+
+
+def make_pair(mode: str, key: bytes = KEY16) -> tuple[Integrity, Integrity]:
+    """(sender's, receiver's) integrity objects for one direction of a connection."""
+    if mode == "crc":
+        return CrcIntegrity(), CrcIntegrity()
+    encrypt = mode == "aead-encrypt"
+    return (
+        AeadIntegrity(key, SENDER_ID, RECEIVER_ID, encrypt=encrypt),
+        AeadIntegrity(key, RECEIVER_ID, SENDER_ID, encrypt=encrypt),
+    )
+
+
+def u(bits: int) -> st.SearchStrategy[int]:
+    return st.integers(0, (1 << bits) - 1)
+
+
+data_packets = st.builds(
+    DataPacket,
+    qpn=u(24),
+    psn=u(24),
+    va=u(64),
+    rkey=u(32),
+    payload=st.binary(max_size=300),
+    ev=u(32),
+    port=u(8),
+    tx_seq=u(64),
+    ts_ns=u(64),
+    flags=st.sampled_from([0, DataFlags.RETX, DataFlags.LAST, DataFlags.RETX | DataFlags.LAST]),
+    imm=st.none() | u(32),
+)
+ack_packets = st.builds(
+    AckPacket,
+    qpn=u(24),
+    cum_psn=u(24),
+    msn=u(24),
+    ev=u(32),
+    port=u(8),
+    tx_seq=u(64),
+    echo_ev=u(32),
+    echo_psn=u(24),
+    echo_ts_ns=u(64),
+    sack_base=u(24),
+    sack_bitmap=u(64),
+    port_state=u(16),
+    flags=st.sampled_from([0, int(FeedbackFlags.ECN_ECHO)]),
+    nack_reason=st.sampled_from([0, *(int(r) for r in NackReason)]),
+)
+probe_packets = st.builds(ProbePacket, qpn=u(24), ev=u(32), port=u(8), tx_seq=u(64), ts_ns=u(64))
+probe_reply_packets = st.builds(
+    ProbeReplyPacket,
+    qpn=u(24),
+    ev=u(32),
+    port=u(8),
+    tx_seq=u(64),
+    echo_ev=u(32),
+    echo_ts_ns=u(64),
+    port_state=u(16),
+)
+any_packet = data_packets | ack_packets | probe_packets | probe_reply_packets
+
+
+def data(payload: bytes = b"0123456789abcdef" * 4, **kw: object) -> DataPacket:
+    fields: dict[str, object] = {
+        "qpn": 0x123456,
+        "psn": 0xABCDEF,
+        "va": 0x1122334455667788,
+        "rkey": 0xCAFEBABE,
+        "payload": payload,
+        "ev": 0xDEADBEEF,
+        "port": 3,
+        "tx_seq": 77,
+        "ts_ns": 123456789,
+        "flags": DataFlags.LAST,
+        "imm": None,
+    }
+    fields.update(kw)
+    return DataPacket(**fields)  # type: ignore[arg-type]
+
+
+def ack(**kw: object) -> AckPacket:
+    fields: dict[str, object] = {
+        "qpn": 0x654321,
+        "cum_psn": 0x00FFFE,
+        "msn": 9,
+        "ev": 17,
+        "port": 2,
+        "tx_seq": 78,
+        "echo_ev": 0xDEADBEEF,
+        "echo_psn": 0xABCDEF,
+        "echo_ts_ns": 123456789,
+        "sack_base": 0x00FFFF,
+        "sack_bitmap": 0x8000_0000_0000_0005,
+        "port_state": 0b1011,
+        "flags": FeedbackFlags.ECN_ECHO,
+        "nack_reason": 0,
+    }
+    fields.update(kw)
+    return AckPacket(**fields)  # type: ignore[arg-type]
+
+
+PROBE = ProbePacket(qpn=7, ev=0x01020304, port=5, tx_seq=79, ts_ns=42)
+PROBE_REPLY = ProbeReplyPacket(
+    qpn=7, ev=9, port=1, tx_seq=80, echo_ev=0x01020304, echo_ts_ns=42, port_state=0xFF
+)
+
+
+def normalized(pkt: Packet) -> Packet:
+    """What decode(encode(pkt)) must return: payload as bytes, dma_len filled in."""
+    if isinstance(pkt, DataPacket):
+        payload = bytes(pkt.payload)
+        dma_len = pkt.dma_len if pkt.trimmed else len(payload)
+        return dataclasses.replace(pkt, payload=payload, dma_len=dma_len)
+    return pkt
+
+
+def forge(wire: bytes, offset: int, value: int, trailer_len: int = CRC_TRAILER_LEN) -> bytes:
+    """Set one header byte and recompute hdr_check and the CRC trailer (a buggy peer)."""
+    hlen = header_length(wire[0])
+    buf = bytearray(wire)
+    buf[offset] = value
+    struct.pack_into(">I", buf, hlen - 4, crc32_header(buf[:hlen]))
+    if trailer_len:
+        body = bytes(buf[:-trailer_len])
+        return body + struct.pack(">I", zlib.crc32(body))
+    return bytes(buf)
+
+
+# --- round trips -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(pkt=any_packet)
+@settings(max_examples=150, deadline=None)
+def test_round_trip_every_packet_type(mode: str, pkt: Packet) -> None:
+    tx, rx = make_pair(mode)
+    wire = encode(pkt, tx)
+    got = decode(wire, rx)
+    assert normalized(got) == normalized(pkt)
+    assert type(got) is type(pkt)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(pkt=data_packets)
+@settings(max_examples=60, deadline=None)
+def test_data_length_is_headers_payload_trailer(mode: str, pkt: DataPacket) -> None:
+    tx, _ = make_pair(mode)
+    hlen = DATA_HDR_LEN if pkt.imm is None else DATA_IMM_HDR_LEN
+    assert len(encode(pkt, tx)) == hlen + len(pkt.payload) + tx.trailer_len
+
+
+@pytest.mark.parametrize("psn", [0, 1, PSN_MASK - 1, PSN_MASK])
+def test_psn_edges_round_trip(psn: int) -> None:
+    crc = CrcIntegrity()
+    assert decode(encode(data(psn=psn), crc), crc).psn == psn  # type: ignore[union-attr]
+    assert decode(encode(ack(cum_psn=psn, echo_psn=psn), crc), crc) == ack(
+        cum_psn=psn, echo_psn=psn
+    )
+
+
+@pytest.mark.parametrize("psn", [PSN_MOD, -1, 1 << 32])
+def test_psn_out_of_range_is_a_local_error(psn: int) -> None:
+    with pytest.raises(WireUsageError, match="psn"):
+        encode(data(psn=psn), CrcIntegrity())
+
+
+@pytest.mark.parametrize(
+    ("pkt", "field"),
+    [
+        (data(qpn=1 << 24), "qpn"),
+        (data(va=1 << 64), "va"),
+        (data(rkey=-1), "rkey"),
+        (data(ev=1 << 32), "ev"),
+        (data(port=256), "port"),
+        (data(tx_seq=1 << 64), "tx_seq"),
+        (data(ts_ns=-5), "ts_ns"),
+        (data(imm=1 << 32), "imm"),
+        (data(va=1.5), "va"),
+        (ack(msn=1 << 24), "msn"),
+        (ack(sack_base=1 << 24), "sack_base"),
+        (ack(sack_bitmap=1 << 64), "sack_bitmap"),
+        (ack(port_state=1 << 16), "port_state"),
+        (dataclasses.replace(PROBE, ts_ns=1 << 64), "ts_ns"),
+        (dataclasses.replace(PROBE_REPLY, echo_ev=1 << 32), "echo_ev"),
+    ],
+)
+def test_out_of_range_field_is_named(pkt: Packet, field: str) -> None:
+    with pytest.raises(WireUsageError, match=rf"\.{field}\b") as info:
+        encode(pkt, CrcIntegrity())
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, LocalError)
+
+
+@pytest.mark.parametrize(
+    "pkt",
+    [
+        data(flags=DataFlags.PROBE),
+        data(flags=DataFlags.TRIM_LASTHOP),
+        data(flags=DataFlags.TRIMMED, dma_len=10),  # trimmed but carries a payload
+        data(payload=b"", flags=DataFlags.TRIMMED),  # trimmed needs dma_len >= 0
+        ack(nack_reason=0x55),
+        ack(flags=0x02),
+    ],
+)
+def test_invalid_combinations_are_refused(pkt: Packet) -> None:
+    with pytest.raises(WireUsageError):
+        encode(pkt, CrcIntegrity())
+
+
+def test_encode_refuses_non_packets() -> None:
+    with pytest.raises(WireUsageError):
+        encode("hello", CrcIntegrity())  # type: ignore[arg-type]
+
+
+def test_payload_may_be_a_memoryview_or_bytearray() -> None:
+    crc = CrcIntegrity()
+    raw = bytes(range(256)) * 4
+    words = memoryview(bytearray(raw)).cast("I")  # len() counts 4-byte items here
+    for payload in (memoryview(raw)[10:20], bytearray(raw), words):
+        got = decode(encode(data(payload=payload), crc), crc)  # type: ignore[arg-type]
+        assert isinstance(got, DataPacket)
+        assert bytes(got.payload) == bytes(payload)
+        assert got.dma_len == len(bytes(payload))
+
+
+# --- the exact layout ----------------------------------------------------------------------
+
+
+def test_data_layout_offsets() -> None:
+    pkt = data(payload=b"P" * 10)
+    wire = encode(pkt, CrcIntegrity())
+    assert wire[0] == Opcode.RDMA_WRITE_ONLY
+    assert wire[1] == 0
+    assert int.from_bytes(wire[2:4]) == BTH_PKEY
+    assert wire[4] == 0
+    assert int.from_bytes(wire[5:8]) == pkt.qpn
+    assert wire[8] == 0  # AckReq clear
+    assert int.from_bytes(wire[9:12]) == pkt.psn
+    assert int.from_bytes(wire[12:20]) == pkt.va
+    assert int.from_bytes(wire[20:24]) == pkt.rkey
+    assert int.from_bytes(wire[24:28]) == 10  # RETH DMA length = this payload
+    mrcx = wire[28:56]
+    assert mrcx[0] == MRC_EXT_VERSION
+    assert mrcx[1] == DataFlags.LAST
+    assert mrcx[2] == pkt.port
+    assert mrcx[3] == 0
+    assert int.from_bytes(mrcx[4:8]) == pkt.ev
+    assert int.from_bytes(mrcx[8:16]) == pkt.tx_seq
+    assert int.from_bytes(mrcx[16:24]) == pkt.ts_ns
+    assert int.from_bytes(mrcx[24:28]) == crc32_header(wire[:56])
+    assert wire[56:66] == b"P" * 10
+    assert int.from_bytes(wire[66:]) == zlib.crc32(wire[:66])
+
+
+def test_immediate_sits_between_reth_and_extension() -> None:
+    wire = encode(data(imm=0x01020304), CrcIntegrity())
+    assert wire[0] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+    assert wire[28:32] == bytes([1, 2, 3, 4])
+    assert wire[32] == MRC_EXT_VERSION
+
+
+@pytest.mark.parametrize(
+    ("reason", "syndrome"),
+    [
+        (0, AETH_ACK),
+        (NackReason.REMOTE_ACCESS, AETH_NAK_ACCESS),
+        (NackReason.TRIMMED, AETH_NAK_SEQ),
+        (NackReason.SEQ_ERROR, AETH_NAK_SEQ),
+        (NackReason.UNEXP_EVENT, AETH_NAK_SEQ),
+    ],
+)
+def test_ack_layout_and_syndrome(reason: int, syndrome: int) -> None:
+    pkt = ack(nack_reason=reason)
+    wire = encode(pkt, CrcIntegrity())
+    assert len(wire) == ACK_HDR_LEN + CRC_TRAILER_LEN
+    assert wire[0] == Opcode.ACKNOWLEDGE
+    assert int.from_bytes(wire[9:12]) == pkt.cum_psn
+    assert wire[12] == syndrome
+    assert int.from_bytes(wire[13:16]) == pkt.msn
+    mrcf = wire[16:68]
+    assert mrcf[3] == reason
+    assert int.from_bytes(mrcf[20:24]) == pkt.echo_psn
+    assert int.from_bytes(mrcf[32:36]) == pkt.sack_base
+    assert int.from_bytes(mrcf[36:38]) == pkt.port_state
+    assert int.from_bytes(mrcf[40:48]) == pkt.sack_bitmap
+
+
+def test_probe_lengths_and_flags() -> None:
+    crc = CrcIntegrity()
+    probe = encode(PROBE, crc)
+    assert len(probe) == PROBE_HDR_LEN + CRC_TRAILER_LEN
+    assert probe[BTH_LEN + 1] == DataFlags.PROBE
+    assert len(encode(PROBE_REPLY, crc)) == PROBE_REPLY_HDR_LEN + CRC_TRAILER_LEN
+
+
+@given(pkt=any_packet)
+@settings(max_examples=60, deadline=None)
+def test_hdr_check_matches_the_helper(pkt: Packet) -> None:
+    wire = encode(pkt, CrcIntegrity())
+    hlen = header_length(wire[0])
+    assert int.from_bytes(wire[hlen - 4 : hlen]) == crc32_header(wire[:hlen])
+
+
+def test_header_and_trimmed_lengths() -> None:
+    assert trimmed_length(Opcode.RDMA_WRITE_ONLY) == 56
+    assert trimmed_length(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE) == 60
+    assert header_length(Opcode.ACKNOWLEDGE) == 68
+    assert header_length(Opcode.MRC_PROBE) == 40
+    assert header_length(Opcode.MRC_PROBE_REPLY) == 64
+    with pytest.raises(WireUsageError):
+        trimmed_length(Opcode.ACKNOWLEDGE)
+    with pytest.raises(WireUsageError):
+        header_length(0x42)
+
+
+def test_peek_qpn() -> None:
+    crc = CrcIntegrity()
+    assert peek_qpn(encode(data(qpn=0xABCDEF), crc)) == 0xABCDEF
+    assert peek_qpn(memoryview(encode(ack(qpn=5), crc))) == 5
+    with pytest.raises(DecodeError) as info:
+        peek_qpn(b"\x0a" * 11)
+    assert info.value.reason is DecodeReason.TRUNCATED
+
+
+# --- decode: no copy, input kinds ----------------------------------------------------------
+
+
+def test_crc_payload_is_a_view_of_the_datagram() -> None:
+    wire = encode(data(payload=b"x" * 100), CrcIntegrity())
+    got = decode(wire, CrcIntegrity())
+    assert isinstance(got, DataPacket)
+    assert isinstance(got.payload, memoryview)
+    assert got.payload.obj is wire
+    assert bytes(got.payload) == b"x" * 100
+
+
+def test_decode_accepts_bytearray_and_non_byte_views() -> None:
+    crc = CrcIntegrity()
+    wire = encode(data(payload=b"abcd" * 8), crc)  # 56 + 32 + 4 = 92 bytes, a multiple of 4
+    assert normalized(decode(bytearray(wire), crc)) == normalized(decode(wire, crc))
+    assert normalized(decode(memoryview(wire).cast("I"), crc)) == normalized(decode(wire, crc))
+
+
+# --- tampering ---------------------------------------------------------------------------
+
+
+TAMPER_PACKETS = [data(), data(imm=0xFEEDF00D, payload=b"z" * 7), data(payload=b""), ack(), PROBE]
+TAMPER_PACKETS += [PROBE_REPLY, ack(nack_reason=NackReason.TRIMMED_LASTHOP)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pkt", TAMPER_PACKETS, ids=lambda p: type(p).__name__)
+def test_any_single_byte_change_is_rejected(mode: str, pkt: Packet) -> None:
+    """Every byte of an untrimmed packet is covered by a check: none may change unnoticed."""
+    tx, rx = make_pair(mode)
+    wire = encode(pkt, tx)
+    assert normalized(decode(wire, rx)) == normalized(pkt)
+    for offset in range(len(wire)):
+        for xor in (0x01, 0x40, 0x80, 0xFF):
+            bad = bytearray(wire)
+            bad[offset] ^= xor
+            with pytest.raises(DecodeError):
+                decode(bytes(bad), rx)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_truncated_or_extended_packets_are_rejected(mode: str) -> None:
+    tx, rx = make_pair(mode)
+    wire = encode(data(imm=5), tx)
+    for size in range(len(wire)):
+        if size == DATA_IMM_HDR_LEN:
+            continue  # headers only, TRIMMED clear: covered below
+        with pytest.raises(DecodeError):
+            decode(wire[:size], rx)
+    with pytest.raises(DecodeError) as info:
+        decode(wire[:DATA_IMM_HDR_LEN], rx)
+    assert info.value.reason is DecodeReason.TRUNCATED
+    with pytest.raises(DecodeError):
+        decode(wire + b"\x00", rx)
+
+
+def test_setting_trimmed_on_a_full_packet_is_a_length_error() -> None:
+    crc = CrcIntegrity()
+    wire = bytearray(encode(data(), crc))
+    wire[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= DataFlags.TRIMMED
+    with pytest.raises(DecodeError) as info:
+        decode(bytes(wire), crc)
+    assert info.value.reason is DecodeReason.BAD_LENGTH
+
+
+@pytest.mark.parametrize(
+    ("offset", "value", "reason"),
+    [
+        (1, 0x40, DecodeReason.BAD_FIELD),  # BTH MigReq
+        (2, 0x7F, DecodeReason.BAD_FIELD),  # P_Key
+        (4, 0x01, DecodeReason.BAD_FIELD),  # BTH reserved byte
+        (8, 0x80, DecodeReason.BAD_FIELD),  # AckReq
+        (24, 0x01, DecodeReason.BAD_LENGTH),  # RETH DMA length != payload
+        (28, 2, DecodeReason.BAD_VERSION),  # MRC extension version
+        (29, 0x08, DecodeReason.BAD_FIELD),  # unknown flag bit
+        (29, 0x80, DecodeReason.BAD_FIELD),  # TRIM_LASTHOP without TRIMMED
+        (31, 0x01, DecodeReason.BAD_FIELD),  # reserved byte
+    ],
+)
+def test_field_sanity_even_with_valid_checks(offset: int, value: int, reason: DecodeReason) -> None:
+    crc = CrcIntegrity()
+    wire = forge(encode(data(), crc), offset, value)
+    with pytest.raises(DecodeError) as info:
+        decode(wire, crc)
+    assert info.value.reason is reason
+
+
+@pytest.mark.parametrize("opcode", [0x00, 0x06, 0x0C, 0x10, 0x12, 0x64, 0xC2, 0xFF])
+def test_unknown_opcodes(opcode: int) -> None:
+    wire = bytearray(encode(data(), CrcIntegrity()))
+    wire[0] = opcode
+    with pytest.raises(DecodeError) as info:
+        decode(bytes(wire), CrcIntegrity())
+    assert info.value.reason is DecodeReason.BAD_OPCODE
+
+
+@pytest.mark.parametrize(
+    ("offset", "value"),
+    [
+        (12, AETH_NAK_SEQ),  # syndrome says NAK, reason says ACK
+        (16 + 1, 0x02),  # unknown feedback flag
+        (16 + 3, 0x55),  # unknown NACK reason
+        (16 + 20, 0x01),  # echo_psn wider than 24 bits
+        (16 + 38, 0x01),  # reserved u16
+    ],
+)
+def test_ack_field_sanity(offset: int, value: int) -> None:
+    crc = CrcIntegrity()
+    wire = forge(encode(ack(), crc), offset, value)
+    with pytest.raises(DecodeError) as info:
+        decode(wire, crc)
+    assert info.value.reason is DecodeReason.BAD_FIELD
+
+
+def test_probe_reply_with_ack_fields_is_rejected() -> None:
+    crc = CrcIntegrity()
+    wire = forge(encode(PROBE_REPLY, crc), 12 + 3, NackReason.TRIMMED)
+    with pytest.raises(DecodeError) as info:
+        decode(wire, crc)
+    assert info.value.reason is DecodeReason.BAD_FIELD
+
+
+def test_crc_mismatch_reason() -> None:
+    crc = CrcIntegrity()
+    wire = bytearray(encode(data(), crc))
+    wire[60] ^= 1  # payload byte: header check still fine
+    with pytest.raises(DecodeError) as info:
+        decode(bytes(wire), crc)
+    assert info.value.reason is DecodeReason.BAD_CHECKSUM
+
+
+# --- trimming ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lasthop", [False, True])
+@pytest.mark.parametrize("imm", [None, 0xA5A5A5A5])
+def test_trimmed_packets_decode_with_flags(mode: str, lasthop: bool, imm: int | None) -> None:
+    tx, rx = make_pair(mode)
+    pkt = data(imm=imm, payload=b"q" * 4000)
+    wire = encode(pkt, tx)
+    trimmed = encode_trimmed(wire, lasthop)
+    assert len(trimmed) == trimmed_length(wire[0])
+    got = decode(trimmed, rx)
+    assert isinstance(got, DataPacket)
+    assert got.trimmed
+    assert bool(got.flags & DataFlags.TRIM_LASTHOP) == lasthop
+    assert got.payload == b""
+    assert got.dma_len == 4000
+    expected_flags = pkt.flags | DataFlags.TRIMMED | (DataFlags.TRIM_LASTHOP if lasthop else 0)
+    assert got == dataclasses.replace(pkt, payload=b"", flags=expected_flags, dma_len=4000)
+
+
+@given(pkt=data_packets, lasthop=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_trimmed_packet_objects_round_trip(pkt: DataPacket, lasthop: bool) -> None:
+    crc = CrcIntegrity()
+    trimmed = encode_trimmed(encode(pkt, crc), lasthop)
+    got = decode(trimmed, crc)
+    assert encode(got, crc) == trimmed  # a trimmed DataPacket encodes to the switch's bytes
+
+
+def test_trimmed_header_is_still_checked() -> None:
+    crc = CrcIntegrity()
+    trimmed = encode_trimmed(encode(data(), crc), lasthop=False)
+    flags_at = DATA_HDR_LEN - MRCX_FLAGS_FROM_END
+    for offset in range(len(trimmed)):
+        for xor in (0x01, 0x10, 0xFF):
+            bad = bytearray(trimmed)
+            bad[offset] ^= xor
+            if offset == flags_at and not xor & ~0xC0:
+                continue
+            with pytest.raises(DecodeError):
+                decode(bytes(bad), crc)
+    with pytest.raises(DecodeError) as info:
+        decode(trimmed + b"\x00", crc)  # trimmed packets are exactly their headers
+    assert info.value.reason is DecodeReason.BAD_LENGTH
+
+
+def test_switch_bits_are_outside_hdr_check() -> None:
+    """Honest limit: anyone on the path can set TRIM_LASTHOP on a trimmed header."""
+    crc = CrcIntegrity()
+    trimmed = bytearray(encode_trimmed(encode(data(), crc), lasthop=False))
+    trimmed[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= DataFlags.TRIM_LASTHOP
+    got = decode(bytes(trimmed), crc)
+    assert got.flags & DataFlags.TRIM_LASTHOP  # type: ignore[union-attr]
+
+
+def test_encode_trimmed_refuses_non_data() -> None:
+    crc = CrcIntegrity()
+    with pytest.raises(WireUsageError):
+        encode_trimmed(encode(ack(), crc), lasthop=False)
+    with pytest.raises(WireUsageError):
+        encode_trimmed(encode(data(imm=1), crc)[:59], lasthop=False)
+
+
+# --- AEAD ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["aead", "aead-encrypt"])
+def test_forged_tag_is_rejected(mode: str) -> None:
+    tx, rx = make_pair(mode)
+    wire = encode(data(), tx)
+    forged = wire[:-AEAD_TAG_LEN] + bytes(AEAD_TAG_LEN)
+    with pytest.raises(DecodeError) as info:
+        decode(forged, rx)
+    assert info.value.reason is DecodeReason.BAD_AUTH
+
+
+@pytest.mark.parametrize("mode", ["aead", "aead-encrypt"])
+def test_wrong_key_or_direction_is_rejected(mode: str) -> None:
+    tx, _ = make_pair(mode, KEY16)
+    _, other_key_rx = make_pair(mode, bytes(16))
+    wire = encode(ack(), tx)
+    with pytest.raises(DecodeError) as info:
+        decode(wire, other_key_rx)
+    assert info.value.reason is DecodeReason.BAD_AUTH
+    reflected = AeadIntegrity(KEY16, RECEIVER_ID, 0x77, encrypt=mode == "aead-encrypt")
+    with pytest.raises(DecodeError):  # opened with the wrong sender id in the nonce
+        decode(wire, reflected)
+
+
+def test_crc_packet_is_not_accepted_by_aead() -> None:
+    _, rx = make_pair("aead")
+    wire = encode(data(payload=b"y" * 64), CrcIntegrity())
+    with pytest.raises(DecodeError) as info:
+        decode(wire, rx)
+    assert info.value.reason in {DecodeReason.BAD_LENGTH, DecodeReason.BAD_AUTH}
+
+
+def test_encryption_hides_the_payload_and_auth_only_does_not() -> None:
+    secret = b"the quick brown fox jumps over the lazy dog" * 2
+    for mode, visible in (("aead", True), ("aead-encrypt", False)):
+        tx, rx = make_pair(mode, KEY32)
+        wire = encode(data(payload=secret), tx)
+        assert (secret in wire) is visible
+        got = decode(wire, rx)
+        assert bytes(got.payload) == secret  # type: ignore[union-attr]
+
+
+def test_seal_refuses_a_reused_tx_seq() -> None:
+    tx, _ = make_pair("aead")
+    encode(data(tx_seq=10), tx)
+    encode(data(tx_seq=5), tx)  # out of order but never used: fine
+    with pytest.raises(WireUsageError, match="nonce"):
+        encode(ack(tx_seq=10), tx)
+
+
+@pytest.mark.parametrize("key", [b"", bytes(15), bytes(24), bytes(33)])
+def test_bad_key_lengths(key: bytes) -> None:
+    with pytest.raises(WireUsageError):
+        AeadIntegrity(key, 1, 2)
+
+
+def test_ids_must_differ_and_fit() -> None:
+    with pytest.raises(WireUsageError):
+        AeadIntegrity(KEY16, 3, 3)
+    with pytest.raises(WireUsageError):
+        AeadIntegrity(KEY16, 1 << 32, 3)
+
+
+def test_trailer_lengths() -> None:
+    assert CrcIntegrity().trailer_len == 4
+    assert AeadIntegrity(KEY16, 1, 2).trailer_len == AEAD_TAG_LEN == 16
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def test_decode_error_names_its_side_and_survives_pickle() -> None:
+    err = DecodeError(DecodeReason.BAD_AUTH, "tag does not verify")
+    assert isinstance(err, PeerError)
+    assert "bad_auth" in str(err)
+    copy = pickle.loads(pickle.dumps(err))
+    assert copy.reason is DecodeReason.BAD_AUTH
+    assert str(copy) == str(err)
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x0a", b"\xff" * 100, bytes(68), "text", 42, None])
+def test_decode_junk_raises_decode_error(junk: object) -> None:
+    with pytest.raises(DecodeError):
+        decode(junk, CrcIntegrity())  # type: ignore[arg-type]
+
+
+# --- replay window -------------------------------------------------------------------------
+
+
+def test_replay_fresh_window_accepts_anything() -> None:
+    win = ReplayWindow(64)
+    assert win.top == -1
+    assert win.check(0)
+    assert win.check((1 << 64) - 1)
+
+
+def test_replay_duplicates_are_rejected_and_check_does_not_record() -> None:
+    win = ReplayWindow(64)
+    assert win.check(5)
+    assert win.check(5)  # check alone records nothing
+    win.update(5)
+    assert not win.check(5)
+    assert win.check(4)
+    assert win.check(6)
+    win.update(3)  # out of order, inside the window
+    assert not win.check(3)
+    assert win.check(4)
+    assert win.top == 5
+
+
+def test_replay_old_packets_fall_out_of_the_window() -> None:
+    win = ReplayWindow(64)
+    win.update(100)
+    assert win.check(100 - 63)  # oldest position still tracked
+    assert not win.check(100 - 64)  # one further back: too old even though never seen
+    win.update(37)
+    assert not win.check(37)
+
+
+def test_replay_far_jump_forgets_the_past() -> None:
+    win = ReplayWindow(64)
+    for seq in range(10):
+        win.update(seq)
+    win.update(10_000)
+    assert not win.check(9)  # now far too old
+    assert win.check(10_000 - 1)
+    assert not win.check(10_000)
+
+
+def test_replay_window_slides_over_many_sizes() -> None:
+    size = 128
+    win = ReplayWindow(size)
+    for seq in range(0, 5 * size, 2):  # even numbers only
+        assert win.check(seq)
+        win.update(seq)
+    top = 5 * size - 2
+    for seq in range(top - size + 1, top + 1):
+        assert win.check(seq) == (seq % 2 == 1)
+    assert not win.check(top - size)
+
+
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 600)), max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_replay_window_matches_a_set_model(ops: list[tuple[bool, int]]) -> None:
+    size = 100
+    win = ReplayWindow(size)
+    seen: set[int] = set()
+    top = -1
+    for is_update, seq in ops:
+        model = seq > top or (top - seq < size and seq not in seen)
+        assert win.check(seq) == model
+        if is_update:
+            win.update(seq)
+            seen.add(seq)
+            top = max(top, seq)
+
+
+def test_replay_window_argument_checks() -> None:
+    with pytest.raises(WireUsageError):
+        ReplayWindow(0)
+    win = ReplayWindow()
+    assert win.size == 4096
+    with pytest.raises(WireUsageError):
+        win.check(-1)
+    with pytest.raises(WireUsageError):
+        win.update(1 << 64)
+
+
+def test_replay_window_of_one() -> None:
+    win = ReplayWindow(1)
+    win.update(7)
+    assert not win.check(7)
+    assert not win.check(6)  # anything older than the newest is too old
+    assert win.check(8)
+
+
+def test_seal_refuses_a_tx_seq_too_old_to_vouch_for() -> None:
+    tx, _ = make_pair("aead")
+    encode(data(tx_seq=100_000), tx)
+    with pytest.raises(WireUsageError):
+        encode(data(tx_seq=1), tx)  # never sealed, but the guard no longer remembers that far
+
+
+def test_crc32_header_argument_checks() -> None:
+    with pytest.raises(WireUsageError):
+        crc32_header(b"\x0a" * 10)  # shorter than a BTH plus hdr_check
+    with pytest.raises(WireUsageError):
+        crc32_header(b"\x42" + bytes(60))  # opcode without an MRC extension
+    with pytest.raises(WireUsageError):
+        crc32_header(b"\x11" + bytes(30))  # an ACK header is 68 bytes
+
+
+def test_crc32_header_ignores_only_the_switch_bits() -> None:
+    header = bytearray(encode(data(), CrcIntegrity())[:DATA_HDR_LEN])
+    before = crc32_header(header)
+    header[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= 0xC0
+    assert crc32_header(header) == before
+    header[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] ^= DataFlags.RETX
+    assert crc32_header(header) != before
+    header[-1] ^= 0xFF  # the hdr_check field itself counts as zero
+    assert crc32_header(bytes(header)) == crc32_header(bytes(header[:-1]) + b"\x00")
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "wire-format.md"
+
+
+def test_worked_example_in_the_docs() -> None:
+    """The hex dump in docs/wire-format.md is what encode() produces today."""
+    text = DOCS.read_text()
+    block = text.split("<!-- worked-example:begin -->")[1].split("<!-- worked-example:end -->")[0]
+    dumped = bytes.fromhex(" ".join(line[6:] for line in block.splitlines() if line[:4].isalnum()))
+    pkt = DataPacket(
+        qpn=0x000101, psn=0x000010, va=0x00007F0000001000, rkey=0x12345678,
+        payload=b"MRC!hello,world!", ev=0x00020005, port=2, tx_seq=42,
+        ts_ns=1_000_000_000, flags=DataFlags.LAST, imm=0xCAFE0001,
+    )  # fmt: skip
+    assert dumped == encode(pkt, CrcIntegrity())
+    trimmed = encode_trimmed(dumped, lasthop=True)
+    assert trimmed[0x21] == 0xC2
+    assert trimmed == dumped[:0x21] + b"\xc2" + dumped[0x22:60]
