@@ -108,6 +108,7 @@ class EvSlot:
         "last_evidence",
         "probe_fails",
         "probe_oks",
+        "silent_losses",
         "skip_until",
         "state",
     )
@@ -121,6 +122,7 @@ class EvSlot:
         self.probe_oks = 0
         self.probe_fails = 0
         self.last_evidence = -1.0  # last time a reply proved this path works
+        self.silent_losses = 0  # time-detected losses since the last reply on this EV
 
 
 class EvTable:

@@ -17,10 +17,16 @@ from dataclasses import dataclass
 from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, SendCompleted, WcStatus
-from mrcstack.core.evs import EvTable
+from mrcstack.core.evs import EvSlot, EvTable
 from mrcstack.core.psn import to_psn, unwrap
 from mrcstack.wire.packets import AckPacket, DataFlags, FeedbackFlags, NackReason
 
+#: RACK reordering window: a quarter of the smoothed RTT (RFC 8985 uses min_rtt/4), and
+#: never less than a microsecond so packets sent in one burst are never compared.
+RACK_REO_FRACTION = 0.25
+RACK_MIN_REO = 1e-6
+#: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
+RACK_LOSSES_TO_BLAME = 2
 #: RFC 6298 smoothing gains.
 RTT_ALPHA = 1 / 8
 RTT_BETA = 1 / 4
@@ -57,12 +63,15 @@ class Tx:
         "sent",
         "seq",
         "size",
+        "slot",
         "timeouts",
         "wr",
     )
 
-    def __init__(self, seq: int, wr: WorkRequest, size: int, ev: int, sent: float) -> None:
+    def __init__(self, seq: int, wr: WorkRequest, size: int, slot: EvSlot, sent: float) -> None:
         self.seq = seq
+        self.slot = slot
+        ev = slot.entry.value
         self.wr = wr
         self.size = size
         self.ev = ev
@@ -114,6 +123,8 @@ class Sender:
         self.rto_heap: list[tuple[float, int, Tx]] = []
         self._heap_tie = 0
         self.retx: deque[tuple[Tx, str]] = deque()
+        self.sent_fifo: deque[Tx] = deque()  # every transmission, in send order (RACK)
+        self.rack_sent = -1.0  # latest send time of an acknowledged transmission
         self.in_flight = 0  # bytes sent, not acked, not declared lost
         self.srtt: float | None = None
         self.rttvar = 0.0
@@ -195,7 +206,7 @@ class Sender:
         ev = slot.entry.value
         offset = (seq - wr.first) * self.mtu
         size = min(self.mtu, wr.length - offset)
-        tx = Tx(seq, wr, size, ev, now)
+        tx = Tx(seq, wr, size, slot, now)
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
@@ -209,6 +220,7 @@ class Sender:
             fifo = self.ev_fifo[ev] = deque()
         fifo.append(tx)
         tx.queued = True
+        self.sent_fifo.append(tx)
         tx.deadline = now + self.rto(tx.timeouts)
         self._heap_tie += 1
         heapq.heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
@@ -248,6 +260,7 @@ class Sender:
             slot = self.evs.slots.get(echo_tx.ev)
             if slot is not None:
                 slot.last_evidence = now
+                slot.silent_losses = 0
             if ecn:
                 self.stats.ecn_echoes += 1
                 if self.srtt is not None:
@@ -273,8 +286,10 @@ class Sender:
                 if self.snd_una <= seq < self.next_seq:
                     hit = seq == echo_seq
                     self._acked(seq, rtt if hit else None, ecn and hit, now)
-        if echo_tx is not None and not self.roce:
-            self._detect_losses(echo_tx)
+        if not self.roce:
+            if echo_tx is not None:
+                self._detect_losses(echo_tx)
+            self._rack()
         self._complete()
 
     def _acked(self, seq: int, rtt: float | None, ecn: bool, now: float) -> None:
@@ -282,23 +297,62 @@ class Sender:
         if tx is None:
             return
         tx.acked = True
+        if tx.sent > self.rack_sent:
+            self.rack_sent = tx.sent
         if not tx.lost:
             self.in_flight -= tx.size
         tx.wr.acked += 1
         self.cc.on_ack(tx.size, rtt, ecn, now)
 
     def _detect_losses(self, echo_tx: Tx) -> None:
+        """Same-path evidence: packets sent on the echoed EV before the echoed one and
+        still unacknowledged were lost on that path (paths keep order).  This also blames
+        the EV for losses RACK already declared, since only here is the path known."""
         fifo = self.ev_fifo.get(echo_tx.ev)
         if not fifo or not echo_tx.queued:
             return
+        txs = self.txs
         while fifo:
             tx = fifo.popleft()
             tx.queued = False
             if tx is echo_tx:
                 return
-            if not tx.acked and not tx.lost and self.txs.get(tx.seq) is tx:
+            current = txs.get(tx.seq)
+            if current is None or tx.acked:
+                continue  # that packet arrived after all (perhaps by another transmission)
+            if current is tx and not tx.lost:
                 self._lose(tx, "sack")
-                self.evs.apply(tx.ev, "loss", "sack_loss")
+            self.evs.apply(tx.ev, "loss", "sack_loss")
+
+    def _rack(self) -> None:
+        """Time-based loss detection (RACK, RFC 8985) across all paths.
+
+        A packet still unacknowledged although one sent more than a reordering window
+        later was acknowledged is lost.  This catches losses the per-EV order cannot see
+        (the last packets on an EV, tails of a transfer) without waiting for an RTO.  It
+        does not blame the EV: only same-path evidence does.
+        """
+        fifo = self.sent_fifo
+        txs = self.txs
+        srtt = self.srtt if self.srtt is not None else self.cfg.timeout
+        limit = self.rack_sent - max(srtt * RACK_REO_FRACTION, RACK_MIN_REO)
+        while fifo:
+            tx = fifo[0]
+            if tx.acked or tx.lost or txs.get(tx.seq) is not tx:
+                fifo.popleft()
+            elif tx.sent < limit:
+                fifo.popleft()
+                self._lose(tx, "sack")
+                slot = tx.slot
+                if slot.last_evidence < tx.sent:
+                    # Nothing on this EV came back since: a second such loss in a row
+                    # means the path is dead, not unlucky.
+                    slot.silent_losses += 1
+                    if slot.silent_losses >= RACK_LOSSES_TO_BLAME:
+                        slot.silent_losses = 0
+                        self.evs.apply(tx.ev, "loss", "rack_loss")
+            else:
+                return
 
     def _on_nack(self, ack: AckPacket, seq: int, now: float) -> None:
         reason = ack.nack_reason
@@ -388,6 +442,7 @@ class Sender:
             status = WcStatus.FLUSHED
         self.txs.clear()
         self.retx.clear()
+        self.sent_fifo.clear()
         self.rto_heap.clear()
         self.ev_fifo.clear()
         self.in_flight = 0
