@@ -1,0 +1,104 @@
+"""The paper's figures, scaled down, asserted on the deterministic simulator.
+
+Each test runs the real core over the simulated fabric (4 planes x 8 T1 at 100 Gbit/s
+unless said otherwise) and asserts a figure; the numbers are deterministic for a seed, so
+these are not timing tests.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+from mrcstack.addrplan import ev_fields
+from mrcstack.fabric import Fabric
+from mrcstack.sim import LinkFailure, SimConfig, SimResult, run
+
+FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=8)
+MIB = 1 << 20
+RATE = 100e9
+LINK_DELAY = 1e-6
+#: One round trip h0 -> h3 -> h0: 4 links each way, propagation plus serialization of a full
+#: data packet (4096 B payload, 60 B MRC headers, 48 B IPv6+UDP).
+RTT = 8 * (LINK_DELAY + (4096 + 60 + 48) * 8 / RATE)
+MIN_RTO = 200e-6  # ConnectionConfig.timeout default
+
+
+@cache
+def sim(**kw: object) -> SimResult:
+    cfg = SimConfig(fabric=FABRIC, bytes_per_flow=32 * MIB, seed=7, **kw)  # type: ignore[arg-type]
+    result = run(cfg)
+    assert result.verified, f"transfer did not verify: {kw}"
+    return result
+
+
+def test_four_planes_without_faults_reach_95_percent_of_capacity() -> None:
+    r = sim()
+    assert r.goodput_fraction >= 0.95
+    assert r.retransmissions == {} or sum(r.retransmissions.values()) == 0
+    low, high = min(r.per_plane_bytes), max(r.per_plane_bytes)
+    assert high - low <= 8192  # planes exactly equally loaded, to a packet or two
+
+
+def test_one_percent_loss_keeps_80_percent_of_lossless_goodput() -> None:
+    lossless = sim().goodput_bps
+    lossy = sim(loss=0.01)
+    assert lossy.drops["loss"] > 100  # the loss really happened
+    assert lossy.goodput_bps >= 0.8 * lossless
+
+
+def test_t0_t1_link_failure_costs_at_most_one_rto_and_a_few_rtts() -> None:
+    base = sim()
+    failed = sim(link_failures=(LinkFailure("p0:t0a-t1c", 0.3e-3),))
+    assert failed.drops["link_down"] > 0
+    extra = failed.completion_time_s - base.completion_time_s
+    assert extra <= MIN_RTO + 5 * RTT
+    # Every EV whose path crosses the dead link ends ASSUMED_BAD on the sender.
+    final: dict[int, str] = {}
+    for e in failed.events:
+        if e.side == "sender":
+            final[e.ev] = e.new
+    dead = [ev for ev in final if ev_fields(ev).plane == 0 and ev_fields(ev).t1 == 2]
+    assert dead and all(final[ev] == "assumed_bad" for ev in dead)
+
+
+def test_lossy_ev_is_replaced_at_once_and_bandwidth_stays_flat() -> None:
+    """Fig 12-13: one EV drops 20% of its packets."""
+    r = sim(ev_loss=((0x002, 0.2),), series_interval_s=50e-6)
+    sender = [e for e in r.events if e.side == "sender"]
+    bad = [e for e in sender if e.ev == 0x002 and e.new == "assumed_bad"]
+    assert bad and bad[0].drop_count == 1  # turned inactive on its first loss
+    backups = [e for e in sender if e.old == "unknown" and e.new == "good" and e.t_s == bad[0].t_s]
+    assert backups and all(e.plane == 0 for e in backups)  # a backup from the same plane
+    assert r.drops["ev_loss"] <= 3
+    middle = [b.goodput_bps for b in r.timeline[1:-1]]
+    assert min(middle) >= 0.9 * max(middle)
+
+
+def test_roce_like_single_path_is_far_slower_under_loss() -> None:
+    mrc = sim(loss=0.01)
+    roce = sim(loss=0.01, mode="roce", cc="fixed")
+    assert roce.per_plane_bytes.count(0) == FABRIC.planes - 1  # one EV, one plane
+    assert roce.goodput_bps < 0.2 * mrc.goodput_bps
+
+
+def test_incast_is_resolved_by_trimming_and_nacks() -> None:
+    r = run(
+        SimConfig(
+            fabric=FABRIC,
+            pairs=((0, 3), (1, 3), (2, 3)),
+            bytes_per_flow=4 * MIB,
+            queue_bytes=256 * 1024,
+            seed=3,
+        )
+    )
+    assert r.verified
+    assert r.trims > 0 and r.retransmissions.get("trim", 0) > 0
+    assert r.retransmissions.get("timeout", 0) <= r.retransmissions["trim"] // 10
+
+
+def test_same_seed_same_json_byte_for_byte() -> None:
+    cfg = SimConfig(fabric=FABRIC, bytes_per_flow=2 * MIB, loss=0.02, seed=11)
+    a = json.dumps(run(cfg).to_json(), sort_keys=True)
+    b = json.dumps(run(cfg).to_json(), sort_keys=True)
+    assert a == b
