@@ -1,0 +1,56 @@
+"""`make bench`: print the numbers later work is measured against.
+
+- wire: packets/s and MB/s for encode+decode (CRC, AES-GCM auth, AES-GCM encrypt);
+- sim: a full simulated transfer, core CPU cost per packet;
+- the large test profiles: 50,000 property cases and 1,000,000 fuzzed packets
+  (CI runs smaller profiles; set MRC_BENCH_QUICK=1 to skip these here).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from bench import sim_bench, wire_bench
+
+
+def _profile(name: str, env: dict[str, str], target: str) -> None:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "--no-header", "-p", "no:cacheprovider", target],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - start
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
+    print(f"{name:<34} {took:8.1f} s   {last}")
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:])
+        raise SystemExit(proc.returncode)
+
+
+def main() -> int:
+    print("== wire codec ==")
+    for key, value in wire_bench.run().items():
+        print(f"{key:<40} {value:14,.1f}")
+    print("== simulator: full transfer ==")
+    for key, value in sim_bench.run().items():
+        print(f"{key:<40} {value:14,.3f}")
+    if os.environ.get("MRC_BENCH_QUICK"):
+        return 0
+    print("== large test profiles ==")
+    _profile(
+        "property test, 50,000 cases",
+        {"MRC_PROPERTY_CASES": "50000"},
+        "tests/test_connection.py::test_property_every_byte_lands_every_completion_once_in_order",
+    )
+    _profile("fuzz, 1,000,000 packets", {"MRC_FUZZ_COUNT": "1000000"}, "tests/test_wire_fuzz.py")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
