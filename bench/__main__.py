@@ -19,7 +19,7 @@ from bench import sim_bench, wire_bench
 def _profile(name: str, env: dict[str, str], target: str) -> None:
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "--no-header", "-p", "no:cacheprovider", target],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", target],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

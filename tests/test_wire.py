@@ -1,10 +1,13 @@
-"""Wire codec and packet integrity: round trips, exact layout, tamper detection, anti-replay."""
+"""Wire codec: round trips, exact layout, zero-copy decode, tamper detection, trimming, errors.
+
+Integrity (AEAD, the nonce guard, the replay window, the CRC header check) is in
+test_wire_integrity.py; the shared strategies and builders are in wire_strategies.py.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
-import struct
 import zlib
 from pathlib import Path
 
@@ -15,7 +18,6 @@ from hypothesis import strategies as st
 from mrcstack.core.errors import LocalError, PeerError
 from mrcstack.wire import (
     ACK_HDR_LEN,
-    AEAD_TAG_LEN,
     AETH_ACK,
     AETH_NAK_ACCESS,
     AETH_NAK_SEQ,
@@ -29,21 +31,14 @@ from mrcstack.wire import (
     PROBE_REPLY_HDR_LEN,
     PSN_MASK,
     PSN_MOD,
-    AckPacket,
-    AeadIntegrity,
     CrcIntegrity,
     DataFlags,
     DataPacket,
     DecodeError,
     DecodeReason,
-    FeedbackFlags,
-    Integrity,
     NackReason,
     Opcode,
     Packet,
-    ProbePacket,
-    ProbeReplyPacket,
-    ReplayWindow,
     WireUsageError,
     crc32_header,
     decode,
@@ -53,139 +48,19 @@ from mrcstack.wire import (
     peek_qpn,
     trimmed_length,
 )
-
-KEY16 = bytes(range(16))
-KEY32 = bytes(range(100, 132))
-MODES = ("crc", "aead", "aead-encrypt")
-SENDER_ID, RECEIVER_ID = 0x0A0B0C0D, 0x01020304
-MRCX_FLAGS_FROM_END = 27  # the data extension's flags byte, counted back from the header end
-
-
-def make_pair(mode: str, key: bytes = KEY16) -> tuple[Integrity, Integrity]:
-    """(sender's, receiver's) integrity objects for one direction of a connection."""
-    if mode == "crc":
-        return CrcIntegrity(), CrcIntegrity()
-    encrypt = mode == "aead-encrypt"
-    return (
-        AeadIntegrity(key, SENDER_ID, RECEIVER_ID, encrypt=encrypt),
-        AeadIntegrity(key, RECEIVER_ID, SENDER_ID, encrypt=encrypt),
-    )
-
-
-def u(bits: int) -> st.SearchStrategy[int]:
-    return st.integers(0, (1 << bits) - 1)
-
-
-data_packets = st.builds(
-    DataPacket,
-    qpn=u(24),
-    psn=u(24),
-    va=u(64),
-    rkey=u(32),
-    payload=st.binary(max_size=300),
-    ev=u(32),
-    port=u(8),
-    tx_seq=u(64),
-    ts_ns=u(64),
-    flags=st.sampled_from([0, DataFlags.RETX, DataFlags.LAST, DataFlags.RETX | DataFlags.LAST]),
-    imm=st.none() | u(32),
+from tests.wire_strategies import (
+    MODES,
+    MRCX_FLAGS_FROM_END,
+    PROBE,
+    PROBE_REPLY,
+    ack,
+    any_packet,
+    data,
+    data_packets,
+    forge,
+    make_pair,
+    normalized,
 )
-ack_packets = st.builds(
-    AckPacket,
-    qpn=u(24),
-    cum_psn=u(24),
-    msn=u(24),
-    ev=u(32),
-    port=u(8),
-    tx_seq=u(64),
-    echo_ev=u(32),
-    echo_psn=u(24),
-    echo_ts_ns=u(64),
-    sack_base=u(24),
-    sack_bitmap=u(64),
-    port_state=u(16),
-    flags=st.sampled_from([0, int(FeedbackFlags.ECN_ECHO)]),
-    nack_reason=st.sampled_from([0, *(int(r) for r in NackReason)]),
-)
-probe_packets = st.builds(ProbePacket, qpn=u(24), ev=u(32), port=u(8), tx_seq=u(64), ts_ns=u(64))
-probe_reply_packets = st.builds(
-    ProbeReplyPacket,
-    qpn=u(24),
-    ev=u(32),
-    port=u(8),
-    tx_seq=u(64),
-    echo_ev=u(32),
-    echo_ts_ns=u(64),
-    port_state=u(16),
-)
-any_packet = data_packets | ack_packets | probe_packets | probe_reply_packets
-
-
-def data(payload: bytes = b"0123456789abcdef" * 4, **kw: object) -> DataPacket:
-    fields: dict[str, object] = {
-        "qpn": 0x123456,
-        "psn": 0xABCDEF,
-        "va": 0x1122334455667788,
-        "rkey": 0xCAFEBABE,
-        "payload": payload,
-        "ev": 0xDEADBEEF,
-        "port": 3,
-        "tx_seq": 77,
-        "ts_ns": 123456789,
-        "flags": DataFlags.LAST,
-        "imm": None,
-    }
-    fields.update(kw)
-    return DataPacket(**fields)  # type: ignore[arg-type]
-
-
-def ack(**kw: object) -> AckPacket:
-    fields: dict[str, object] = {
-        "qpn": 0x654321,
-        "cum_psn": 0x00FFFE,
-        "msn": 9,
-        "ev": 17,
-        "port": 2,
-        "tx_seq": 78,
-        "echo_ev": 0xDEADBEEF,
-        "echo_psn": 0xABCDEF,
-        "echo_ts_ns": 123456789,
-        "sack_base": 0x00FFFF,
-        "sack_bitmap": 0x8000_0000_0000_0005,
-        "port_state": 0b1011,
-        "flags": FeedbackFlags.ECN_ECHO,
-        "nack_reason": 0,
-    }
-    fields.update(kw)
-    return AckPacket(**fields)  # type: ignore[arg-type]
-
-
-PROBE = ProbePacket(qpn=7, ev=0x01020304, port=5, tx_seq=79, ts_ns=42)
-PROBE_REPLY = ProbeReplyPacket(
-    qpn=7, ev=9, port=1, tx_seq=80, echo_ev=0x01020304, echo_ts_ns=42, port_state=0xFF
-)
-
-
-def normalized(pkt: Packet) -> Packet:
-    """What decode(encode(pkt)) must return: payload as bytes, dma_len filled in."""
-    if isinstance(pkt, DataPacket):
-        payload = bytes(pkt.payload)
-        dma_len = pkt.dma_len if pkt.trimmed else len(payload)
-        return dataclasses.replace(pkt, payload=payload, dma_len=dma_len)
-    return pkt
-
-
-def forge(wire: bytes, offset: int, value: int, trailer_len: int = CRC_TRAILER_LEN) -> bytes:
-    """Set one header byte and recompute hdr_check and the CRC trailer (a buggy peer)."""
-    hlen = header_length(wire[0])
-    buf = bytearray(wire)
-    buf[offset] = value
-    struct.pack_into(">I", buf, hlen - 4, crc32_header(buf[:hlen]))
-    if trailer_len:
-        body = bytes(buf[:-trailer_len])
-        return body + struct.pack(">I", zlib.crc32(body))
-    return bytes(buf)
-
 
 # --- round trips -------------------------------------------------------------------------
 
@@ -580,76 +455,6 @@ def test_encode_trimmed_refuses_non_data() -> None:
         encode_trimmed(encode(data(imm=1), crc)[:59], lasthop=False)
 
 
-# --- AEAD ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("mode", ["aead", "aead-encrypt"])
-def test_forged_tag_is_rejected(mode: str) -> None:
-    tx, rx = make_pair(mode)
-    wire = encode(data(), tx)
-    forged = wire[:-AEAD_TAG_LEN] + bytes(AEAD_TAG_LEN)
-    with pytest.raises(DecodeError) as info:
-        decode(forged, rx)
-    assert info.value.reason is DecodeReason.BAD_AUTH
-
-
-@pytest.mark.parametrize("mode", ["aead", "aead-encrypt"])
-def test_wrong_key_or_direction_is_rejected(mode: str) -> None:
-    tx, _ = make_pair(mode, KEY16)
-    _, other_key_rx = make_pair(mode, bytes(16))
-    wire = encode(ack(), tx)
-    with pytest.raises(DecodeError) as info:
-        decode(wire, other_key_rx)
-    assert info.value.reason is DecodeReason.BAD_AUTH
-    reflected = AeadIntegrity(KEY16, RECEIVER_ID, 0x77, encrypt=mode == "aead-encrypt")
-    with pytest.raises(DecodeError):  # opened with the wrong sender id in the nonce
-        decode(wire, reflected)
-
-
-def test_crc_packet_is_not_accepted_by_aead() -> None:
-    _, rx = make_pair("aead")
-    wire = encode(data(payload=b"y" * 64), CrcIntegrity())
-    with pytest.raises(DecodeError) as info:
-        decode(wire, rx)
-    assert info.value.reason in {DecodeReason.BAD_LENGTH, DecodeReason.BAD_AUTH}
-
-
-def test_encryption_hides_the_payload_and_auth_only_does_not() -> None:
-    secret = b"the quick brown fox jumps over the lazy dog" * 2
-    for mode, visible in (("aead", True), ("aead-encrypt", False)):
-        tx, rx = make_pair(mode, KEY32)
-        wire = encode(data(payload=secret), tx)
-        assert (secret in wire) is visible
-        got = decode(wire, rx)
-        assert bytes(got.payload) == secret  # type: ignore[union-attr]
-
-
-def test_seal_refuses_a_reused_tx_seq() -> None:
-    tx, _ = make_pair("aead")
-    encode(data(tx_seq=10), tx)
-    encode(data(tx_seq=5), tx)  # out of order but never used: fine
-    with pytest.raises(WireUsageError, match="nonce"):
-        encode(ack(tx_seq=10), tx)
-
-
-@pytest.mark.parametrize("key", [b"", bytes(15), bytes(24), bytes(33)])
-def test_bad_key_lengths(key: bytes) -> None:
-    with pytest.raises(WireUsageError):
-        AeadIntegrity(key, 1, 2)
-
-
-def test_ids_must_differ_and_fit() -> None:
-    with pytest.raises(WireUsageError):
-        AeadIntegrity(KEY16, 3, 3)
-    with pytest.raises(WireUsageError):
-        AeadIntegrity(KEY16, 1 << 32, 3)
-
-
-def test_trailer_lengths() -> None:
-    assert CrcIntegrity().trailer_len == 4
-    assert AeadIntegrity(KEY16, 1, 2).trailer_len == AEAD_TAG_LEN == 16
-
-
 # --- errors --------------------------------------------------------------------------------
 
 
@@ -666,123 +471,6 @@ def test_decode_error_names_its_side_and_survives_pickle() -> None:
 def test_decode_junk_raises_decode_error(junk: object) -> None:
     with pytest.raises(DecodeError):
         decode(junk, CrcIntegrity())  # type: ignore[arg-type]
-
-
-# --- replay window -------------------------------------------------------------------------
-
-
-def test_replay_fresh_window_accepts_anything() -> None:
-    win = ReplayWindow(64)
-    assert win.top == -1
-    assert win.check(0)
-    assert win.check((1 << 64) - 1)
-
-
-def test_replay_duplicates_are_rejected_and_check_does_not_record() -> None:
-    win = ReplayWindow(64)
-    assert win.check(5)
-    assert win.check(5)  # check alone records nothing
-    win.update(5)
-    assert not win.check(5)
-    assert win.check(4)
-    assert win.check(6)
-    win.update(3)  # out of order, inside the window
-    assert not win.check(3)
-    assert win.check(4)
-    assert win.top == 5
-
-
-def test_replay_old_packets_fall_out_of_the_window() -> None:
-    win = ReplayWindow(64)
-    win.update(100)
-    assert win.check(100 - 63)  # oldest position still tracked
-    assert not win.check(100 - 64)  # one further back: too old even though never seen
-    win.update(37)
-    assert not win.check(37)
-
-
-def test_replay_far_jump_forgets_the_past() -> None:
-    win = ReplayWindow(64)
-    for seq in range(10):
-        win.update(seq)
-    win.update(10_000)
-    assert not win.check(9)  # now far too old
-    assert win.check(10_000 - 1)
-    assert not win.check(10_000)
-
-
-def test_replay_window_slides_over_many_sizes() -> None:
-    size = 128
-    win = ReplayWindow(size)
-    for seq in range(0, 5 * size, 2):  # even numbers only
-        assert win.check(seq)
-        win.update(seq)
-    top = 5 * size - 2
-    for seq in range(top - size + 1, top + 1):
-        assert win.check(seq) == (seq % 2 == 1)
-    assert not win.check(top - size)
-
-
-@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 600)), max_size=200))
-@settings(max_examples=200, deadline=None)
-def test_replay_window_matches_a_set_model(ops: list[tuple[bool, int]]) -> None:
-    size = 100
-    win = ReplayWindow(size)
-    seen: set[int] = set()
-    top = -1
-    for is_update, seq in ops:
-        model = seq > top or (top - seq < size and seq not in seen)
-        assert win.check(seq) == model
-        if is_update:
-            win.update(seq)
-            seen.add(seq)
-            top = max(top, seq)
-
-
-def test_replay_window_argument_checks() -> None:
-    with pytest.raises(WireUsageError):
-        ReplayWindow(0)
-    win = ReplayWindow()
-    assert win.size == 4096
-    with pytest.raises(WireUsageError):
-        win.check(-1)
-    with pytest.raises(WireUsageError):
-        win.update(1 << 64)
-
-
-def test_replay_window_of_one() -> None:
-    win = ReplayWindow(1)
-    win.update(7)
-    assert not win.check(7)
-    assert not win.check(6)  # anything older than the newest is too old
-    assert win.check(8)
-
-
-def test_seal_refuses_a_tx_seq_too_old_to_vouch_for() -> None:
-    tx, _ = make_pair("aead")
-    encode(data(tx_seq=100_000), tx)
-    with pytest.raises(WireUsageError):
-        encode(data(tx_seq=1), tx)  # never sealed, but the guard no longer remembers that far
-
-
-def test_crc32_header_argument_checks() -> None:
-    with pytest.raises(WireUsageError):
-        crc32_header(b"\x0a" * 10)  # shorter than a BTH plus hdr_check
-    with pytest.raises(WireUsageError):
-        crc32_header(b"\x42" + bytes(60))  # opcode without an MRC extension
-    with pytest.raises(WireUsageError):
-        crc32_header(b"\x11" + bytes(30))  # an ACK header is 68 bytes
-
-
-def test_crc32_header_ignores_only_the_switch_bits() -> None:
-    header = bytearray(encode(data(), CrcIntegrity())[:DATA_HDR_LEN])
-    before = crc32_header(header)
-    header[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= 0xC0
-    assert crc32_header(header) == before
-    header[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] ^= DataFlags.RETX
-    assert crc32_header(header) != before
-    header[-1] ^= 0xFF  # the hdr_check field itself counts as zero
-    assert crc32_header(bytes(header)) == crc32_header(bytes(header[:-1]) + b"\x00")
 
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "wire-format.md"
