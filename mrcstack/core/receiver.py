@@ -18,6 +18,10 @@ from mrcstack.core.psn import to_psn, unwrap
 from mrcstack.wire.packets import DataFlags, DataPacket, NackReason
 
 SACK_BITS = 64
+# Plain ints: IntFlag arithmetic costs a method call per packet.
+_TRIMMED = int(DataFlags.TRIMMED)
+_TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
+_LAST = int(DataFlags.LAST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +62,12 @@ class Receiver:
     def on_data(self, pkt: DataPacket, ecn: bool) -> Feedback | None:
         seq = unwrap(pkt.psn, self.rcv_nxt)
         flags = pkt.flags
-        if flags & DataFlags.TRIMMED:
+        if flags & _TRIMMED:
             self.stats.trims_received += 1
             if seq < self.rcv_nxt or seq in self.ooo:
                 return self._ack(pkt, seq, ecn)  # already have it: a plain ACK will do
             reason = (
-                NackReason.TRIMMED_LASTHOP if flags & DataFlags.TRIM_LASTHOP else NackReason.TRIMMED
+                NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
             )
             return self._feedback(pkt, seq, ecn, reason)
         if seq < self.rcv_nxt or seq in self.ooo:
@@ -85,7 +89,7 @@ class Receiver:
             return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS)
         target[:] = pkt.payload
         self.stats.data_bytes_placed += size
-        if flags & DataFlags.LAST:
+        if flags & _LAST:
             self.imms[seq] = -1 if pkt.imm is None else pkt.imm
         if seq == self.rcv_nxt:
             self._advance(seq + 1, size)

@@ -27,6 +27,10 @@ RACK_REO_FRACTION = 0.25
 RACK_MIN_REO = 1e-6
 #: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
 RACK_LOSSES_TO_BLAME = 2
+# Plain ints: IntFlag arithmetic costs a method call per packet.
+_RETX = int(DataFlags.RETX)
+_LAST = int(DataFlags.LAST)
+_ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 #: RFC 6298 smoothing gains.
 RTT_ALPHA = 1 / 8
 RTT_BETA = 1 / 4
@@ -210,10 +214,10 @@ class Sender:
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
-            flags |= DataFlags.RETX
+            flags |= _RETX
         last = seq == wr.first + wr.npkts - 1
         if last:
-            flags |= DataFlags.LAST
+            flags |= _LAST
         self.txs[seq] = tx
         fifo = self.ev_fifo.get(ev)
         if fifo is None:
@@ -252,7 +256,7 @@ class Sender:
         echo_tx = self.txs.get(echo_seq)
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
             echo_tx = None  # the ack is for an earlier transmission of that packet
-        ecn = bool(ack.flags & FeedbackFlags.ECN_ECHO)
+        ecn = bool(ack.flags & _ECN_ECHO)
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and not ack.nack_reason:
             self.rtt_sample(rtt)
