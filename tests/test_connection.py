@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mrcstack.core.cc import CCParams
 from mrcstack.core.errors import ConnectionFailedError, LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
@@ -307,3 +308,17 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     net.run(net.now + 1.0, stop=lambda: bool(imms(net)) and imms(net)[-1].imm == len(sizes) - 1)
     expected = [i for i in range(len(sizes)) if imm_mask >> i & 1 or i == len(sizes) - 1]
     assert [e.imm for e in imms(net)] == expected
+
+
+def test_one_gibibyte_write_with_immediate() -> None:
+    """Writes of any length: 1 GiB in one work request, cut lazily into packets."""
+    gib = 1 << 30
+    net = PairNet(14, Faults(loss=0.001), mtu=60_000, cc_params=CCParams(max_cwnd=64 * 60_000))
+    dst = bytearray(gib)
+    mr = net.mem[1].register(dst)
+    src = os.urandom(1 << 20) * 1024
+    net.conns[0].post_write(1, src, mr.va, mr.rkey, imm=42, now=0.0)
+    net.run(60.0, stop=lambda: bool(sends(net)) and bool(imms(net)))
+    assert sends(net) == [SendCompleted(1, WcStatus.SUCCESS, gib)]
+    assert imms(net) == [WriteImmReceived(42, gib)]
+    assert dst == src
