@@ -1,0 +1,1 @@
+"""Network-namespace testbeds whose switches forward with the kernel's own SRv6 uSID."""
