@@ -22,9 +22,9 @@ setup: .venv/.installed
 	touch $@
 
 lint: setup
-	.venv/bin/ruff check mrcstack netns tests bench
-	.venv/bin/ruff format --check mrcstack netns tests bench
-	.venv/bin/mypy mrcstack netns
+	.venv/bin/ruff check mrcstack netns daemons tests bench
+	.venv/bin/ruff format --check mrcstack netns daemons tests bench
+	.venv/bin/mypy mrcstack netns daemons
 
 test: setup lint
 	.venv/bin/pytest -q

@@ -86,6 +86,7 @@ class ConnectionStats:
     ecn_echoes: int = 0
     ecn_received: int = 0
     duplicates: int = 0
+    spurious_retransmissions: int = 0  # retransmitted, then the original was acknowledged
     rejected: dict[str, int] = field(default_factory=dict)
     probes_sent: int = 0
     probe_replies: int = 0

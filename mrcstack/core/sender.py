@@ -24,6 +24,10 @@ from mrcstack.wire.packets import AckPacket, DataFlags, FeedbackFlags, NackReaso
 #: RACK reordering window: a quarter of the smoothed RTT (RFC 8985 uses min_rtt/4), and
 #: never less than a microsecond so packets sent in one burst are never compared.
 RACK_REO_FRACTION = 0.25
+#: The window widens (doubling, up to this many smoothed RTTs) on each spurious retransmission
+#: and narrows back after RACK_REO_DECAY acks without one (RFC 8985 section 6.2 adapts alike).
+RACK_REO_MAX_FRACTION = 2.0
+RACK_REO_DECAY = 4096
 RACK_MIN_REO = 1e-6
 #: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
 RACK_LOSSES_TO_BLAME = 2
@@ -129,6 +133,8 @@ class Sender:
         self.retx: deque[tuple[Tx, str]] = deque()
         self.sent_fifo: deque[Tx] = deque()  # every transmission, in send order (RACK)
         self.rack_sent = -1.0  # latest send time of an acknowledged transmission
+        self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
+        self._reo_acks = 0
         self.in_flight = 0  # bytes sent, not acked, not declared lost
         self.srtt: float | None = None
         self.rttvar = 0.0
@@ -255,7 +261,10 @@ class Sender:
         echo_seq = unwrap(ack.echo_psn, self.snd_una)
         echo_tx = self.txs.get(echo_seq)
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
-            echo_tx = None  # the ack is for an earlier transmission of that packet
+            # The ack is for an earlier transmission we had given up on: that retransmission
+            # was spurious, so packets get reordered more than the window allows.
+            echo_tx = None
+            self._spurious()
         ecn = bool(ack.flags & _ECN_ECHO)
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and not ack.nack_reason:
@@ -301,6 +310,7 @@ class Sender:
         if tx is None:
             return
         tx.acked = True
+        self._reo_acks += 1
         if tx.sent > self.rack_sent:
             self.rack_sent = tx.sent
         if not tx.lost:
@@ -328,6 +338,11 @@ class Sender:
                 self._lose(tx, "sack")
             self.evs.apply(tx.ev, "loss", "sack_loss")
 
+    def _spurious(self) -> None:
+        self.stats.spurious_retransmissions += 1
+        self.reo_fraction = min(RACK_REO_MAX_FRACTION, self.reo_fraction * 2)
+        self._reo_acks = 0
+
     def _rack(self) -> None:
         """Time-based loss detection (RACK, RFC 8985) across all paths.
 
@@ -339,7 +354,10 @@ class Sender:
         fifo = self.sent_fifo
         txs = self.txs
         srtt = self.srtt if self.srtt is not None else self.cfg.timeout
-        limit = self.rack_sent - max(srtt * RACK_REO_FRACTION, RACK_MIN_REO)
+        if self._reo_acks >= RACK_REO_DECAY:
+            self._reo_acks = 0
+            self.reo_fraction = max(RACK_REO_FRACTION, self.reo_fraction / 2)
+        limit = self.rack_sent - max(srtt * self.reo_fraction, RACK_MIN_REO)
         while fifo:
             tx = fifo[0]
             if tx.acked or tx.lost or txs.get(tx.seq) is not tx:

@@ -1,0 +1,1 @@
+"""mrcd: the endpoint daemon (issue 4)."""

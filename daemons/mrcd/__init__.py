@@ -1,0 +1,1 @@
+"""mrcd: the endpoint daemon and node controller."""

@@ -1,0 +1,134 @@
+"""The asyncio adapter over real UDP sockets on loopback (no root needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+
+import pytest
+
+from daemons.mrcd.transport import Transport, open_plane_socket
+from mrcstack.core.cc import CCParams
+from mrcstack.core.config import ConnectionConfig
+from mrcstack.core.connection import Connection
+from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
+from mrcstack.core.evs import EvEntry
+from mrcstack.core.memory import MemoryTable
+
+PLANES = 2
+MTU = 8192
+
+
+class Pair:
+    """Two endpoints in one loop, each with PLANES sockets on ::1."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.socks = [[open_plane_socket(("::1", 0)) for _ in range(PLANES)] for _ in (0, 1)]
+        ports = [[s.getsockname()[1] for s in side] for side in self.socks]
+        self.mems = [MemoryTable(), MemoryTable()]
+        self.events: list[list[Event]] = [[], []]
+        evs = tuple(EvEntry(p << 8 | i, p) for p in range(PLANES) for i in range(4))
+        params = CCParams(max_cwnd=32 * MTU)
+        self.conns = [
+            Connection(
+                ConnectionConfig(
+                    local_qpn=1 + s,
+                    remote_qpn=2 - s,
+                    planes=PLANES,
+                    evs=evs,
+                    mtu_payload=MTU,
+                    cc_params=params,
+                    timeout=5e-3,
+                ),
+                memory=self.mems[s],
+                rng=random.Random(s),
+                now=loop.time(),
+            )
+            for s in (0, 1)
+        ]
+        self.done = asyncio.Event()
+        self.transports = []
+        for side in (0, 1):
+            peer = ports[1 - side]
+            t = Transport(loop, self.socks[side], lambda r, p, ev, peer=peer: ("::1", peer[p]))
+            t.add(1 + side, self.conns[side], 1 - side, self._recorder(side))
+            self.transports.append(t)
+        self.ports = ports
+
+    def _recorder(self, side: int):  # type: ignore[no-untyped-def]
+        def record(event: Event) -> None:
+            self.events[side].append(event)
+            if isinstance(event, WriteImmReceived):
+                self.done.set()
+
+        return record
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.close()
+        for side in self.socks:
+            for s in side:
+                s.close()
+
+
+async def test_write_over_real_udp_sockets_lands_intact() -> None:
+    pair = Pair(asyncio.get_running_loop())
+    try:
+        dst = bytearray(8 << 20)
+        mr = pair.mems[1].register(dst)
+        src = os.urandom(8 << 20)
+        pair.conns[0].post_write(1, src, mr.va, mr.rkey, imm=77, now=0.0)
+        pair.transports[0].kick(1)
+        await asyncio.wait_for(pair.done.wait(), 30)
+        while not any(isinstance(e, SendCompleted) for e in pair.events[0]):
+            await asyncio.sleep(0.01)
+        assert dst == src
+        assert [e for e in pair.events[0] if isinstance(e, SendCompleted)] == [
+            SendCompleted(1, WcStatus.SUCCESS, 8 << 20)
+        ]
+        assert all(n > 0 for n in pair.conns[0].stats.packets_sent)  # both planes used
+    finally:
+        pair.close()
+
+
+async def test_garbage_and_unknown_qps_are_counted_and_dropped() -> None:
+    pair = Pair(asyncio.get_running_loop())
+    try:
+        rng = random.Random(5)
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            for _ in range(300):
+                s.sendto(rng.randbytes(rng.randrange(0, 200)), ("::1", pair.ports[1][0]))
+            # A well-formed BTH for a QP nobody has.
+            s.sendto(
+                bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 99, 0, 0, 0, 1]) + bytes(80),
+                ("::1", pair.ports[1][1]),
+            )
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            st = pair.transports[1].stats
+            if st.datagrams_in >= 301:
+                break
+        st = pair.transports[1].stats
+        rejected = sum(pair.conns[1].stats.rejected.values())
+        assert st.datagrams_in == 301
+        assert st.malformed + st.unknown_qpn + rejected == 301
+        assert st.unknown_qpn >= 1
+    finally:
+        pair.close()
+
+
+def test_plane_socket_has_zero_checksum_options() -> None:
+    s = open_plane_socket(("::1", 0))
+    try:
+        assert s.getsockopt(socket.IPPROTO_UDP, 101) == 1
+        assert s.getsockopt(socket.IPPROTO_UDP, 102) == 1
+        assert not s.getblocking()
+    finally:
+        s.close()
+
+
+def test_bind_failure_closes_the_socket() -> None:
+    with pytest.raises(OSError):
+        open_plane_socket(("2001:db8::1", 4791))  # not an address of this host
