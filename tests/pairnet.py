@@ -147,6 +147,12 @@ class PairNet:
                 _, _, side, data, port, ecn = heapq.heappop(self._heap)
                 self.delivered += 1
                 self.conns[side].receive_datagram(data, now=t, port=port, ecn=ecn)
+                # Everything arriving at that instant is one receive batch (as a daemon
+                # drains a socket) before the endpoint transmits.
+                while self._heap and self._heap[0][0] <= t and self._heap[0][2] == side:
+                    _, _, _, data, port, ecn = heapq.heappop(self._heap)
+                    self.delivered += 1
+                    self.conns[side].receive_datagram(data, now=t, port=port, ecn=ecn)
                 self._drain(side)
                 continue
             for side, timer in enumerate(timers):

@@ -265,6 +265,7 @@ PROFILE = int(os.environ.get("MRC_PROPERTY_CASES", "2000"))
     ecn=st.floats(0.0, 0.2),
     failed_link=st.sampled_from([(), (0x100,), (0x001, 0x101), (0x000, 0x001, 0x002)]),
     plane_flap=st.booleans(),
+    ack_coalesce=st.sampled_from([1, 1, 4, 16]),
     sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=6),
     imm_mask=st.integers(0, 63),
     keyed=st.booleans(),
@@ -278,6 +279,7 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     ecn: float,
     failed_link: tuple[int, ...],
     plane_flap: bool,
+    ack_coalesce: int,
     sizes: list[int],
     imm_mask: int,
     keyed: bool,
@@ -294,7 +296,14 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     # Harsh combinations (three of four paths of a plane dead while the other plane is down,
     # plus 20% loss) can need many timeouts before a live path is found: give the retry
     # budget room, since exhausting it is a separate, tested behaviour.
-    net = PairNet(seed, faults, key=bytes(16) if keyed else None, mtu=256, exp_cnt=10)
+    net = PairNet(
+        seed,
+        faults,
+        key=bytes(16) if keyed else None,
+        mtu=256,
+        exp_cnt=10,
+        ack_coalesce=ack_coalesce,
+    )
     total = sum(sizes)
     backing, va, rkey = region(net, 1, total)
     payload = net.rng.randbytes(total)
@@ -333,3 +342,18 @@ def test_one_gibibyte_write_with_immediate() -> None:
     assert sends(net) == [SendCompleted(1, WcStatus.SUCCESS, gib)]
     assert imms(net) == [WriteImmReceived(42, gib)]
     assert dst == src
+
+
+@pytest.mark.parametrize("coalesce", [1, 8])
+def test_ack_coalescing_cuts_acks_in_receive_batches(coalesce: int) -> None:
+    net = PairNet(15, Faults(), planes=2, per_plane=2, ack_coalesce=coalesce)
+    backing, va, rkey = region(net, 1, 64 * 256)
+    data = os.urandom(64 * 256)
+    net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
+    net.run(1.0, stop=lambda: bool(sends(net)))
+    assert backing[GUARD : GUARD + len(data)] == data
+    acks = sum(net.conns[1].stats.packets_sent)
+    if coalesce == 1:
+        assert acks == 64  # one per data packet
+    else:
+        assert acks <= 64 // coalesce + 2 * 2  # plus at most one partial ACK per plane per batch

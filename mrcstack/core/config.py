@@ -44,6 +44,7 @@ class ConnectionConfig:
     skip_rtts: float = 4.0  # how long an ECN-marked or trimmed EV is skipped
     reverse_evs_per_plane: int = 2
     max_window: int = 1 << 20  # packets between oldest unacked and newest sent
+    ack_coalesce: int = 1  # data packets one ACK may stand for (until the next transmit)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -62,6 +63,8 @@ class ConnectionConfig:
             raise ValueError("need 0 < timeout <= max_rto")
         if self.linear_cnt < 0 or self.exp_cnt < 0:
             raise ValueError("retry counts must be >= 0")
+        if not 1 <= self.ack_coalesce <= 64:
+            raise ValueError("ack_coalesce must be in 1..64 (the SACK bitmap covers 64)")
         if not 1 <= self.max_window < 1 << 23:
             raise ValueError("max_window must be in 1..2**23-1 (24-bit PSN space)")
 

@@ -94,6 +94,8 @@ class Connection:
         self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
         self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._control: deque[Datagram] = deque()
+        self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
+        self._pending_count = [0] * config.planes
         self._tx_seq = 0
         self._rr = rng.randrange(1 << 16)
         self._port_bits = (1 << config.planes) - 1
@@ -184,7 +186,7 @@ class Connection:
                 stats.ecn_received += 1
             fb = self.receiver.on_data(pkt, ecn)
             if fb is not None:
-                self._feedback(fb, port)
+                self._ack_or_coalesce(fb, port)
             if self._next_probe is None:
                 self._schedule_probes(now)
         elif type(pkt) is AckPacket:
@@ -219,6 +221,32 @@ class Connection:
     def _reverse_slot(self, port: int) -> EvSlot | None:
         self._rr += 1
         return self.evs.reverse_ev(port, self._rr, self.cfg.reverse_evs_per_plane)
+
+    def _ack_or_coalesce(self, fb: Feedback, port: int) -> None:
+        """ACK now, or let the next ACK on this port stand for this one too.
+
+        The newest feedback carries all that older ones did (cumulative PSN, SACK bitmap)
+        except their echoes, so up to ``ack_coalesce`` packets share one ACK.  NACKs and ECN
+        echoes never wait: they are signals about one packet and one path.
+        """
+        limit = self.cfg.ack_coalesce
+        if limit <= 1 or fb.nack_reason or fb.ecn:
+            self._feedback(fb, port)
+            return
+        count = self._pending_count[port] + 1
+        if count >= limit:
+            self._pending_acks.pop(port, None)
+            self._pending_count[port] = 0
+            self._feedback(fb, port)
+        else:
+            self._pending_acks[port] = fb
+            self._pending_count[port] = count
+
+    def _flush_acks(self) -> None:
+        for port, fb in self._pending_acks.items():
+            self._pending_count[port] = 0
+            self._feedback(fb, port)
+        self._pending_acks.clear()
 
     def _feedback(self, fb: Feedback, port: int) -> None:
         slot = self._reverse_slot(port)
@@ -266,6 +294,8 @@ class Connection:
 
     def datagrams_to_send(self, now: float, limit: int = DEFAULT_BATCH) -> list[Datagram]:
         out: list[Datagram] = []
+        if self._pending_acks:
+            self._flush_acks()
         control = self._control
         while control and len(out) < limit:
             out.append(control.popleft())

@@ -66,9 +66,7 @@ class Receiver:
             self.stats.trims_received += 1
             if seq < self.rcv_nxt or seq in self.ooo:
                 return self._ack(pkt, seq, ecn)  # already have it: a plain ACK will do
-            reason = (
-                NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
-            )
+            reason = NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
             return self._feedback(pkt, seq, ecn, reason)
         if seq < self.rcv_nxt or seq in self.ooo:
             self.stats.duplicates += 1
