@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from ipaddress import IPv6Address, IPv6Network
 from itertools import pairwise
 
+from mrcstack.core.evs import EvEntry
 from mrcstack.fabric import (
     LOCATOR_BLOCK_BITS,
     MAX_HOSTS,
@@ -202,6 +203,32 @@ def ev_fields(ev: int) -> EvFields:
 
 
 # Addresses and paths --------------------------------------------------------------------
+#: A default EV profile lists this many EVs per in-use one: the rest are backups.
+EV_BACKUP_FACTOR = 2
+
+
+def ev_profile(
+    fabric: Fabric, src_host: int, dst_host: int, ev_count: int = 128
+) -> tuple[EvEntry, ...]:
+    """The default generated EV profile from src to dst (OCP GEN mode over our fields).
+
+    Per plane, EV_BACKUP_FACTOR x the in-use share (``ev_count // planes``) EVs, cycling over
+    the T1s so the in-use prefix covers every T1 evenly, with fresh entropy each round (several
+    EVs may name one path, as in MRC: when a path fails, each of them is found bad on its own).
+    Within a rack only the plane matters.  Used by the simulator and by mrcd.
+    """
+    _check_pair(fabric, src_host, dst_host)
+    if ev_count < 1:
+        raise ValueError(f"ev_count must be >= 1, got {ev_count}")
+    per_plane = EV_BACKUP_FACTOR * max(1, ev_count // fabric.planes)
+    t1s = 1 if fabric.rack_of(src_host) == fabric.rack_of(dst_host) else fabric.t1_per_plane
+    return tuple(
+        EvEntry(ev_value(plane, k % t1s, k // t1s), plane)
+        for plane in range(fabric.planes)
+        for k in range(per_plane)
+    )
+
+
 def _check_pair(fabric: Fabric, src_host: int, dst_host: int) -> None:
     fabric.check_host(src_host)
     fabric.check_host(dst_host)

@@ -11,7 +11,6 @@ import random
 from dataclasses import dataclass, field
 
 from mrcstack import addrplan
-from mrcstack.addrplan import ev_value
 from mrcstack.core import cc as cc_registry
 from mrcstack.core.cc import CCParams
 from mrcstack.core.config import MODES
@@ -30,7 +29,6 @@ DEFAULT_EV_COUNT = 128
 MAX_EV_COUNT = 1 << 16
 DEFAULT_MAX_SIM_TIME_S = 1.0
 #: EVs offered per plane, as a multiple of those in use: the rest are the backup set.
-EV_PROFILE_FACTOR = 2
 #: Largest data header + trailer (BTH 12, RETH 16, ImmDt 4, MRCX 28, GCM tag 16): sizes a
 #: full packet for the base-RTT estimate.
 DATA_PACKET_OVERHEAD_BYTES = 76
@@ -203,20 +201,12 @@ def _check_switch(fabric: Fabric, name: str) -> None:
 def ev_profile(
     cfg: SimConfig, src: int, dst: int, rng: random.Random | None = None
 ) -> tuple[EvEntry, ...]:
-    """EVs from src to dst: per plane, EV_PROFILE_FACTOR x the in-use share, cycling over
-    the T1s (so the in-use prefix covers every T1 evenly) with fresh entropy each round.
+    """EVs from src to dst: the address plan's default profile (:func:`addrplan.ev_profile`).
 
     In RoCE mode the connection uses only the first EV; with ``rng`` the list is rotated to
     a random start, like an ECMP hash picking one path per flow.
     """
-    f = cfg.fabric
-    per_plane = EV_PROFILE_FACTOR * max(1, cfg.ev_count // f.planes)
-    t1s = 1 if f.rack_of(src) == f.rack_of(dst) else f.t1_per_plane
-    evs = [
-        EvEntry(ev_value(plane, k % t1s, k // t1s), plane)
-        for plane in range(f.planes)
-        for k in range(per_plane)
-    ]
+    evs = list(addrplan.ev_profile(cfg.fabric, src, dst, cfg.ev_count))
     if cfg.mode == "roce" and rng is not None:
         start = rng.randrange(len(evs))
         evs = evs[start:] + evs[:start]

@@ -1,0 +1,242 @@
+"""mrcd's configuration: one TOML file, validated at start, one-line errors naming the key.
+
+The ``[fabric]`` table is exactly the testbed's (``mrcstack.fabric.Fabric``), so a daemon runs
+unchanged on real hosts behind real SRv6 switches.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mrcstack.core.errors import LocalError
+from mrcstack.fabric import Fabric, FabricConfigError
+
+DATA_PORT = 4791
+CONTROL_PORT = 4792
+DEFAULT_WEB = "127.0.0.1:9464"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+AUTH_MODES = ("psk", "keypair")
+DATA_MODES = ("srv6", "loopback")
+
+Address = tuple[str, int]
+
+
+class ConfigError(LocalError, ValueError):
+    """A bad configuration value; ``str()`` is one line: ``mrcd.key: problem``."""
+
+
+def parse_address(text: str, key: str, default_port: int | None = None) -> Address:
+    """``[v6]:port``, ``v4:port``, or a bare address when a default port is given."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([0-9.]+):(\d+)|([0-9a-fA-F:.]+)", text.strip())
+    if m is None:
+        raise ConfigError(f"{key}: not an address ([v6]:port or v4:port): {text!r}")
+    host = m.group(1) or m.group(3) or m.group(5)
+    port_text = m.group(2) or m.group(4)
+    if port_text is None:
+        if default_port is None:
+            raise ConfigError(f"{key}: needs a port: {text!r}")
+        port = default_port
+    else:
+        port = int(port_text)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{key}: not an IP address: {host!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{key}: port out of range: {port}")
+    return host, port
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    mode: str = "psk"
+    psk_file: Path | None = None
+    private_key_file: Path | None = None
+    peer_keys_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MrcdConfig:
+    host: int
+    fabric: Fabric = field(default_factory=Fabric)
+    control_address: Address = ("::1", CONTROL_PORT)
+    api_socket: Path = Path("/run/mrcstack/mrcd.sock")
+    web_listen_address: str = DEFAULT_WEB
+    log_level: str = "info"
+    ack_coalesce: int = 16
+    encrypt: bool = False
+    peers: tuple[tuple[str, Address], ...] = ()  # host node name -> control address
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    data_mode: str = "srv6"  # "loopback": plane sockets on ::1 (tests, laptops)
+    data_port: int = DATA_PORT  # srv6 mode; loopback mode: base port, + host*16 + plane
+    bind_devices: bool = False  # SO_BINDTODEVICE nic<p> (needs CAP_NET_RAW)
+
+    @property
+    def host_name(self) -> str:
+        return Fabric.host_name(self.host)
+
+    def peer_address(self, host: int) -> Address:
+        name = Fabric.host_name(host)
+        for peer, addr in self.peers:
+            if peer == name:
+                return addr
+        raise ConfigError(f"mrcd.peers: no control address for {name}")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MrcdConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+        return cls.from_toml(text)
+
+    @classmethod
+    def from_toml(cls, text: str) -> MrcdConfig:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"toml: {exc}") from None
+        unknown = set(doc) - {"mrcd", "fabric"}
+        if unknown:
+            raise ConfigError(f"{sorted(unknown)[0]}: unknown table (only [mrcd] and [fabric])")
+        try:
+            fabric = Fabric.from_mapping(doc["fabric"]) if "fabric" in doc else Fabric()
+        except FabricConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        table = doc.get("mrcd")
+        if not isinstance(table, Mapping):
+            raise ConfigError("mrcd: missing [mrcd] table")
+        return _from_table(table, fabric)
+
+
+_KEYS = {
+    "host",
+    "control_address",
+    "api_socket",
+    "web_listen_address",
+    "log_level",
+    "ack_coalesce",
+    "encrypt",
+    "peers",
+    "auth",
+    "data_mode",
+    "data_port",
+    "bind_devices",
+}
+
+
+def _int(table: Mapping[str, object], key: str, default: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"mrcd.{key}: must be an integer, got {value!r}")
+    return value
+
+
+def _str(table: Mapping[str, object], key: str, default: str) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"mrcd.{key}: must be a string, got {value!r}")
+    return value
+
+
+def _bool(table: Mapping[str, object], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"mrcd.{key}: must be true or false, got {value!r}")
+    return value
+
+
+def _table(table: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = table.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"mrcd.{key}: must be a table")
+    return value
+
+
+def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
+    for key in table:
+        if key not in _KEYS:
+            raise ConfigError(f"mrcd.{key}: unknown key")
+    if "host" not in table:
+        raise ConfigError("mrcd.host: missing (this host's index in the fabric)")
+    host = _int(table, "host", 0)
+    if not 0 <= host < fabric.hosts:
+        raise ConfigError(f"mrcd.host: must be in 0..{fabric.hosts - 1}, got {host}")
+    control = parse_address(
+        _str(table, "control_address", f"[::1]:{CONTROL_PORT}"),
+        "mrcd.control_address",
+        CONTROL_PORT,
+    )
+    web = _str(table, "web_listen_address", DEFAULT_WEB)
+    parse_address(web, "mrcd.web_listen_address")
+    level = _str(table, "log_level", "info")
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"mrcd.log_level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    coalesce = _int(table, "ack_coalesce", 16)
+    if not 1 <= coalesce <= 64:
+        raise ConfigError(f"mrcd.ack_coalesce: must be in 1..64, got {coalesce}")
+    mode = _str(table, "data_mode", "srv6")
+    if mode not in DATA_MODES:
+        raise ConfigError(f"mrcd.data_mode: must be one of {', '.join(DATA_MODES)}, got {mode!r}")
+    port = _int(table, "data_port", DATA_PORT)
+    if not 1 <= port <= 65535 - 16 * fabric.hosts:
+        raise ConfigError(f"mrcd.data_port: out of range: {port}")
+    peers_table = _table(table, "peers")
+    peers = []
+    for name, addr in sorted(peers_table.items()):
+        if not re.fullmatch(r"h\d+", name) or int(name[1:]) >= fabric.hosts:
+            raise ConfigError(f"mrcd.peers.{name}: not a host of this fabric")
+        if not isinstance(addr, str):
+            raise ConfigError(f"mrcd.peers.{name}: must be an address string")
+        peers.append((name, parse_address(addr, f"mrcd.peers.{name}", CONTROL_PORT)))
+    return MrcdConfig(
+        host=host,
+        fabric=fabric,
+        control_address=control,
+        api_socket=Path(_str(table, "api_socket", f"/run/mrcstack/mrcd-h{host}.sock")),
+        web_listen_address=web,
+        log_level=level,
+        ack_coalesce=coalesce,
+        encrypt=_bool(table, "encrypt", False),
+        peers=tuple(peers),
+        auth=_auth(_table(table, "auth")),
+        data_mode=mode,
+        data_port=port,
+        bind_devices=_bool(table, "bind_devices", False),
+    )
+
+
+def _auth(table: Mapping[str, object]) -> AuthConfig:
+    known = {"mode", "psk_file", "private_key_file", "peer_keys_dir"}
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"mrcd.auth.{key}: unknown key")
+    mode = table.get("mode", "psk")
+    if mode not in AUTH_MODES:
+        raise ConfigError(f"mrcd.auth.mode: must be one of {', '.join(AUTH_MODES)}, got {mode!r}")
+
+    def path(key: str) -> Path | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ConfigError(f"mrcd.auth.{key}: must be a path string")
+        return Path(value)
+
+    cfg = AuthConfig(
+        mode=str(mode),
+        psk_file=path("psk_file"),
+        private_key_file=path("private_key_file"),
+        peer_keys_dir=path("peer_keys_dir"),
+    )
+    if cfg.mode == "psk" and cfg.psk_file is None:
+        raise ConfigError("mrcd.auth.psk_file: required in psk mode")
+    if cfg.mode == "keypair" and (cfg.private_key_file is None or cfg.peer_keys_dir is None):
+        raise ConfigError("mrcd.auth.private_key_file and peer_keys_dir: required in keypair mode")
+    return cfg
