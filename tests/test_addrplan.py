@@ -517,7 +517,7 @@ def test_render_plan_is_the_code() -> None:
 
 def test_default_ev_profile_covers_every_t1_evenly_with_backups() -> None:
     f = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=8)
-    evs = addrplan.ev_profile(f, 0, 3, ev_count=64)
+    evs = ap.ev_profile(f, 0, 3, ev_count=64)
     assert len(evs) == 2 * 64
     assert len({e.value for e in evs}) == len(evs)
     in_use = [e for e in evs if e.port == 0][:16]
@@ -525,5 +525,5 @@ def test_default_ev_profile_covers_every_t1_evenly_with_backups() -> None:
     for e in evs:
         assert ev_fields(e.value).plane == e.port
         path(f, 0, 3, e.port, e.value)  # every EV is a valid path
-    same_rack = addrplan.ev_profile(f, 0, 1, ev_count=8)
+    same_rack = ap.ev_profile(f, 0, 1, ev_count=8)
     assert {ev_fields(e.value).t1 for e in same_rack} == {0}
