@@ -146,6 +146,10 @@ class Connection:
             if not up:
                 self.sender.port_lost(port)
 
+    def abort(self, reason: str) -> None:
+        """Local teardown (QP destroyed, daemon stopping): pending writes complete FLUSHED."""
+        self._fail(reason, WcStatus.FLUSHED)
+
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
 

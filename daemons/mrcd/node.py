@@ -1,0 +1,437 @@
+"""The node: everything one mrcd runs, behind the calls its API servers make.
+
+It owns the plane sockets and the transport, the QP table, the per-application contexts
+(protection domains with their memory tables), port state (link and admin), and the event
+fan-out to controllers, logs and metrics.  QP attributes travel over the control channel
+(``control.py``); this module only decides what to do with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from daemons.mrcd.config import MrcdConfig
+from daemons.mrcd.transport import Address, Transport, open_plane_socket
+from mrcstack import addrplan
+from mrcstack.core.cc import CCParams
+from mrcstack.core.config import ConnectionConfig
+from mrcstack.core.connection import Connection
+from mrcstack.core.errors import LocalError
+from mrcstack.core.events import (
+    ConnectionFailed,
+    Event,
+    EvState,
+    EvStateChanged,
+    PortStateChanged,
+)
+from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
+from mrcstack.fabric import Fabric
+
+log = logging.getLogger("mrcd")
+
+#: Loopback data mode: each host's plane sockets use data_port + host * PORT_STRIDE + plane.
+PORT_STRIDE = 16
+QPN_LIMIT = 1 << 24
+
+
+class QpState(enum.Enum):
+    """Verbs QP states, as far as MRC uses them."""
+
+    RESET = "reset"
+    RTS = "rts"  # connected: ready to send
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class QpAttrs:
+    """MRC QP attributes (mrc.h names).  Durations in seconds."""
+
+    max_wimm: int = 1024
+    max_wimm_dest: int = 1024
+    timeout: float = 2e-3  # minimum retransmission timeout: Python endpoints see ~ms RTTs
+    linear_cnt: int = 3
+    exp_cnt: int = 6
+    ev_profile_id: int = 0
+    cc_profile_id: int = 0
+    mtu_payload: int = 8192
+    ack_coalesce: int | None = None  # None: the daemon's setting
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingConnect:
+    """A peer asks to connect one of its QPs to a service we listen on."""
+
+    remote_host: int
+    remote_qpn: int
+    remote_psn: int
+    service: int
+    private_data: bytes
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    qpn: int
+    psn: int
+    private_data: bytes
+
+
+class Context:
+    """One application connection: a protection domain with its regions and QPs."""
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.memory = MemoryTable(rkey_seed=random.SystemRandom().randrange(1, 1 << 31))
+        self.qpns: set[int] = set()
+        self.services: set[int] = set()
+
+
+@dataclass(slots=True)
+class Qp:
+    qpn: int
+    ctx: Context
+    attrs: QpAttrs
+    on_event: Callable[[int, Event], None]
+    psn: int
+    state: QpState = QpState.RESET
+    remote_host: int = -1
+    remote_qpn: int = -1
+    conn: Connection | None = None
+    failure: str | None = None
+
+
+@dataclass(slots=True)
+class NodeCounters:
+    """Node-level counters (the core and the transport keep their own)."""
+
+    auth_failures: int = 0
+    connect_rejected: int = 0
+    connections_total: int = 0
+    operator_events: dict[str, int] = field(default_factory=dict)
+
+
+Listener = Callable[[IncomingConnect], Awaitable[None]]
+EvListener = Callable[[int, EvStateChanged], None]
+
+
+class Node:
+    """One mrcd: call :meth:`start` inside the running loop, :meth:`stop` to finish."""
+
+    def __init__(self, cfg: MrcdConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.cfg = cfg
+        self.fabric = cfg.fabric
+        self.host = cfg.host
+        self.loop = loop or asyncio.get_event_loop()
+        self.rng = random.SystemRandom()
+        self.contexts: dict[int, Context] = {}
+        self.qps: dict[int, Qp] = {}
+        self.port_admin = [True] * cfg.fabric.planes
+        self.port_link = [True] * cfg.fabric.planes
+        self.counters = NodeCounters()
+        self.sockets: list[socket.socket] = []
+        self.transport: Transport | None = None
+        self.ev_listeners: list[EvListener] = []
+        self._listeners: dict[int, tuple[Context, Listener]] = {}
+        self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
+        self._next_ctx = 1
+        self._next_request = 1
+        # Dead connections' counters stay in the totals (Prometheus counters never go down).
+        self.retired: list[Connection] = []
+
+    # Lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        try:
+            for plane in range(self.fabric.planes):
+                self.sockets.append(
+                    open_plane_socket(
+                        self.data_address(self.host, plane),
+                        device=f"nic{plane}" if cfg.bind_devices else None,
+                    )
+                )
+        except OSError as exc:
+            for sock in self.sockets:
+                sock.close()
+            self.sockets.clear()
+            raise LocalError(f"cannot open plane sockets: {exc}") from None
+        self.transport = Transport(self.loop, self.sockets, self._resolve)
+        log.info("event=started host=%s planes=%d", cfg.host_name, self.fabric.planes)
+
+    async def stop(self, drain_timeout: float = 2.0) -> None:
+        """Let pending writes finish for a moment, then flush the rest with errors."""
+        deadline = self.loop.time() + drain_timeout
+        while self.loop.time() < deadline and any(
+            qp.conn is not None and not qp.conn.idle for qp in self.qps.values()
+        ):
+            await asyncio.sleep(0.01)
+        for qpn in list(self.qps):
+            self.destroy_qp(qpn, reason="mrcd stopping")
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_result(None)
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+        for sock in self.sockets:
+            sock.close()
+        self.sockets.clear()
+        log.info("event=stopped host=%s", self.cfg.host_name)
+
+    # Addresses --------------------------------------------------------------------------
+    def data_address(self, host: int, plane: int) -> Address:
+        if self.cfg.data_mode == "loopback":
+            return ("::1", self.cfg.data_port + host * PORT_STRIDE + plane)
+        return (str(addrplan.nic_sid(self.fabric, plane, host)), self.cfg.data_port)
+
+    def _resolve(self, remote: int, plane: int, ev: int) -> Address:
+        if self.cfg.data_mode == "loopback":
+            return self.data_address(remote, plane)
+        dst = addrplan.address(self.fabric, self.host, remote, plane, ev)
+        return (str(dst), self.cfg.data_port)
+
+    # Contexts and memory ----------------------------------------------------------------
+    def open_context(self) -> Context:
+        ctx = Context(self._next_ctx)
+        self._next_ctx += 1
+        self.contexts[ctx.ident] = ctx
+        return ctx
+
+    def close_context(self, ctx: Context) -> None:
+        for qpn in list(ctx.qpns):
+            self.destroy_qp(qpn, reason="context closed")
+        for service in ctx.services:
+            self._listeners.pop(service, None)
+        for region in ctx.memory.regions():
+            ctx.memory.deregister(region.rkey)
+        self.contexts.pop(ctx.ident, None)
+
+    def register(self, ctx: Context, buffer: memoryview, access: Access) -> MemoryRegion:
+        return ctx.memory.register(buffer, access)
+
+    # QPs --------------------------------------------------------------------------------
+    def create_qp(
+        self, ctx: Context, attrs: QpAttrs, on_event: Callable[[int, Event], None]
+    ) -> int:
+        if ctx.ident not in self.contexts:
+            raise LocalError("context is closed")
+        while True:
+            qpn = self.rng.randrange(1, QPN_LIMIT)
+            if qpn not in self.qps:
+                break
+        self.qps[qpn] = Qp(qpn, ctx, attrs, on_event, psn=self.rng.randrange(QPN_LIMIT))
+        ctx.qpns.add(qpn)
+        return qpn
+
+    def qp(self, qpn: int) -> Qp:
+        qp = self.qps.get(qpn)
+        if qp is None:
+            raise LocalError(f"no QP {qpn}")
+        return qp
+
+    def ready(
+        self, qpn: int, remote_host: int, remote_qpn: int, remote_psn: int, key: bytes | None
+    ) -> None:
+        """Both ends agreed: build the connection and put it on the wire (RESET -> RTS)."""
+        qp = self.qp(qpn)
+        if qp.state is not QpState.RESET:
+            raise LocalError(f"QP {qpn} is {qp.state.value}, not reset")
+        if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
+            raise LocalError(f"bad remote host {remote_host}")
+        transport = self._transport()
+        attrs = qp.attrs
+        evs = addrplan.ev_profile(self.fabric, self.host, remote_host)
+        config = ConnectionConfig(
+            local_qpn=qpn,
+            remote_qpn=remote_qpn,
+            planes=self.fabric.planes,
+            evs=evs,
+            mtu_payload=attrs.mtu_payload,
+            key=key,
+            encrypt=self.cfg.encrypt and key is not None,
+            local_psn=qp.psn,
+            remote_psn=remote_psn,
+            profile_id=attrs.ev_profile_id,
+            timeout=attrs.timeout,
+            linear_cnt=attrs.linear_cnt,
+            exp_cnt=attrs.exp_cnt,
+            ack_coalesce=attrs.ack_coalesce or self.cfg.ack_coalesce,
+            cc_params=CCParams(),
+        )
+        now = self.loop.time()
+        conn = Connection(
+            config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
+        )
+        for plane in range(self.fabric.planes):
+            if not self.port_up(plane):
+                conn.set_port_state(plane, False, now)
+        qp.conn = conn
+        qp.remote_host = remote_host
+        qp.remote_qpn = remote_qpn
+        qp.state = QpState.RTS
+        self.counters.connections_total += 1
+        transport.add(qpn, conn, remote_host, functools.partial(self._on_event, qpn))
+        log.info(
+            "event=qp_ready qpn=%d remote=%s remote_qpn=%d keyed=%s",
+            qpn,
+            Fabric.host_name(remote_host),
+            remote_qpn,
+            key is not None,
+        )
+
+    def post_write(
+        self,
+        qpn: int,
+        wr_id: int,
+        local: memoryview,
+        remote_va: int,
+        rkey: int,
+        imm: int | None,
+    ) -> None:
+        qp = self.qp(qpn)
+        if qp.conn is None or qp.state is not QpState.RTS:
+            raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
+        qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=self.loop.time())
+        self._transport().kick(qpn)
+
+    def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
+        qp = self.qps.pop(qpn, None)
+        if qp is None:
+            return
+        qp.ctx.qpns.discard(qpn)
+        if qp.conn is not None:
+            if self.transport is not None:
+                self.transport.remove(qpn)
+            if qp.conn.failed is None:
+                qp.conn.abort(reason)
+            while (ev := qp.conn.next_event()) is not None:
+                qp.on_event(qpn, ev)
+            self.retired.append(qp.conn)
+
+    # Connection setup over the control channel (hooks called by control.py) -----------
+    def listen(self, ctx: Context, service: int, on_request: Listener) -> None:
+        if service in self._listeners:
+            raise LocalError(f"service {service} already has a listener")
+        self._listeners[service] = (ctx, on_request)
+        ctx.services.add(service)
+
+    async def on_connect(self, req: IncomingConnect, timeout: float = 10.0) -> Accepted | None:
+        """A peer's CONNECT: hand it to the listening application, wait for its accept."""
+        entry = self._listeners.get(req.service)
+        if entry is None:
+            self.counters.connect_rejected += 1
+            return None
+        fut: asyncio.Future[Accepted | None] = self.loop.create_future()
+        self._pending[req.request_id] = fut
+        try:
+            await entry[1](req)
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            self.counters.connect_rejected += 1
+            return None
+        finally:
+            self._pending.pop(req.request_id, None)
+
+    def new_request_id(self) -> int:
+        self._next_request += 1
+        return self._next_request
+
+    def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:
+        fut = self._pending.get(request_id)
+        if fut is None or fut.done():
+            raise LocalError(f"no pending connection request {request_id}")
+        qp = self.qp(qpn)
+        accepted = Accepted(qpn, qp.psn, private_data)
+        fut.set_result(accepted)
+        return accepted
+
+    # Ports ------------------------------------------------------------------------------
+    def port_up(self, plane: int) -> bool:
+        return self.port_admin[plane] and self.port_link[plane]
+
+    def set_port_admin(self, plane: int, enabled: bool) -> None:
+        self._check_plane(plane)
+        self._port_change(plane, lambda: self.port_admin.__setitem__(plane, enabled))
+
+    def set_port_link(self, plane: int, up: bool) -> None:
+        self._check_plane(plane)
+        self._port_change(plane, lambda: self.port_link.__setitem__(plane, up))
+
+    def _port_change(self, plane: int, change: Callable[[], None]) -> None:
+        before = self.port_up(plane)
+        change()
+        after = self.port_up(plane)
+        if before == after:
+            return
+        log.warning(
+            "event=plane_%s host=%s plane=%d", "up" if after else "down", self.cfg.host_name, plane
+        )
+        now = self.loop.time()
+        for qpn, qp in self.qps.items():
+            if qp.conn is not None:
+                qp.conn.set_port_state(plane, after, now)
+                self._transport().kick(qpn)
+
+    def _check_plane(self, plane: int) -> None:
+        if not 0 <= plane < self.fabric.planes:
+            raise LocalError(f"plane {plane} out of range 0..{self.fabric.planes - 1}")
+
+    # Events -----------------------------------------------------------------------------
+    def _on_event(self, qpn: int, event: Event) -> None:
+        qp = self.qps.get(qpn)
+        if type(event) is EvStateChanged:
+            if event.new is EvState.ASSUMED_BAD:
+                log.warning(
+                    "event=path_failed qpn=%d ev=%#x plane=%d drops=%d reason=%s",
+                    qpn,
+                    event.ev,
+                    event.port,
+                    event.drop_count,
+                    event.reason,
+                )
+            for listener in self.ev_listeners:
+                listener(qpn, event)
+        elif type(event) is PortStateChanged and event.remote:
+            log.warning(
+                "event=peer_plane_%s qpn=%d plane=%d", "up" if event.up else "down", qpn, event.port
+            )
+        elif type(event) is ConnectionFailed:
+            log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
+            if qp is not None:
+                qp.state = QpState.ERROR
+                qp.failure = event.reason
+        if qp is not None:
+            qp.on_event(qpn, event)
+
+    def _transport(self) -> Transport:
+        if self.transport is None:
+            raise LocalError("mrcd is not running")
+        return self.transport
+
+    # Introspection ----------------------------------------------------------------------
+    def ev_states(self, qpn: int | None = None) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        for q, qp in sorted(self.qps.items()):
+            if (qpn is not None and q != qpn) or qp.conn is None:
+                continue
+            for slot in qp.conn.evs.slots.values():
+                out.append(
+                    {
+                        "qpn": q,
+                        "ev": slot.entry.value,
+                        "plane": slot.entry.port,
+                        "state": slot.state.value,
+                        "in_use": slot.in_use,
+                        "drop_count": slot.drop_count,
+                    }
+                )
+        return out
+
+    def connections(self) -> list[Connection]:
+        return [qp.conn for qp in self.qps.values() if qp.conn is not None]

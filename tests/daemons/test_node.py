@@ -1,0 +1,116 @@
+"""The node on loopback data mode: two mrcd nodes in one loop, connected directly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from daemons.mrcd.config import MrcdConfig
+from daemons.mrcd.node import Node, QpAttrs
+from mrcstack.core.errors import LocalError
+from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
+from mrcstack.core.memory import Access
+from mrcstack.fabric import Fabric
+
+FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
+
+
+def config(host: int, port: int) -> MrcdConfig:
+    return MrcdConfig(host=host, fabric=FABRIC, data_mode="loopback", data_port=port)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, qpn: int, event: Event) -> None:
+        self.events.append(event)
+        self.changed.set()
+
+    async def wait_for(self, kind: type, count: int = 1, timeout: float = 30.0) -> list[Event]:
+        async def until() -> list[Event]:
+            while True:
+                found = [e for e in self.events if isinstance(e, kind)]
+                if len(found) >= count:
+                    return found
+                self.changed.clear()
+                await self.changed.wait()
+
+        return await asyncio.wait_for(until(), timeout)
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[list[Node]]:
+    loop = asyncio.get_running_loop()
+    base = 40000 + os.getpid() % 2000 * 10
+    nodes = [Node(config(0, base), loop), Node(config(3, base), loop)]
+    for n in nodes:
+        await n.start()
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            await n.stop(drain_timeout=0.1)
+
+
+async def connect(nodes: list[Node], attrs: QpAttrs) -> tuple[int, int, Recorder, Recorder]:
+    a, b = nodes
+    ra, rb = Recorder(), Recorder()
+    qa = a.create_qp(a.open_context(), attrs, ra)
+    qb = b.create_qp(b.open_context(), attrs, rb)
+    key = os.urandom(32)
+    a.ready(qa, 3, qb, b.qp(qb).psn, key)
+    b.ready(qb, 0, qa, a.qp(qa).psn, key)
+    return qa, qb, ra, rb
+
+
+async def test_write_between_two_nodes_lands_in_registered_memory(pair: list[Node]) -> None:
+    a, b = pair
+    qa, qb, ra, rb = await connect(pair, QpAttrs())
+    dst = bytearray(16 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    src = os.urandom(16 << 20)
+    a.post_write(qa, 9, memoryview(src), mr.va, mr.rkey, imm=1234)
+    (imm,) = await rb.wait_for(WriteImmReceived)
+    (done,) = await ra.wait_for(SendCompleted)
+    assert imm == WriteImmReceived(1234, 16 << 20)
+    assert done == SendCompleted(9, WcStatus.SUCCESS, 16 << 20)
+    assert dst == src
+    conn = a.qp(qa).conn
+    assert conn is not None and all(n > 0 for n in conn.stats.packets_sent)
+
+
+async def test_admin_down_plane_carries_nothing_and_returns(pair: list[Node]) -> None:
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    dst = bytearray(4 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    a.set_port_admin(2, False)
+    conn = a.qp(qa).conn
+    assert conn is not None
+    before = conn.stats.packets_sent[2]
+    a.post_write(qa, 1, memoryview(os.urandom(4 << 20)), mr.va, mr.rkey, imm=1)
+    await ra.wait_for(SendCompleted)
+    assert conn.stats.packets_sent[2] == before
+    a.set_port_admin(2, True)
+    a.post_write(qa, 2, memoryview(os.urandom(4 << 20)), mr.va, mr.rkey, imm=2)
+    await ra.wait_for(SendCompleted, 2)
+    assert conn.stats.packets_sent[2] > before
+
+
+async def test_destroy_flushes_pending_work_and_bad_calls_fail_clearly(pair: list[Node]) -> None:
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    with pytest.raises(LocalError, match="no QP"):
+        a.post_write(12345678, 1, memoryview(b"x"), 0, 1, None)
+    with pytest.raises(LocalError, match="plane"):
+        a.set_port_admin(9, False)
+    b.destroy_qp(qb)  # the peer is gone: our write can never complete
+    a.post_write(qa, 5, memoryview(os.urandom(1 << 20)), 0x1000, 1, None)
+    a.destroy_qp(qa)
+    (done,) = await ra.wait_for(SendCompleted)
+    assert done.status is WcStatus.FLUSHED
