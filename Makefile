@@ -1,8 +1,10 @@
 # mrcstack: the targets a newcomer uses.  `make demo` and `make test` are the two README commands.
 SHELL := /bin/bash
 PY    := .venv/bin/python
-# Debian packages the project needs (tshark decodes our packets in tests).
-APT_PACKAGES := tshark
+# Debian packages the project needs: tshark decodes our packets in tests; iproute2 and nftables
+# build the testbed and its faults; clang and libbpf-dev compile the switch trimming program;
+# prometheus (promtool and the server) and systemd (systemd-analyze) check what mrcd ships.
+APT_PACKAGES := tshark iproute2 nftables clang libbpf-dev prometheus systemd
 
 .PHONY: setup lint test bench demo clean-venv
 
@@ -14,6 +16,7 @@ setup: .venv/.installed
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	$(PY) -m netns.trim build >/dev/null
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -37,3 +40,11 @@ demo:
 
 clean-venv:
 	rm -rf .venv
+
+# The default testbed (4 planes, 2 racks x 2 hosts, 4 T1), named mrc; needs root.
+.PHONY: testbed testbed-down
+testbed: setup
+	.venv/bin/python -m mrcstack testbed up
+
+testbed-down:
+	.venv/bin/python -m mrcstack testbed down

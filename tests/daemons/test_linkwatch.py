@@ -1,0 +1,300 @@
+"""Link watching over raw rtnetlink: the parser on crafted and garbage bytes, the watcher on
+this namespace's loopback, and (root) a veth pair in a namespace of our own toggled by `ip`.
+
+    namespace tOPS-<random>:   vA <===== veth =====> vB
+    the watcher (python -m daemons.mrcd.linkwatch --json vA) runs inside the namespace;
+    the test toggles vA (admin) and vB (the peer: vA loses carrier) and reads its lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import secrets
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemons.mrcd.linkwatch import (
+    IFF_LOWER_UP,
+    IFF_UP,
+    IFINFOMSG,
+    IFLA_IFNAME,
+    IFLA_OPERSTATE,
+    NLM_F_MULTI,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NLMSGHDR,
+    RTATTR,
+    RTM_DELLINK,
+    RTM_NEWLINK,
+    Control,
+    LinkMessage,
+    LinkWatcher,
+    OperState,
+    getlink_dump_request,
+    parse_messages,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+UP = IFF_UP | IFF_LOWER_UP
+
+
+def _pad(b: bytes) -> bytes:
+    return b + b"\0" * (-len(b) % 4)
+
+
+def attr(atype: int, payload: bytes) -> bytes:
+    return _pad(RTATTR.pack(RTATTR.size + len(payload), atype) + payload)
+
+
+def nlmsg(mtype: int, body: bytes, *, seq: int = 0, flags: int = 0) -> bytes:
+    return _pad(NLMSGHDR.pack(NLMSGHDR.size + len(body), mtype, flags, seq, 0) + body)
+
+
+def link(
+    name: str | None,
+    flags: int,
+    *,
+    index: int = 7,
+    oper: int | None = None,
+    mtype: int = RTM_NEWLINK,
+    seq: int = 0,
+) -> bytes:
+    body = IFINFOMSG.pack(socket.AF_UNSPEC, 1, index, flags, 0)
+    if name is not None:
+        body += attr(IFLA_IFNAME, name.encode() + b"\0")
+    if oper is not None:
+        body += attr(IFLA_OPERSTATE, bytes([oper]))
+    body += attr(99, b"\x01\x02\x03")  # an attribute we do not know
+    return nlmsg(mtype, body, seq=seq, flags=NLM_F_MULTI if seq else 0)
+
+
+# The parser -----------------------------------------------------------------------------------
+def test_parses_multipart_dump_with_done() -> None:
+    data = (
+        link("nic0", UP, index=2, oper=OperState.UP, seq=5)
+        + link("nic1", IFF_UP, index=3, oper=OperState.LOWERLAYERDOWN, seq=5)
+        + link("lo", UP, index=1, oper=OperState.UNKNOWN, seq=5)
+        + nlmsg(NLMSG_DONE, struct.pack("=i", 0), seq=5, flags=NLM_F_MULTI)
+    )
+    msgs = list(parse_messages(data))
+    links = [m for m in msgs if isinstance(m, LinkMessage)]
+    assert [(m.ifname, m.index, m.up) for m in links] == [
+        ("nic0", 2, True),
+        ("nic1", 3, False),
+        ("lo", 1, True),
+    ]
+    assert msgs[-1] == Control(5, done=True)
+
+
+def test_up_needs_admin_carrier_and_operstate() -> None:
+    def up(flags: int, oper: int | None) -> bool:
+        (msg,) = parse_messages(link("x", flags, oper=oper))
+        assert isinstance(msg, LinkMessage)
+        return msg.up
+
+    assert up(UP, None) and up(UP, OperState.UP) and up(UP, OperState.UNKNOWN)
+    assert not up(IFF_UP, OperState.UP)  # no carrier
+    assert not up(IFF_LOWER_UP, OperState.UP)  # admin down
+    assert not up(UP, OperState.DORMANT)
+    assert not up(UP, OperState.DOWN)
+    (gone,) = parse_messages(link("x", UP, mtype=RTM_DELLINK))
+    assert isinstance(gone, LinkMessage) and gone.deleted and not gone.up
+
+
+def test_error_message_and_request() -> None:
+    (err,) = parse_messages(nlmsg(NLMSG_ERROR, struct.pack("=i", -22) + b"\0" * 16, seq=9))
+    assert err == Control(9, done=True, error=22)
+    req = getlink_dump_request(42)
+    length, mtype, flags, seq, _ = NLMSGHDR.unpack_from(req)
+    assert (length, mtype, seq) == (len(req), 18, 42) and flags & 0x300
+
+
+def test_truncated_and_garbage_never_raise() -> None:
+    good = link("nic0", UP, oper=OperState.UP) + link("nic1", UP, index=8)
+    for cut in range(len(good)):
+        msgs = list(parse_messages(good[:cut]))  # whole messages only, never a half one
+        assert all(isinstance(m, LinkMessage) and m.ifname in ("nic0", None) for m in msgs)
+    # a header whose length runs past the datagram, a zero length, a bad attribute length
+    assert list(parse_messages(NLMSGHDR.pack(9999, RTM_NEWLINK, 0, 0, 0) + b"\0" * 40)) == []
+    assert list(parse_messages(NLMSGHDR.pack(0, RTM_NEWLINK, 0, 0, 0) * 3)) == []
+    body = IFINFOMSG.pack(0, 0, 4, UP, 0) + RTATTR.pack(200, IFLA_IFNAME) + b"nic0\0\0\0\0"
+    (msg,) = parse_messages(nlmsg(RTM_NEWLINK, body))
+    assert isinstance(msg, LinkMessage) and msg.ifname is None and msg.index == 4
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes_never_raise(data: bytes) -> None:
+    list(parse_messages(data))
+    list(parse_messages(link("nic0", UP) + data))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=1, max_size=64), st.integers(0, 200))
+def test_corrupted_messages_never_raise(noise: bytes, at: int) -> None:
+    good = bytearray(link("nic0", UP, oper=OperState.UP) + link("nic1", IFF_UP))
+    at %= len(good)
+    good[at : at + len(noise)] = noise
+    list(parse_messages(bytes(good)))
+
+
+# The watcher on this namespace (no root needed) -------------------------------------------------
+async def test_initial_dump_reports_loopback_and_stop_is_clean() -> None:
+    seen: list[tuple[str, bool]] = []
+    watcher = LinkWatcher(asyncio.get_running_loop(), lambda n, up: seen.append((n, up)), {"lo"})
+    watcher.start()
+    try:
+        assert seen == [("lo", True)]  # reported inside start(): lo is always up
+        assert watcher.state == {"lo": True}
+        with pytest.raises(RuntimeError):
+            watcher.start()
+    finally:
+        watcher.stop()
+    watcher.stop()  # idempotent
+
+
+async def test_callback_errors_are_contained() -> None:
+    calls: list[str] = []
+
+    def bad(name: str, up: bool) -> None:
+        calls.append(name)
+        raise ValueError("callback bug")
+
+    watcher = LinkWatcher(asyncio.get_running_loop(), bad, None)
+    watcher.start()
+    watcher.stop()
+    assert "lo" in calls  # every link reported despite the exceptions
+
+
+# Root: a veth pair in a namespace of our own -----------------------------------------------------
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
+)
+STEP_TIMEOUT = 10.0  # hang protection only; the latency is printed, never asserted
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+class Watcher:
+    """The CLI watcher inside the namespace; its JSON lines arrive on a queue."""
+
+    def __init__(self, ns: str, ifnames: list[str]) -> None:
+        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "daemons.mrcd.linkwatch"]
+        self.proc = subprocess.Popen(
+            [*argv, "--json", *ifnames],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[dict[str, object]] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+
+    def take(self, n: int) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while len(out) < n:
+            try:
+                out.append(self.lines.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                done = self.proc.poll() is not None and self.proc.stderr is not None
+                err = self.proc.stderr.read() if done and self.proc.stderr else ""
+                raise AssertionError(f"wanted {n} lines, got {out}; {err}") from None
+        return out
+
+    def quiet(self, wait: float = 0.3) -> list[dict[str, object]]:
+        time.sleep(wait)
+        extra = []
+        while not self.lines.empty():
+            extra.append(self.lines.get_nowait())
+        return extra
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@needs_root
+def test_veth_admin_and_carrier_changes_in_own_namespace() -> None:
+    ns = f"tOPS-lw-{secrets.token_hex(3)}"
+    watcher: Watcher | None = None
+    ip("netns", "add", ns)
+    try:
+        ip("-n", ns, "link", "add", "vA", "type", "veth", "peer", "name", "vB")
+        ip("-n", ns, "link", "set", "vA", "up")
+        ip("-n", ns, "link", "set", "vB", "up")
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while (
+            "LOWER_UP"
+            not in subprocess.run(
+                ["ip", "-n", ns, "link", "show", "vA"], capture_output=True, text=True, check=True
+            ).stdout
+        ):
+            assert time.monotonic() < deadline, "veth never got carrier"
+            time.sleep(0.02)
+
+        watcher = Watcher(ns, ["vA"])
+        first = watcher.take(2)  # the initial dump, then "ready"
+        assert first[0] == {"ifname": "vA", "up": True, "time": first[0]["time"]}
+        assert first[1]["ready"] is True
+
+        steps = [
+            (("vA", "down"), False, "admin down"),
+            (("vA", "up"), True, "admin up"),
+            (("vB", "down"), False, "peer down (carrier lost)"),
+            (("vB", "up"), True, "peer up (carrier back)"),
+        ]
+        latencies = []
+        for (dev, state), want, label in steps:
+            t0 = time.time()
+            ip("-n", ns, "link", "set", dev, state)
+            t1 = time.time()
+            (event,) = watcher.take(1)
+            assert (event["ifname"], event["up"]) == ("vA", want), label
+            assert watcher.quiet() == [], f"{label}: more than one report"
+            got = float(event["time"])  # type: ignore[arg-type]
+            latencies.append((label, (got - t0) * 1e3, (got - t1) * 1e3))
+        t0 = time.time()
+        ip("-n", ns, "link", "del", "vA")
+        (event,) = watcher.take(1)
+        assert (event["ifname"], event["up"]) == ("vA", False)
+        latencies.append(("deleted", (float(event["time"]) - t0) * 1e3, float("nan")))  # type: ignore[arg-type]
+
+        print("\nlink-watch notification latency (ms): from `ip` start / from `ip` exit")
+        for label, from_start, from_exit in latencies:
+            print(f"  {label:28s} {from_start:7.2f}  {from_exit:7.2f}")
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        for pid in subprocess.run(
+            ["ip", "netns", "pids", ns], capture_output=True, text=True, check=False
+        ).stdout.split():
+            os.kill(int(pid), 9)  # only processes inside our own namespace
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    assert ns not in listed.stdout
