@@ -14,12 +14,14 @@ import functools
 import logging
 import random
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from daemons.mrcd.config import MrcdConfig
+from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.transport import Address, Transport, open_plane_socket
-from mrcstack import addrplan
+from mrcstack import __version__, addrplan
 from mrcstack.core.cc import CCParams
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
@@ -30,6 +32,8 @@ from mrcstack.core.events import (
     EvState,
     EvStateChanged,
     PortStateChanged,
+    SendCompleted,
+    WcStatus,
 )
 from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
 from mrcstack.fabric import Fabric
@@ -143,7 +147,12 @@ class Node:
         self._next_ctx = 1
         self._next_request = 1
         # Dead connections' counters stay in the totals (Prometheus counters never go down).
-        self.retired: list[Connection] = []
+        self.retired = Totals(cfg.fabric.planes)
+        self.rtt = Buckets()
+        self.write_completion = Buckets()
+        self._posted: dict[tuple[int, int], float] = {}  # (qpn, wr_id) -> post time
+        self.started_at = time.time()
+        self.control_auth_failures: Callable[[], int] = lambda: 0
 
     # Lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -268,6 +277,7 @@ class Node:
         conn = Connection(
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
         )
+        conn.sender.on_rtt = self.rtt.observe
         for plane in range(self.fabric.planes):
             if not self.port_up(plane):
                 conn.set_port_state(plane, False, now)
@@ -297,7 +307,9 @@ class Node:
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
-        qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=self.loop.time())
+        now = self.loop.time()
+        qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
+        self._posted[(qpn, wr_id)] = now
         self._transport().kick(qpn)
 
     def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
@@ -312,7 +324,7 @@ class Node:
                 qp.conn.abort(reason)
             while (ev := qp.conn.next_event()) is not None:
                 qp.on_event(qpn, ev)
-            self.retired.append(qp.conn)
+            self.retired.add(qp.conn.stats)
 
     # Connection setup over the control channel (hooks called by control.py) -----------
     def listen(self, ctx: Context, service: int, on_request: Listener) -> None:
@@ -401,6 +413,10 @@ class Node:
             log.warning(
                 "event=peer_plane_%s qpn=%d plane=%d", "up" if event.up else "down", qpn, event.port
             )
+        elif type(event) is SendCompleted:
+            posted = self._posted.pop((qpn, event.wr_id), None)
+            if posted is not None and event.status is WcStatus.SUCCESS:
+                self.write_completion.observe(self.loop.time() - posted)
         elif type(event) is ConnectionFailed:
             log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
             if qp is not None:
@@ -435,3 +451,34 @@ class Node:
 
     def connections(self) -> list[Connection]:
         return [qp.conn for qp in self.qps.values() if qp.conn is not None]
+
+    def snapshot(self) -> NodeSnapshot:
+        """Everything the metrics exporter shows, read at scrape time."""
+        planes = self.fabric.planes
+        conns = self.connections()
+        totals = self.retired.copy()
+        for conn in conns:
+            totals.add(conn.stats)
+        if self.transport is not None:
+            ts = self.transport.stats
+            totals.add_reasons(
+                "rejections", {"unknown_qpn": ts.unknown_qpn, "malformed": ts.malformed}
+            )
+            totals.add_send_errors(ts.send_errors)
+        return NodeSnapshot(
+            host=self.cfg.host_name,
+            version=__version__,
+            planes=planes,
+            start_time=self.started_at,
+            port_link_up=tuple(self.port_link),
+            port_admin_up=tuple(self.port_admin),
+            connections=sum(1 for qp in self.qps.values() if qp.state is QpState.RTS),
+            evs=count_evs(
+                planes,
+                ((s.entry.port, s.state.value) for c in conns for s in c.evs.slots.values()),
+            ),
+            traffic=totals.freeze(),
+            rtt=self.rtt.snapshot(),
+            write_completion=self.write_completion.snapshot(),
+            control_auth_failures=self.control_auth_failures(),
+        )

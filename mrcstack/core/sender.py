@@ -139,6 +139,7 @@ class Sender:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.failed: tuple[str, WcStatus] | None = None
+        self.on_rtt: Callable[[float], None] | None = None  # e.g. a metrics histogram
 
     # Application side -----------------------------------------------------------------
     def post(self, wr_id: int, src: memoryview, va: int, rkey: int, imm: int | None) -> None:
@@ -162,6 +163,8 @@ class Sender:
         if rtt < 0:
             return
         self.stats.rtt_samples += 1
+        if self.on_rtt is not None:
+            self.on_rtt(rtt)
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:

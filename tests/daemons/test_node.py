@@ -7,8 +7,10 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import generate_latest
 
 from daemons.mrcd.config import MrcdConfig
+from daemons.mrcd.metrics import make_registry
 from daemons.mrcd.node import Node, QpAttrs
 from mrcstack.core.errors import LocalError
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
@@ -114,3 +116,23 @@ async def test_destroy_flushes_pending_work_and_bad_calls_fail_clearly(pair: lis
     a.destroy_qp(qa)
     (done,) = await ra.wait_for(SendCompleted)
     assert done.status is WcStatus.FLUSHED
+
+
+async def test_snapshot_feeds_the_metrics_exporter(pair: list[Node]) -> None:
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    dst = bytearray(2 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    a.post_write(qa, 1, memoryview(os.urandom(2 << 20)), mr.va, mr.rkey, imm=1)
+    await ra.wait_for(SendCompleted)
+    snap = a.snapshot()
+    assert snap.connections == 1 and snap.planes == 4
+    assert all(n > 0 for n in snap.traffic.bytes_sent)
+    assert snap.rtt.count > 0 and snap.write_completion.count == 1
+    assert sum(snap.evs["good"]) > 0
+    a.destroy_qp(qa)
+    after = a.snapshot()
+    assert after.connections == 0
+    assert after.traffic.bytes_sent == snap.traffic.bytes_sent  # counters never go down
+    text = generate_latest(make_registry(a.snapshot)).decode()
+    assert 'mrc_sent_bytes_total{plane="0"}' in text
