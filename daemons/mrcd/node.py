@@ -19,6 +19,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from daemons.mrcd.config import MrcdConfig
+from daemons.mrcd.control import (
+    Accept,
+    ConnectRejectedError,
+    ConnectRequest,
+    ControlClient,
+    ControlError,
+    ControlServer,
+    Reject,
+)
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.transport import Address, Transport, open_plane_socket
 from mrcstack import __version__, addrplan
@@ -141,6 +150,8 @@ class Node:
         self.counters = NodeCounters()
         self.sockets: list[socket.socket] = []
         self.transport: Transport | None = None
+        self.control_server: ControlServer | None = None
+        self.control_client: ControlClient | None = None
         self.ev_listeners: list[EvListener] = []
         self._listeners: dict[int, tuple[Context, Listener]] = {}
         self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
@@ -155,7 +166,7 @@ class Node:
         self.control_auth_failures: Callable[[], int] = lambda: 0
 
     # Lifecycle --------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, *, start_control: bool = True) -> None:
         cfg = self.cfg
         try:
             for plane in range(self.fabric.planes):
@@ -171,6 +182,19 @@ class Node:
             self.sockets.clear()
             raise LocalError(f"cannot open plane sockets: {exc}") from None
         self.transport = Transport(self.loop, self.sockets, self._resolve)
+        peers = dict(cfg.peers)
+        self.control_client = ControlClient(cfg.host_name, cfg.auth, peers)
+        if start_control:
+            server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
+            try:
+                await server.start()
+            except OSError as exc:
+                await self.stop(drain_timeout=0)
+                raise LocalError(
+                    f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
+                ) from None
+            self.control_server = server
+            self.control_auth_failures = lambda: sum(server.stats.rejected.values())
         log.info("event=started host=%s planes=%d", cfg.host_name, self.fabric.planes)
 
     async def stop(self, drain_timeout: float = 2.0) -> None:
@@ -185,6 +209,12 @@ class Node:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_result(None)
+        if self.control_server is not None:
+            await self.control_server.stop()
+            self.control_server = None
+        if self.control_client is not None:
+            await self.control_client.close()
+            self.control_client = None
         if self.transport is not None:
             self.transport.close()
             self.transport = None
@@ -333,8 +363,73 @@ class Node:
         self._listeners[service] = (ctx, on_request)
         ctx.services.add(service)
 
-    async def on_connect(self, req: IncomingConnect, timeout: float = 10.0) -> Accepted | None:
-        """A peer's CONNECT: hand it to the listening application, wait for its accept."""
+    async def connect_qp(
+        self,
+        qpn: int,
+        remote_host: int,
+        service: int,
+        private_data: bytes = b"",
+        timeout: float = 10.0,
+    ) -> bytes:
+        """Connect our QP to whatever the remote host's application accepts on ``service``.
+
+        The control channel carries QPN, first PSN and private data both ways and gives both
+        ends the same per-QP packet key; the QP is on the wire when this returns.
+        """
+        qp = self.qp(qpn)
+        if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
+            raise LocalError(f"bad remote host {remote_host}")
+        if self.control_client is None:
+            raise LocalError("mrcd is not running")
+        peer = Fabric.host_name(remote_host)
+        try:
+            session = await self.control_client.open_session(peer)
+            accept = await session.connect(
+                src_host=self.host,
+                src_qpn=qpn,
+                src_psn=qp.psn,
+                service=service,
+                planes=self.fabric.planes,
+                mtu_payload=qp.attrs.mtu_payload,
+                private_data=private_data,
+                timeout=timeout,
+            )
+        except ConnectRejectedError as exc:
+            raise LocalError(f"{peer} rejected the connection: {exc}") from None
+        except (ControlError, OSError, TimeoutError) as exc:
+            raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
+        key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
+        self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key)
+        return accept.private_data
+
+    async def on_connect(self, req: ConnectRequest) -> Accept | Reject:
+        """ControlHooks: a peer's CONNECT, for the application listening on its service."""
+        if req.planes != self.fabric.planes:
+            return Reject(f"plane count differs: {req.planes} != {self.fabric.planes}")
+        incoming = IncomingConnect(
+            remote_host=req.src_host,
+            remote_qpn=req.src_qpn,
+            remote_psn=req.src_psn,
+            service=req.service,
+            private_data=req.private_data,
+            request_id=self.new_request_id(),
+        )
+        accepted = await self.offer(incoming)
+        if accepted is None:
+            return Reject(f"nothing accepted service {req.service}")
+        key = req.derive_qp_key(self.host, accepted.qpn)
+        try:
+            self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key)
+        except LocalError as exc:
+            return Reject(str(exc))
+        return Accept(accepted.qpn, accepted.psn, accepted.private_data)
+
+    def on_port_status(self, host: int, bitmap: int) -> None:
+        """ControlHooks: a peer's port bitmap (the data path's SACKs carry it too)."""
+        log.info("event=peer_port_status host=h%d bitmap=%#x", host, bitmap)
+
+    async def offer(self, req: IncomingConnect, timeout: float = 10.0) -> Accepted | None:
+        """Hand a connection request to the listening application, wait for its accept."""
         entry = self._listeners.get(req.service)
         if entry is None:
             self.counters.connect_rejected += 1

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 
-from daemons.mrcd.config import MrcdConfig
+from daemons.mrcd.config import AuthConfig, MrcdConfig
 from daemons.mrcd.metrics import make_registry
-from daemons.mrcd.node import Node, QpAttrs
+from daemons.mrcd.node import IncomingConnect, Node, QpAttrs
 from mrcstack.core.errors import LocalError
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.memory import Access
@@ -20,8 +21,16 @@ from mrcstack.fabric import Fabric
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
 
 
-def config(host: int, port: int) -> MrcdConfig:
-    return MrcdConfig(host=host, fabric=FABRIC, data_mode="loopback", data_port=port)
+def config(host: int, port: int, psk: Path) -> MrcdConfig:
+    return MrcdConfig(
+        host=host,
+        fabric=FABRIC,
+        data_mode="loopback",
+        data_port=port,
+        control_address=("::1", port + 500 + host),
+        peers=tuple((f"h{h}", ("::1", port + 500 + h)) for h in (0, 3)),
+        auth=AuthConfig(mode="psk", psk_file=psk),
+    )
 
 
 class Recorder:
@@ -46,10 +55,12 @@ class Recorder:
 
 
 @pytest.fixture
-async def pair() -> AsyncIterator[list[Node]]:
+async def pair(tmp_path: Path) -> AsyncIterator[list[Node]]:
     loop = asyncio.get_running_loop()
-    base = 40000 + os.getpid() % 2000 * 10
-    nodes = [Node(config(0, base), loop), Node(config(3, base), loop)]
+    base = 30000 + os.getpid() % 4000 * 5
+    psk = tmp_path / "cluster.key"
+    psk.write_text(os.urandom(32).hex())
+    nodes = [Node(config(0, base, psk), loop), Node(config(3, base, psk), loop)]
     for n in nodes:
         await n.start()
     try:
@@ -136,3 +147,30 @@ async def test_snapshot_feeds_the_metrics_exporter(pair: list[Node]) -> None:
     assert after.traffic.bytes_sent == snap.traffic.bytes_sent  # counters never go down
     text = generate_latest(make_registry(a.snapshot)).decode()
     assert 'mrc_sent_bytes_total{plane="0"}' in text
+
+
+async def test_connect_over_the_control_channel_with_private_data(pair: list[Node]) -> None:
+    a, b = pair
+    rb = Recorder()
+    ctx_b = b.open_context()
+    dst = bytearray(1 << 20)
+    mr = b.register(ctx_b, memoryview(dst), Access.REMOTE_WRITE)
+
+    async def on_request(req: IncomingConnect) -> None:
+        assert req.remote_host == 0 and req.private_data == b"hello"
+        qpn = b.create_qp(ctx_b, QpAttrs(), rb)
+        b.accept(req.request_id, qpn, f"{mr.va}:{mr.rkey}".encode())
+
+    b.listen(ctx_b, 7, on_request)
+    ra = Recorder()
+    qa = a.create_qp(a.open_context(), QpAttrs(), ra)
+    reply = await a.connect_qp(qa, 3, 7, b"hello")
+    va, rkey = (int(x) for x in reply.decode().split(":"))
+    src = os.urandom(1 << 20)
+    a.post_write(qa, 1, memoryview(src), va, rkey, imm=3)
+    await rb.wait_for(WriteImmReceived)
+    assert dst == src
+    conn = a.qp(qa).conn
+    assert conn is not None and conn.cfg.key is not None  # packets are authenticated
+    with pytest.raises(LocalError, match="rejected"):
+        await a.connect_qp(a.create_qp(a.open_context(), QpAttrs(), ra), 3, 99)
