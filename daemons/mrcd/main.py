@@ -1,0 +1,140 @@
+"""The ``mrcd`` command: load the config, run the node and its servers, stop cleanly.
+
+Lifecycle in the manner of aiohttp's runner: each part starts in order and is recorded, and
+``finally`` tears down whatever did start, one step at a time, so a failed start leaves
+nothing behind.  SIGTERM and SIGINT ask for a graceful stop: pending writes get a moment to
+finish, the rest complete with an error, sockets close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import uvloop
+
+from daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
+from daemons.mrcd.linkwatch import LinkWatcher
+from daemons.mrcd.metrics import ListenAddressError, make_registry, serve
+from daemons.mrcd.node import Node
+from mrcstack.core.errors import LocalError
+
+log = logging.getLogger("mrcd")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """One line, exit 2: no usage dump for a bad flag."""
+        sys.stderr.write(f"mrcd: error: {message}\n")
+        raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(prog="mrcd", description="MRC endpoint daemon and node controller")
+    p.add_argument("--config", required=True, type=Path, help="TOML file ([mrcd] + [fabric])")
+    p.add_argument(
+        "--web.listen-address",
+        dest="web_listen_address",
+        help="address for /metrics (default from the config, else 127.0.0.1:9464)",
+    )
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    return p.parse_args(argv)
+
+
+def setup_logging(level: str) -> None:
+    """One line per event: ``time level event=... key=value``; operators grep and ship it."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("mrcd")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then tear down in reverse order."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    cleanups: list[Callable[[], Awaitable[None] | None]] = []
+    node = Node(cfg, loop)
+    try:
+        await node.start()
+        cleanups.append(node.stop)
+        metrics = await serve(make_registry(node.snapshot), web)
+        cleanups.append(metrics.stop)
+        log.info("event=metrics_listening url=%s", metrics.url)
+        if cfg.data_mode == "srv6":
+            nics = {f"nic{p}": p for p in range(cfg.fabric.planes)}
+            watcher = LinkWatcher(
+                loop, lambda name, up: node.set_port_link(nics[name], up), set(nics)
+            )
+            watcher.start()
+            cleanups.append(watcher.stop)
+        app = _app_server(node, cfg)
+        if app is not None:
+            await app.start()
+            cleanups.append(app.stop)
+        log.info("event=ready host=%s", cfg.host_name)
+        await stop.wait()
+        log.info("event=stopping host=%s", cfg.host_name)
+    finally:
+        for cleanup in reversed(cleanups):
+            try:
+                result = cleanup()
+                if result is not None:
+                    await result
+            except Exception:  # a failed step must not keep the others from running
+                log.exception(
+                    "event=cleanup_failed step=%s", getattr(cleanup, "__qualname__", cleanup)
+                )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+def _app_server(node: Node, cfg: MrcdConfig) -> _Startable | None:
+    try:
+        from daemons.mrcd.appserver import AppServer  # noqa: PLC0415 - optional until it lands
+    except ImportError:
+        return None
+    return AppServer(node, cfg.api_socket)  # type: ignore[no-any-return]
+
+
+class _Startable:
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = MrcdConfig.load(args.config)
+        web = args.web_listen_address or cfg.web_listen_address
+        parse_address(web, "--web.listen-address")
+    except ConfigError as exc:
+        sys.stderr.write(f"mrcd: {exc}\n")
+        return 2
+    if args.check:
+        print(f"mrcd: {args.config}: ok ({cfg.host_name}, {cfg.fabric.planes} planes)")
+        return 0
+    setup_logging(args.log_level or cfg.log_level)
+    try:
+        uvloop.run(run(cfg, web))
+    except (LocalError, ListenAddressError) as exc:
+        sys.stderr.write(f"mrcd: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
