@@ -2,6 +2,7 @@
 
 - wire: packets/s and MB/s for encode+decode (CRC, AES-GCM auth, AES-GCM encrypt);
 - sim: a full simulated transfer, core CPU cost per packet;
+- testbed: build and teardown time of the default and the large namespace fabric;
 - the large test profiles: 50,000 property cases and 1,000,000 fuzzed packets
   (CI runs smaller profiles; set MRC_BENCH_QUICK=1 to skip these here).
 """
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from bench import sim_bench, wire_bench
+from bench import sim_bench, testbed_bench, wire_bench
 
 
 def _profile(name: str, env: dict[str, str], target: str) -> None:
@@ -40,6 +41,12 @@ def main() -> int:
     print("== simulator: full transfer ==")
     for key, value in sim_bench.run().items():
         print(f"{key:<40} {value:14,.3f}")
+    if os.geteuid() == 0:
+        print("== testbed: build and teardown ==")
+        for key, value in testbed_bench.run().items():
+            print(f"{key:<40} {value:14,.3f}")
+    else:
+        print("== testbed: skipped (needs root for network namespaces) ==")
     if os.environ.get("MRC_BENCH_QUICK"):
         return 0
     print("== large test profiles ==")

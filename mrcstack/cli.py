@@ -1,0 +1,48 @@
+"""``mrcstack``: one command for every tool.
+
+mrcstack testbed ...   namespace testbeds (netns.cli)
+mrcstack fault ...     the fault harness (netns.fault_cli)
+mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+PROG = "mrcstack"
+COMMANDS: dict[str, tuple[str, str]] = {
+    "testbed": ("netns.cli", "multi-plane SRv6 testbeds in network namespaces"),
+    "fault": ("netns.fault_cli", "faults on a running testbed (links, switches, loss, trim)"),
+    "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
+}
+
+
+def usage() -> str:
+    lines = [f"usage: {PROG} COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", f"`{PROG} COMMAND --help` describes each one."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        known = ", ".join(COMMANDS)
+        print(
+            f"{PROG}: error: unknown command {command!r}: expected one of {known}", file=sys.stderr
+        )
+        return 2
+    module_name = COMMANDS[command][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        print(f"{PROG} {command}: error: not available ({exc})", file=sys.stderr)
+        return 1
+    entry: Callable[[Sequence[str]], int] = module.main
+    return entry(rest)

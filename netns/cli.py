@@ -1,0 +1,249 @@
+"""``mrcstack testbed ...``: build, inspect and remove namespace testbeds.
+
+Exit status: 0 on success; 1 when the operation failed (not root, a kernel feature missing,
+an ``ip`` command failing, no such testbed); 2 on bad arguments.  Every error is one line on
+stderr naming the problem.  ``exec`` replaces itself with the command, so its exit status
+is the command's.  ``--json`` output is documented in docs/testbed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+from mrcstack.core.errors import LocalError
+from mrcstack.fabric import Fabric, FabricConfigError, parse_rate, parse_size
+from netns import testbed
+from netns.run import TestbedError
+from netns.state import DEFAULT_NAME, check_name, load, recorded
+
+PROG = "mrcstack testbed"
+NAME_ENV = "MRC_TESTBED"  # default --name
+T = TypeVar("T")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, no usage dump: the message names the option and the problem."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _arg(parse: Callable[[str], T]) -> Callable[[str], T]:
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except (ValueError, LocalError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise ValueError(f"bad integer {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Multi-plane SRv6 (uSID) testbeds in network namespaces.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    default_name = os.environ.get(NAME_ENV, DEFAULT_NAME)
+
+    def named(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
+        parser.add_argument(
+            "--name", type=_arg(check_name), default=default_name, help="testbed name (mrc)"
+        )
+        if json_flag:
+            parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+    u = sub.add_parser("up", help="build a testbed")
+    named(u)
+    fab = u.add_argument_group("fabric (flags override --config)")
+    fab.add_argument("--config", "--fabric", metavar="FILE.toml", help="fabric description")
+    fab.add_argument("--planes", type=_arg(_int), metavar="N", help="planes (4)")
+    fab.add_argument("--racks", type=_arg(_int), metavar="N", help="T0 switches per plane (2)")
+    fab.add_argument("--hosts-per-rack", type=_arg(_int), metavar="N", help="(2)")
+    fab.add_argument("--t1", type=_arg(_int), metavar="N", help="T1 switches per plane (4)")
+    fab.add_argument("--rate", type=_arg(parse_rate), help="every link's rate (unshaped)")
+    fab.add_argument("--host-rate", type=_arg(parse_rate), help="NIC <-> T0 links")
+    fab.add_argument("--fabric-rate", type=_arg(parse_rate), help="T0 <-> T1 links")
+    fab.add_argument("--queue", type=_arg(parse_size), metavar="BYTES", help="per port (1MiB)")
+    fab.add_argument("--mtu", type=_arg(_int), metavar="N", help="IP MTU of every link (9000)")
+
+    d = sub.add_parser("down", help="remove a testbed")
+    named(d)
+    s = sub.add_parser("status", help="what exists, link states and counters")
+    named(s)
+    ps = sub.add_parser("paths", help="every path between two hosts, with its uSID address")
+    ps.add_argument("src", help="source host (h0)")
+    ps.add_argument("dst", help="destination host (h3)")
+    named(ps)
+    e = sub.add_parser("exec", help="run a command inside a node's namespace")
+    e.add_argument("node", help="host (h0) or switch (p0-t1a)")
+    e.add_argument("cmd", nargs="*", help="-- COMMAND [ARGS...]")
+    named(e, json_flag=False)
+    c = sub.add_parser("clean", help="remove what a crashed run left, from its state file")
+    named(c)
+    c.add_argument("--all-recorded", action="store_true", help="every recorded testbed")
+    sub.add_parser("list", help="names of the recorded testbeds").add_argument(
+        "--json", action="store_true"
+    )
+    return p
+
+
+def fabric_from_args(args: argparse.Namespace) -> Fabric:
+    """The fabric: --config (or the default), then each flag given; FabricConfigError."""
+    try:
+        fabric = Fabric.load(args.config) if args.config else Fabric()
+    except OSError as exc:
+        raise ValueError(f"--config {args.config}: cannot read: {exc.strerror}") from None
+    host_rate = args.host_rate if args.host_rate is not None else args.rate
+    fabric_rate = args.fabric_rate if args.fabric_rate is not None else args.rate
+    changes = {
+        "planes": args.planes,
+        "racks": args.racks,
+        "hosts_per_rack": args.hosts_per_rack,
+        "t1_per_plane": args.t1,
+        "host_link_bps": host_rate,
+        "fabric_link_bps": fabric_rate,
+        "queue_bytes": args.queue,
+        "mtu": args.mtu,
+    }
+    return dataclasses.replace(fabric, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    fabric = fabric_from_args(args)
+    report = testbed.up(fabric, args.name)
+    state = load(args.name)
+    data = report.to_json() | {"fabric": testbed.fabric_json(fabric), "mgmt": state.mgmt}
+    _emit(
+        args,
+        data,
+        f"testbed {report.name} up: {report.namespaces} namespaces, {report.links} links "
+        f"in {report.seconds:.2f} s (state {data['state_file']})",
+    )
+    return 0
+
+
+def _cmd_clean(args: argparse.Namespace, require: bool) -> int:
+    names = recorded() if getattr(args, "all_recorded", False) else [args.name]
+    reports = [(testbed.down if require else testbed.clean)(name) for name in names]
+    lines = [
+        f"testbed {r.name}: removed {len(r.netns)} namespaces, {len(r.links)} root links"
+        + (f", killed {len(r.killed)} processes" if r.killed else "")
+        + ("" if r.had_state else " (nothing recorded)")
+        for r in reports
+    ]
+    data = reports[0].to_json() if require else {"cleaned": [r.to_json() for r in reports]}
+    _emit(args, data, "\n".join(lines) or "nothing recorded")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    data = testbed.status(args.name)
+    fab, spaces = data["fabric"], data["namespaces"]
+    missing = f", missing {' '.join(spaces['missing'])}" if spaces["missing"] else ""
+    lines = [
+        f"testbed {data['name']}: {'healthy' if data['healthy'] else 'NOT healthy'}"
+        f"{'' if data['complete'] else ' (build incomplete)'}; {fab['planes']} planes, "
+        f"{fab['racks']} racks x {fab['hosts_per_rack']} hosts, {fab['t1_per_plane']} T1/plane",
+        f"namespaces {spaces['present']}/{spaces['expected']}{missing}; "
+        f"mgmt {data['mgmt']['bridge']} {data['mgmt']['prefix']}",
+        "",
+        f"{'link':<14} {'state':<7} {'a->b pkts':>10} {'b->a pkts':>10} {'drops':>7}",
+    ]
+    for link in data["links"]:
+        a, b = link["a"], link["b"]
+        drops = sum((end.get(k) or 0) for end in (a, b) for k in ("rx_dropped", "tx_dropped"))
+        drops += sum((end.get("qdisc") or {}).get("drops") or 0 for end in (a, b))
+        lines.append(
+            f"{link['name']:<14} {link['state']:<7} {a.get('tx_packets', '-')!s:>10} "
+            f"{b.get('tx_packets', '-')!s:>10} {drops:>7}"
+        )
+    lines += ["", f"{'switch':<9} {'uN SID':<22} {'next-csid':<9} {'packets':>9}"]
+    for switch, sid in data["sids"].items():
+        lines.append(
+            f"{switch:<9} {sid['sid']:<22} {'yes' if sid['next_csid'] else 'NO':<9} "
+            f"{sid['packets'] if sid['packets'] is not None else '-':>9}"
+        )
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _cmd_paths(args: argparse.Namespace) -> int:
+    state = load(args.name)
+    table = testbed.path_table(state, args.src, args.dst)
+    data = {"name": state.name, "src": args.src, "dst": args.dst, "paths": table}
+    lines = [f"{'plane':<5} {'ev':<7} {'address':<34} nodes"]
+    lines += [
+        f"{p['plane']:<5} {p['ev']:#06x}  {p['address']:<34} {' '.join(p['nodes'])}" for p in table
+    ]
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ValueError("exec: no command given: mrcstack testbed exec NODE -- CMD [ARGS...]")
+    state = load(args.name)
+    node = args.node if args.node in state.netns or not args.node.isdigit() else f"h{args.node}"
+    netns = state.ns(node)
+    sys.stdout.flush()
+    os.execvp("ip", ["ip", "netns", "exec", netns, *cmd])
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    names = recorded()
+    _emit(args, {"testbeds": names}, "\n".join(names) or "no testbeds recorded")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if words and words[0] == "exec" and "--" in words:  # options may precede "--"
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1 :]
+    try:
+        args = parser.parse_args(words)
+    except SystemExit as exc:  # argparse printed its one line (or --help)
+        return exc.code if isinstance(exc.code, int) else 2
+    if command:
+        args.cmd = command
+    try:
+        if args.command == "up":
+            return _cmd_up(args)
+        if args.command in ("down", "clean"):
+            return _cmd_clean(args, require=args.command == "down")
+        if args.command == "status":
+            return _cmd_status(args)
+        if args.command == "paths":
+            return _cmd_paths(args)
+        if args.command == "exec":
+            return _cmd_exec(args)
+        return _cmd_list(args)
+    except (FabricConfigError, ValueError) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (TestbedError, LocalError, OSError) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,651 @@
+"""The fault harness: reversible faults on a live testbed, on a kernel without netem.
+
+Every fault is planned as data first (:class:`Fault`: what to do and, exactly, how to undo
+it), recorded in ``<STATE_DIR>/<name>.faults.json`` *before* it is applied (so a crash
+halfway leaves something ``restore_all`` can undo, from any process), then applied, and
+logged with an ISO timestamp to the caller's log (stderr by default) and to
+``<STATE_DIR>/<name>.faults.log``.  A lock on the state directory serialises harness
+processes.
+
+How each fault is made (docs/faults.md explains the choices):
+
+- ``link_down``: both ends ``ip link set down``.  The kernel then deletes every route
+  through them and flushes their IPv6 addresses, even the static ``fe80::1``/``fe80::2``
+  (linux-facts trap 1), so the undo records the addresses beforehand and, after ``up``,
+  re-adds them and re-installs the namespace's recorded routes (``route replace``; while
+  other ports of that namespace are still down, only the routes that avoid them, and
+  multipath routes with their live nexthops only), waits until both ends are operational
+  and flushes their neighbour entries (a stale INCOMPLETE entry on a port that only lost
+  its carrier would hold traffic for up to 1 s).  ``keep_addr_on_down`` does not help:
+  the kernel flushes link-local addresses regardless.  A switch's own uN route hangs off
+  its ``sid`` ifb device (see netns/topology.py), so it survives its ports going down.
+- ``nic_down``: only the host's end goes down (its T0 port sees no carrier, keeps its routes).
+- ``switch_fail``: every port of the switch goes down; ``switch_blackhole``: an nftables
+  ``forward`` hook drop in the switch (links stay up, ND still works, nothing is forwarded).
+- ``loss``: ``numgen random mod N < k`` drop in the inet ``forward`` hook, per direction, at
+  the sending switch's egress (``oifname``) or, for a host's packets, at its T0's ingress.
+- ``loss_path``: drop in the switch's ``prerouting`` hook for ``ip6 daddr LOCATOR/48``: the
+  packets that arrive with this switch's uSID active, i.e. every uSID packet it would
+  forward, before its uN shift (in ``forward`` the address is already shifted).
+- ``shape``/``trim``: the sending end's egress port, through the testbed's shaper and the
+  trim program (switch egress only).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from mrcstack.addrplan import parse_node
+from mrcstack.fabric import Fabric
+from netns import testbed, trim
+from netns.faultplan import (
+    Fault,
+    FaultError,
+    Records,
+    as_replace,
+    directions,
+    is_host,
+    loss_site,
+    nft_random_drop,
+    nft_ruleset,
+    nft_table_name,
+    now_iso,
+    parse_probability,
+    path_loss_rule,
+    resolve_link,
+    resolve_switch,
+    routes_avoiding,
+)
+from netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
+from netns.state import LinkRecord, TestbedState, faults_path
+
+FAULTS_VERSION = 1
+SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
+SETTLE_POLL_S = 0.005
+__all__ = ["Fault", "FaultError", "Faults", "load_records", "locked_records"]
+
+
+def load_records(name: str) -> Records:
+    """The active faults recorded for testbed ``name`` (none if there is no file)."""
+    path = faults_path(name)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Records(testbed=name)
+    except ValueError as exc:
+        raise FaultError(f"fault record {path} is unreadable: {exc}") from None
+    if data.get("version") != FAULTS_VERSION:
+        raise FaultError(f"fault record {path}: unsupported version {data.get('version')!r}")
+    return Records(
+        testbed=str(data["testbed"]),
+        next_id=int(data["next_id"]),
+        faults=[Fault.from_json(f) for f in data["faults"]],
+    )
+
+
+def save_records(records: Records) -> None:
+    path = faults_path(records.testbed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = {
+        "version": FAULTS_VERSION,
+        "testbed": records.testbed,
+        "next_id": records.next_id,
+        "faults": [f.to_json() for f in records.faults],
+    }
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextmanager
+def locked_records(name: str) -> Iterator[Records]:
+    """Exclusive access to a testbed's fault record (flock on the state directory, which
+    every harness process shares and nobody replaces); written back when the block ends,
+    even on an exception."""
+    path = faults_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        records = load_records(name)
+        try:
+            yield records
+        finally:
+            save_records(records)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _port(netns: str, ifname: str) -> str:
+    """The resource a down-type fault holds: the port, administratively down."""
+    return f"down {netns}/{ifname}"
+
+
+def _qdisc(netns: str, ifname: str) -> str:
+    """The resource a shape or trim fault holds: the port's root qdisc."""
+    return f"qdisc {netns}/{ifname}"
+
+
+def _ports(record: LinkRecord) -> tuple[str, str]:
+    return _port(record.a.netns, record.a.ifname), _port(record.b.netns, record.b.ifname)
+
+
+# The harness --------------------------------------------------------------------------------
+class Faults:
+    """Faults on one testbed.  Every method that applies a fault returns the recorded
+    :class:`Fault` records; every undo method returns the records it removed."""
+
+    def __init__(self, state: TestbedState, log: Callable[[str], None] | None = None) -> None:
+        if not state.complete:
+            raise FaultError(
+                f"testbed {state.name} is not completely built (`up` still running or "
+                f"killed); run `mrcstack testbed clean --name {state.name}` and `up` again"
+            )
+        self.state = state
+        self._log = stderr_log if log is None else log
+        self.log_path = faults_path(state.name).with_suffix(".log")
+
+    # Logging --------------------------------------------------------------------------
+    def log(self, message: str) -> str:
+        line = f"{now_iso()} [{self.state.name}] {message}"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+        self._log(line)
+        return line
+
+    # Queries --------------------------------------------------------------------------
+    def active(self) -> list[Fault]:
+        return list(load_records(self.state.name).faults)
+
+    def link(self, a: str, b: str | None = None) -> LinkRecord:
+        return self.state.links[resolve_link(self.state.fabric, a, b)]
+
+    # Links, NICs, switches ------------------------------------------------------------
+    def link_down(self, a: str, b: str | None = None) -> list[Fault]:
+        """Both ends of a link down; ``link_up`` brings them back exactly as before."""
+        record = self.link(a, b)
+        ports = [(record.a.netns, record.a.ifname), (record.b.netns, record.b.ifname)]
+        return self._down("link_down", f"down {record.name}", record.name, ports, strict=True)
+
+    def link_up(self, a: str, b: str | None = None) -> list[Fault]:
+        record = self.link(a, b)
+        return self._undo_keys([f"down {record.name}"], f"link {record.name} is not down",
+                               _ports(record))  # fmt: skip
+
+    def nic_down(self, host: str, plane: int) -> list[Fault]:
+        """The host's port to its plane-``plane`` T0 down (the T0 sees no carrier)."""
+        record = self._nic(host, plane)
+        end = record.end(host)
+        return self._down("nic_down", f"down {record.name}", record.name,
+                          [(end.netns, end.ifname)], strict=True)  # fmt: skip
+
+    def nic_up(self, host: str, plane: int) -> list[Fault]:
+        record = self._nic(host, plane)
+        return self._undo_keys([f"down {record.name}"], f"{host} plane {plane} is not down",
+                               _ports(record))  # fmt: skip
+
+    def _nic(self, host: str, plane: int) -> LinkRecord:
+        fabric = self.state.fabric
+        try:
+            node = parse_node(host)
+            if node.plane is not None:
+                raise ValueError(f"{host} is a switch, not a host")
+            fabric.check_plane(plane)
+            fabric.check_host(node.index)
+        except ValueError as exc:
+            raise FaultError(f"nic {host} plane {plane}: {exc}") from None
+        t0 = Fabric.t0_name(plane, fabric.rack_of(node.index))
+        return self.state.links[resolve_link(fabric, host, t0)]
+
+    def switch_fail(self, switch: str) -> list[Fault]:
+        """Every port of the switch down (its peers see no carrier)."""
+        name = resolve_switch(self.state.fabric, switch)
+        ports = [
+            (rec.end(name).netns, rec.end(name).ifname) for rec in self.state.switch_links(name)
+        ]
+        return self._down("switch_fail", f"switch_fail {name}", name, ports, strict=False)
+
+    def switch_blackhole(self, switch: str) -> list[Fault]:
+        """Links stay up, the switch silently drops everything it would forward."""
+        name = resolve_switch(self.state.fabric, switch)
+        return self._nft("blackhole", f"blackhole {name}", name, {},
+                         [(self.state.ns(name), "forward", ["counter drop"])])  # fmt: skip
+
+    def switch_restore(self, switch: str) -> list[Fault]:
+        """Undo a switch's failure and/or blackhole."""
+        name = resolve_switch(self.state.fabric, switch)
+        return self._undo_keys([f"switch_fail {name}", f"blackhole {name}"],
+                               f"switch {name} is neither failed nor blackholed")  # fmt: skip
+
+    # Loss -----------------------------------------------------------------------------
+    def loss(
+        self, a: str, b: str | None, rate: float | str, *, from_node: str | None = None
+    ) -> list[Fault]:
+        """Random loss on a link, each direction (or only from ``from_node``) its own fault."""
+        record = self.link(a, b)
+        probability = parse_probability(rate)
+        faults: list[Fault] = []
+        for sender, receiver in directions(record.name, from_node):
+            netns, match = loss_site(record, sender)
+            faults += self._nft(
+                "loss",
+                f"loss {record.name} {sender}>{receiver}",
+                f"{record.name} {sender}>{receiver}",
+                {"rate": probability},
+                [(netns, "forward", [f"{match} {nft_random_drop(probability)}"])],
+            )
+        return faults
+
+    def loss_path(self, sid_or_switch: str, rate: float | str) -> list[Fault]:
+        """Random loss of the uSID packets crossing one switch (dropped as they arrive)."""
+        name = resolve_switch(self.state.fabric, sid_or_switch)
+        probability = parse_probability(rate)
+        rule = path_loss_rule(self.state.fabric, name, probability)
+        return self._nft("loss_path", f"loss_path {name}", name, {"rate": probability},
+                         [(self.state.ns(name), "prerouting", [rule])])  # fmt: skip
+
+    def clear_loss(
+        self,
+        a: str | None = None,
+        b: str | None = None,
+        *,
+        from_node: str | None = None,
+        path: str | None = None,
+    ) -> list[Fault]:
+        """Remove the loss on a link (both directions, or one) or on a switch's path."""
+        if path is not None:
+            name = resolve_switch(self.state.fabric, path)
+            return self._undo_keys([f"loss_path {name}"], f"no path loss at {name}")
+        if a is None:
+            raise FaultError("clear_loss: give a link or path")
+        record = self.link(a, b)
+        keys = [f"loss {record.name} {s}>{r}" for s, r in directions(record.name, from_node)]
+        return self._undo_keys(keys, f"no loss on {record.name}")
+
+    # Shaping and trimming -------------------------------------------------------------
+    def shape(
+        self,
+        a: str,
+        b: str | None,
+        rate_bps: float,
+        queue_bytes: int | None = None,
+        *,
+        from_node: str | None = None,
+    ) -> list[Fault]:
+        """Shape the link's egress ports (both, or the one of ``from_node``)."""
+        record = self.link(a, b)
+        if not rate_bps > 0:
+            raise FaultError(f"shape: rate must be positive, got {rate_bps!r}")
+        faults: list[Fault] = []
+        for sender, receiver in directions(record.name, from_node):
+            end = record.end(sender)
+            params: dict[str, Any] = {"rate_bps": int(rate_bps)}
+            if queue_bytes is not None:
+                params["queue_bytes"] = int(queue_bytes)
+            do = {"op": "shape", "netns": end.netns, "ifname": end.ifname, **params}
+            undo = {"op": "unshape", "netns": end.netns, "ifname": end.ifname,
+                    "tier": "host" if record.host_facing else "fabric"}  # fmt: skip
+            faults += self._setting("shape", f"shape {record.name} {sender}>{receiver}",
+                                    f"{record.name} {sender}>{receiver}", params,
+                                    (_qdisc(end.netns, end.ifname),), [do], [undo])  # fmt: skip
+        return faults
+
+    def unshape(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
+        record = self.link(a, b)
+        keys = [f"shape {record.name} {s}>{r}" for s, r in directions(record.name, from_node)]
+        return self._undo_keys(keys, f"{record.name} is not shaped by a fault")
+
+    def trim(
+        self,
+        a: str,
+        b: str | None,
+        *,
+        threshold_bytes: int,
+        ecn_threshold_bytes: int | None,
+        rate_bps: float,
+        probability: float | None = None,
+        queue_bytes: int | None = None,
+        from_node: str | None = None,
+    ) -> list[Fault]:
+        """Trimming/ECN (engineer B's program) on the link's switch egress ports; a host's
+        port is never trimmed.  Last hop when the port faces a host."""
+        record = self.link(a, b)
+        pairs = directions(record.name, from_node)
+        if from_node is not None and is_host(from_node):
+            raise FaultError(f"trim: {from_node} is a host; only switch ports trim")
+        faults: list[Fault] = []
+        for sender, receiver in pairs:
+            if is_host(sender):
+                continue
+            end = record.end(sender)
+            params: dict[str, Any] = {
+                "rate_bps": int(rate_bps),
+                "trim_threshold_bytes": int(threshold_bytes),
+                "ecn_threshold_bytes": ecn_threshold_bytes,
+                "last_hop": is_host(receiver),
+                "probability": probability,
+                "queue_bytes": queue_bytes,
+            }
+            do = {"op": "trim_attach", "netns": end.netns, "ifname": end.ifname, **params}
+            undo = {"op": "trim_detach", "netns": end.netns, "ifname": end.ifname,
+                    "tier": "host" if record.host_facing else "fabric"}  # fmt: skip
+            shown = {k: v for k, v in params.items() if v is not None}
+            faults += self._setting("trim", f"trim {record.name} {sender}>{receiver}",
+                                    f"{record.name} {sender}>{receiver}", shown,
+                                    (_qdisc(end.netns, end.ifname),), [do], [undo])  # fmt: skip
+        return faults
+
+    def untrim(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
+        record = self.link(a, b)
+        keys = [f"trim {record.name} {s}>{r}" for s, r in directions(record.name, from_node)]
+        return self._undo_keys(keys, f"{record.name} has no trim fault")
+
+    # Generic undo ---------------------------------------------------------------------
+    def clear(self, fault: int | str) -> list[Fault]:
+        """Undo one fault by id (3, "3", "#3") or key ("down p0:t0a-t1c")."""
+        text = str(fault).lstrip("#")
+        with locked_records(self.state.name) as records:
+            match = (
+                next((f for f in records.faults if f.id == int(text)), None)
+                if text.isdigit()
+                else records.by_key(text)
+            )
+            if match is None:
+                raise FaultError(f"no active fault {fault!r} (see `mrcstack fault list`)")
+            self._undo(records, match)
+            return [match]
+
+    def restore_all(self) -> list[Fault]:
+        """Undo every active fault, newest first; keeps going past a failure and then
+        raises one error naming every fault that could not be undone."""
+        errors: list[str] = []
+        undone: list[Fault] = []
+        with locked_records(self.state.name) as records:
+            for fault in sorted(records.faults, key=lambda f: -f.id):
+                try:
+                    self._undo(records, fault)
+                    undone.append(fault)
+                except TestbedError as exc:
+                    errors.append(f"#{fault.id}: {exc}")
+        if errors:
+            raise FaultError(f"restore_all: {len(errors)} fault(s) not undone: {'; '.join(errors)}")
+        if not undone:
+            self.log("restore_all: no active faults")
+        return undone
+
+    # Machinery ------------------------------------------------------------------------
+    def _undo_keys(
+        self, keys: Sequence[str], missing: str, ports: Sequence[str] = ()
+    ) -> list[Fault]:
+        """Undo the faults with these keys; FaultError ``missing`` if there is none (naming
+        the fault that holds one of ``ports`` down, if another one does)."""
+        with locked_records(self.state.name) as records:
+            found = [f for key in keys if (f := records.by_key(key)) is not None]
+            if not found:
+                holder = next((h for p in ports if (h := records.holder(p)) is not None), None)
+                hint = f" by itself: {holder.describe()} holds it; undo that" if holder else ""
+                raise FaultError(missing + hint)
+            for fault in found:
+                self._undo(records, fault)
+            return found
+
+    def _undo(self, records: Records, fault: Fault) -> None:
+        """Run a fault's undo operations, then forget it (even if one failed: the error
+        says what is left)."""
+        failures: list[str] = []
+        for op in fault.undo:
+            try:
+                self._execute(op, records, fault)
+            except TestbedError as exc:
+                failures.append(str(exc))
+        records.faults = [f for f in records.faults if f.id != fault.id]
+        if failures:
+            self.log(f"restore {fault.describe()}: FAILED: {'; '.join(failures)}")
+            raise FaultError(f"restore {fault.describe()}: {failures[0]}")
+        self.log(f"restore {fault.describe()}: {_summary(fault.undo)}")
+
+    def _commit(self, records: Records, fault: Fault) -> Fault:
+        """Record, then apply; on failure undo what was done and forget the fault."""
+        fault = Fault(fault.id, fault.kind, fault.key, fault.target, fault.params, fault.holds,
+                      fault.undo, now_iso(), fault.apply)  # fmt: skip
+        records.faults.append(fault)
+        save_records(records)
+        try:
+            for op in fault.apply:
+                self._execute(op, records, fault)
+        except BaseException:
+            with suppress(TestbedError):  # the original failure is the one to report
+                self._undo(records, fault)
+            raise
+        self.log(f"apply {fault.describe()}: {_summary(fault.apply)}")
+        return fault
+
+    def _down(
+        self,
+        kind: str,
+        key: str,
+        target: str,
+        ports: list[tuple[str, str]],
+        *,
+        strict: bool,
+    ) -> list[Fault]:
+        with locked_records(self.state.name) as records:
+            if (old := records.by_key(key)) is not None:
+                raise FaultError(f"{target} is already down ({old.describe()})")
+            free: list[tuple[str, str]] = []
+            for netns, ifname in ports:
+                holder = records.holder(_port(netns, ifname))
+                if holder is None:
+                    free.append((netns, ifname))
+                elif strict:
+                    raise FaultError(f"{target}: {netns}/{ifname} is already down "
+                                     f"({holder.describe()})")  # fmt: skip
+            apply_ops: list[dict[str, Any]] = []
+            undo_ups: list[dict[str, Any]] = []
+            for netns, ifname in free:
+                apply_ops.append({"op": "down", "netns": netns, "ifname": ifname})
+                undo_ups.append({"op": "up", "netns": netns, "ifname": ifname,
+                                 "addrs": _addresses(netns, ifname)})  # fmt: skip
+            settle = {"op": "settle", "ports": [[n, i] for n, i in free]}
+            undo_routes = [
+                {"op": "routes", "netns": ns} for ns in dict.fromkeys(n for n, _ in free)
+            ]
+            fault = Fault(records.next_id, kind, key, target, {},
+                          tuple(_port(n, i) for n, i in free), (*undo_ups, *undo_routes, settle),
+                          apply=tuple(apply_ops))  # fmt: skip
+            records.next_id += 1
+            return [self._commit(records, fault)]
+
+    def _nft(
+        self,
+        kind: str,
+        key: str,
+        target: str,
+        params: dict[str, Any],
+        sites: list[tuple[str, str, list[str]]],
+    ) -> list[Fault]:
+        with locked_records(self.state.name) as records:
+            if (old := records.by_key(key)) is not None:
+                self._undo(records, old)  # a new setting replaces the old one
+            table = nft_table_name(records.next_id)
+            apply_ops = [
+                {"op": "nft", "netns": netns, "script": nft_ruleset(table, hook, rules)}
+                for netns, hook, rules in sites
+            ]
+            undo = [{"op": "nft_delete", "netns": netns, "table": table} for netns, _, _ in sites]
+            fault = Fault(records.next_id, kind, key, target, params, (), tuple(undo),
+                          apply=tuple(apply_ops))  # fmt: skip
+            records.next_id += 1
+            return [self._commit(records, fault)]
+
+    def _setting(
+        self,
+        kind: str,
+        key: str,
+        target: str,
+        params: dict[str, Any],
+        holds: tuple[str, ...],
+        apply_ops: list[dict[str, Any]],
+        undo: list[dict[str, Any]],
+    ) -> list[Fault]:
+        with locked_records(self.state.name) as records:
+            if (old := records.by_key(key)) is not None:
+                self._undo(records, old)
+            for resource in holds:
+                if (holder := records.holder(resource)) is not None:
+                    raise FaultError(f"{kind} {target}: {resource.split()[1]} is taken by "
+                                     f"{holder.describe()}; clear that first")  # fmt: skip
+            fault = Fault(records.next_id, kind, key, target, params, holds, tuple(undo),
+                          apply=tuple(apply_ops))  # fmt: skip
+            records.next_id += 1
+            return [self._commit(records, fault)]
+
+    def _execute(self, op: dict[str, Any], records: Records, fault: Fault) -> None:
+        """One recorded operation (``apply`` or ``undo``)."""
+        kind, netns = op["op"], op.get("netns", "")
+        if kind == "down":
+            ip("link", "set", "dev", op["ifname"], "down", netns=netns)
+        elif kind == "up":
+            ip("link", "set", "dev", op["ifname"], "up", netns=netns)
+            lines = [
+                f"address replace {a['local']}/{a['prefixlen']} dev {op['ifname']}"
+                + (" nodad" if a.get("nodad") else "")
+                for a in op["addrs"]
+            ]
+            ip_batch(lines, netns)
+        elif kind == "routes":
+            self._reinstall(netns, records, fault)
+        elif kind == "settle":
+            self._settle([(str(n), str(i)) for n, i in op["ports"]])
+        elif kind == "nft":
+            ns_exec(netns, ["nft", "-f", "-"], input=op["script"])
+        elif kind == "nft_delete":
+            result = ns_exec(netns, ["nft", "delete", "table", "inet", op["table"]], check=False)
+            if result.returncode and "No such file" not in result.stderr:
+                raise FaultError(f"nft delete table {op['table']} in {netns}: "
+                                 f"{one_line(result.stderr)}")  # fmt: skip
+        elif kind in ("shape", "unshape", "trim_attach", "trim_detach"):
+            _port_operation(self.state, op)
+        else:
+            raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
+
+    def _settle(self, ports: Sequence[tuple[str, str]]) -> None:
+        """Wait until both ends of every link just brought back are operational, then
+        forget their neighbour entries.
+
+        A port whose peer went down kept its routes (no carrier, ``linkdown``), so traffic
+        meanwhile left an INCOMPLETE neighbour entry there whose next solicitation is due
+        only at the ND retransmit timer (1 s): without the flush the path would stay dead
+        for up to a second after ``up``.  The peer's qdisc and operstate come back through
+        the kernel's linkwatch work, a little after the carrier: hence the wait."""
+        ends = {(n, i) for n, i in ports}
+        links = [
+            rec
+            for rec in self.state.links.values()
+            if (rec.a.netns, rec.a.ifname) in ends or (rec.b.netns, rec.b.ifname) in ends
+        ]
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while True:
+            shown = {ns: {d["ifname"]: d for d in _links_json(ns)} for ns in _namespaces(links)}
+            waiting = [rec.name for rec in links if not _operational(rec, shown)]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                self.log(f"warning: not operational after {SETTLE_TIMEOUT_S:g} s: "
+                         f"{', '.join(waiting)}")  # fmt: skip
+                break
+            time.sleep(SETTLE_POLL_S)
+        for rec in links:
+            for end in (rec.a, rec.b):
+                if "UP" in shown[end.netns].get(end.ifname, {}).get("flags", []):
+                    ip("neigh", "flush", "dev", end.ifname, netns=end.netns)
+
+    def _reinstall(self, netns: str, records: Records, fault: Fault) -> None:
+        """The namespace's recorded routes, minus those through ports still down."""
+        down = {i for i in _admin_down(netns)}
+        if not down:
+            self.state.reinstall_routes(netns)
+            return
+        lines = [as_replace(line) for line in routes_avoiding(self.state.routes[netns], down)]
+        ip_batch(lines, netns, force=True)
+
+
+def _summary(ops: Sequence[dict[str, Any]]) -> str:
+    parts = []
+    for op in ops:
+        where = f"{op.get('netns', '')}/{op['ifname']}" if "ifname" in op else op.get("netns", "")
+        parts.append(f"{op['op']} {where}".strip())
+    return ", ".join(parts) or "nothing to do"
+
+
+def _links_json(netns: str) -> list[dict[str, Any]]:
+    out = ip("-j", "link", "show", netns=netns)
+    data: list[dict[str, Any]] = json.loads(out or "[]")
+    return data
+
+
+def _namespaces(links: Sequence[LinkRecord]) -> list[str]:
+    return list(dict.fromkeys(ns for rec in links for ns in (rec.a.netns, rec.b.netns)))
+
+
+def _operational(rec: LinkRecord, shown: dict[str, dict[str, dict[str, Any]]]) -> bool:
+    """Both ends up and running, or one of them held down on purpose (nothing to wait for)."""
+    ends = [shown[end.netns].get(end.ifname, {}) for end in (rec.a, rec.b)]
+    if any("UP" not in end.get("flags", []) for end in ends):
+        return True
+    return all(end.get("operstate") == "UP" for end in ends)
+
+
+def _admin_down(netns: str) -> list[str]:
+    return [d["ifname"] for d in _links_json(netns) if "UP" not in d.get("flags", [])]
+
+
+def _addresses(netns: str, ifname: str) -> list[dict[str, Any]]:
+    """The IPv6 addresses a port loses when it goes down and must get back: global ones and
+    the static link-local ones (``nodad``); the kernel regenerates its own link-local."""
+    data = json.loads(ip("-j", "-6", "address", "show", "dev", ifname, netns=netns) or "[]")
+    kept = []
+    for dev in data:
+        for addr in dev.get("addr_info", []):
+            if addr.get("family") != "inet6":
+                continue
+            if addr.get("scope") == "global" or addr.get("nodad"):
+                kept.append({"local": addr["local"], "prefixlen": addr["prefixlen"],
+                             "nodad": bool(addr.get("nodad"))})  # fmt: skip
+    return kept
+
+
+def _port_operation(state: TestbedState, op: dict[str, Any]) -> None:
+    """Shaping (the testbed's tbf) and trimming (engineer B's program) of one port.  Undoing
+    either puts back the testbed's own shaping of that tier, if the fabric has one."""
+    netns, ifname, kind = op["netns"], op["ifname"], op["op"]
+    if kind == "shape":
+        queue = op.get("queue_bytes") or state.fabric.queue_bytes
+        testbed.shape_port(netns, ifname, op["rate_bps"], queue)
+        return
+    if kind in ("trim_attach", "trim_detach"):
+        if kind == "trim_attach":
+            trim.attach(netns, ifname, rate_bps=op["rate_bps"],
+                        trim_threshold_bytes=op["trim_threshold_bytes"],
+                        ecn_threshold_bytes=op["ecn_threshold_bytes"], last_hop=op["last_hop"],
+                        probability=op["probability"], queue_bytes=op["queue_bytes"])  # fmt: skip
+            return
+        trim.detach(netns, ifname)
+    fabric = state.fabric
+    rate = fabric.host_link_bps if op.get("tier") == "host" else fabric.fabric_link_bps
+    if rate is None:
+        testbed.unshape_port(netns, ifname)
+    else:
+        testbed.shape_port(netns, ifname, rate, fabric.queue_bytes)
