@@ -358,7 +358,7 @@ def _switch_routes(
 def _sysctls(node: str, ports: list[str]) -> dict[str, str]:
     kind = parse_node(node).kind
     values = {
-        "net/ipv6/conf/all/keep_addr_on_down": "1",  # keeps global addresses (SIDs on lo); link-locals still go: the fault harness re-adds them
+        "net/ipv6/conf/all/keep_addr_on_down": "1",  # keeps global addresses only
         "net/ipv6/conf/all/accept_dad": "0",
         "net/ipv6/conf/default/accept_dad": "0",
     }
