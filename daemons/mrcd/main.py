@@ -19,6 +19,7 @@ from pathlib import Path
 
 import uvloop
 
+from daemons.mrcd.appserver import AppServer
 from daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
 from daemons.mrcd.linkwatch import LinkWatcher
 from daemons.mrcd.metrics import ListenAddressError, make_registry, serve
@@ -80,10 +81,9 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
             )
             watcher.start()
             cleanups.append(watcher.stop)
-        app = _app_server(node, cfg)
-        if app is not None:
-            await app.start()
-            cleanups.append(app.stop)
+        app = AppServer(node, cfg.api_socket)
+        await app.start()
+        cleanups.append(app.stop)
         log.info("event=ready host=%s", cfg.host_name)
         await stop.wait()
         log.info("event=stopping host=%s", cfg.host_name)
@@ -100,19 +100,6 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-
-
-def _app_server(node: Node, cfg: MrcdConfig) -> _Startable | None:
-    try:
-        from daemons.mrcd.appserver import AppServer  # noqa: PLC0415 - optional until it lands
-    except ImportError:
-        return None
-    return AppServer(node, cfg.api_socket)  # type: ignore[no-any-return]
-
-
-class _Startable:
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,9 +29,9 @@ from daemons.mrcd.control import (
     Reject,
 )
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
+from daemons.mrcd.profiles import ProfileStore
 from daemons.mrcd.transport import Address, Transport, open_plane_socket
 from mrcstack import __version__, addrplan
-from mrcstack.core.cc import CCParams
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.errors import LocalError
@@ -153,6 +153,7 @@ class Node:
         self.control_server: ControlServer | None = None
         self.control_client: ControlClient | None = None
         self.ev_listeners: list[EvListener] = []
+        self.profiles = ProfileStore(cfg.fabric)
         self._listeners: dict[int, tuple[Context, Listener]] = {}
         self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
         self._next_ctx = 1
@@ -285,23 +286,21 @@ class Node:
             raise LocalError(f"bad remote host {remote_host}")
         transport = self._transport()
         attrs = qp.attrs
-        evs = addrplan.ev_profile(self.fabric, self.host, remote_host)
         config = ConnectionConfig(
             local_qpn=qpn,
             remote_qpn=remote_qpn,
             planes=self.fabric.planes,
-            evs=evs,
+            # The QP's EV and CC profiles: EV set, ev_count, ev_min_active, DENY, CC.
+            **self.profiles.config_fields(attrs, self.host, remote_host),
             mtu_payload=attrs.mtu_payload,
             key=key,
             encrypt=self.cfg.encrypt and key is not None,
             local_psn=qp.psn,
             remote_psn=remote_psn,
-            profile_id=attrs.ev_profile_id,
             timeout=attrs.timeout,
             linear_cnt=attrs.linear_cnt,
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.cfg.ack_coalesce,
-            cc_params=CCParams(),
         )
         now = self.loop.time()
         conn = Connection(
@@ -448,6 +447,12 @@ class Node:
     def new_request_id(self) -> int:
         self._next_request += 1
         return self._next_request
+
+    def reject(self, request_id: int) -> None:
+        """The listening application refused: the peer's CONNECT is answered at once."""
+        fut = self._pending.get(request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:
         fut = self._pending.get(request_id)

@@ -1,0 +1,174 @@
+"""Run one mrcd per host of a testbed: configs, keys, processes, clean shutdown.
+
+Used by the demo, the system tests and the benchmarks.  Each daemon runs inside its host's
+namespace (``ip netns exec``), sends data on the fabric, and puts its control channel and
+metrics on the management network; its API socket is a file under ``workdir``, reachable from
+any namespace (memory regions travel over it as file descriptors).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from daemons.mrcd.config import CONTROL_PORT
+from mrcstack.core.errors import LocalError
+from netns.state import TestbedState
+
+METRICS_PORT = 9464
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 20.0
+
+
+@dataclass
+class Daemon:
+    host: int
+    netns: str
+    config: Path
+    api_socket: Path
+    metrics_url: str
+    log: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+class Cluster:
+    """mrcd on every (or some) host of a running testbed.  Use as a context manager."""
+
+    def __init__(
+        self,
+        state: TestbedState,
+        workdir: Path,
+        *,
+        hosts: list[int] | None = None,
+        log_level: str = "info",
+        extra: str = "",
+    ) -> None:
+        self.state = state
+        self.workdir = workdir
+        self.hosts = hosts if hosts is not None else list(range(state.fabric.hosts))
+        self.log_level = log_level
+        self.extra = extra  # more [mrcd] keys, e.g. 'encrypt = true'
+        self.psk = workdir / "cluster.key"
+        self.daemons: dict[int, Daemon] = {}
+
+    def _mgmt(self, host: int) -> str:
+        return self.state.mgmt[f"h{host}"]
+
+    def write_configs(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.psk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        peers = "\n".join(f'h{h} = "[{self._mgmt(h)}]:{CONTROL_PORT}"' for h in self.hosts)
+        fabric = self.state.fabric.to_toml()
+        for host in self.hosts:
+            mgmt = self._mgmt(host)
+            cfg = self.workdir / f"h{host}.toml"
+            sock = self.workdir / f"h{host}.sock"
+            cfg.write_text(
+                f"""[mrcd]
+host = {host}
+control_address = "[{mgmt}]:{CONTROL_PORT}"
+api_socket = "{sock}"
+web_listen_address = "[{mgmt}]:{METRICS_PORT}"
+log_level = "{self.log_level}"
+{self.extra}
+[mrcd.peers]
+{peers}
+
+[mrcd.auth]
+mode = "psk"
+psk_file = "{self.psk}"
+
+{fabric}"""
+            )
+            self.daemons[host] = Daemon(
+                host=host,
+                netns=self.state.ns(f"h{host}"),
+                config=cfg,
+                api_socket=sock,
+                metrics_url=f"http://[{mgmt}]:{METRICS_PORT}/metrics",
+                log=self.workdir / f"h{host}.log",
+            )
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        self.write_configs()
+        try:
+            for d in self.daemons.values():
+                with d.log.open("wb") as log:
+                    d.proc = subprocess.Popen(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            d.netns,
+                            sys.executable,
+                            "-m",
+                            "daemons.mrcd.main",
+                            "--config",
+                            str(d.config),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                    )
+            deadline = time.monotonic() + timeout
+            for d in self.daemons.values():
+                self._wait_ready(d, deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, d: Daemon, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if d.proc is not None and d.proc.poll() is not None:
+                raise LocalError(f"mrcd on h{d.host} exited: {self.tail(d.host)}")
+            if d.api_socket.exists():
+                try:
+                    with urllib.request.urlopen(d.metrics_url, timeout=1):
+                        return
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise LocalError(f"mrcd on h{d.host} not ready after {START_TIMEOUT}s: {self.tail(d.host)}")
+
+    def tail(self, host: int, lines: int = 5) -> str:
+        log = self.daemons[host].log
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> dict[int, int | None]:
+        """SIGTERM every daemon, wait, SIGKILL stragglers; returns exit codes by host."""
+        codes: dict[int, int | None] = {}
+        for d in self.daemons.values():
+            if d.proc is not None and d.proc.poll() is None:
+                d.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for d in self.daemons.values():
+            if d.proc is None:
+                continue
+            try:
+                d.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                d.proc.wait()
+            codes[d.host] = d.proc.returncode
+        return codes
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

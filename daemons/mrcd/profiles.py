@@ -1,0 +1,387 @@
+"""EV format, EV and CC profiles: the node-wide state the controller API programs.
+
+Vocabulary of ``mrc_ctl.h``.  The *EV format profile* says how an EV becomes the packet's
+path: here it is fixed by the address plan (:mod:`mrcstack.addrplan`), an SRv6 uSID
+destination, and profile 0 is the only one.  *EV profiles* are the EV sets QPs spray over
+(explicit lists or generated from field ranges) with ``ev_count``, ``ev_min_active``, an
+event mask and a DENY set; profile 0 is the address plan's default, generated per
+destination.  *CC profiles* carry an algorithm and its NSCC parameters; profile 0 is NSCC
+with the defaults.  QPs name their profiles by id (``QpAttr.ev_profile_id`` /
+``cc_profile_id``); a profile in use cannot be replaced or destroyed (EBUSY).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from daemons.mrcd import apiargs as a
+from mrcstack import addrplan
+from mrcstack.api.errors import ApiError, invalid
+from mrcstack.core import cc as cc_mod
+from mrcstack.core.events import EvState
+from mrcstack.core.evs import EvEntry, EvField, generate_evs
+from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric
+
+if TYPE_CHECKING:  # node.py may import this module to build connections from profiles
+    from daemons.mrcd.node import Node, QpAttrs
+
+U32 = 0xFFFF_FFFF
+U64 = (1 << 64) - 1
+MAX_EV_PROFILES = 256
+MAX_CC_PROFILES = 256
+EV_MAX_COUNT_PROFILE = 4096
+EV_MAX_COUNT = MAX_EV_PROFILES * EV_MAX_COUNT_PROFILE
+DEFAULT_EVENT_MASK = frozenset({EvState.GOOD, EvState.ASSUMED_BAD})
+#: mrc_ctl.h's algorithm name for NSCC, next to the registry's own names.
+CC_ALIASES = {"uet-1.0-nscc": "nscc"}
+#: NSCC parameters of mrc_ctl_cc_nscc_cfg that our NSCC keeps as constants.
+CC_FIXED = frozenset({"eta", "fi", "fi_scale", "gamma", "max_md_jump"})
+CC_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(cc_mod.CCParams))
+#: The EV fields of the address plan's EV format (bit offset order).
+EV_FORMAT_FIELDS = (
+    ("t1", addrplan.EV_T1_BITS),
+    ("plane", addrplan.EV_PLANE_BITS),
+    ("entropy", addrplan.EV_ENTROPY_BITS),
+)
+REASON = "controller"
+
+
+@dataclass(slots=True)
+class EvProfile:
+    ident: int
+    mode: str  # "generated" | "explicit"
+    evs: tuple[EvEntry, ...] | None  # None: the address plan's default, per destination
+    fields: tuple[EvField, ...]
+    ev_count: int
+    ev_min_active: int
+    event_mask: frozenset[EvState] = DEFAULT_EVENT_MASK
+    denied: set[int] = field(default_factory=set)
+
+    def to_json(self, with_evs: bool) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "id": self.ident,
+            "state": "online",
+            "mode": self.mode,
+            "fmt_profile_id": 0,
+            "ev_count": self.ev_count,
+            "ev_min_active": self.ev_min_active,
+            "event_mask": sorted(s.value for s in self.event_mask),
+            "fields": [
+                {"name": f.name, "width": f.width, "min": f.min, "max": f.max, "mask": f.mask}
+                for f in self.fields
+            ],
+            "denied": sorted(self.denied),
+            "per_destination": self.evs is None,
+        }
+        if with_evs and self.evs is not None:
+            doc["evs"] = [[e.value, e.port] for e in self.evs]
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
+class CcProfile:
+    ident: int
+    algorithm: str
+    params: cc_mod.CCParams
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.ident,
+            "state": "online",
+            "algorithm": self.algorithm,
+            "config": dataclasses.asdict(self.params),
+        }
+
+
+class ProfileStore:
+    """Every EV and CC profile of one node (profile 0 of each always exists)."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        default_fields = (
+            EvField("t1", addrplan.EV_T1_BITS, 0, fabric.t1_per_plane - 1),
+            EvField("plane", addrplan.EV_PLANE_BITS, 0, fabric.planes - 1),
+            EvField("entropy", addrplan.EV_ENTROPY_BITS, 0, None),
+        )
+        self.ev: dict[int, EvProfile] = {0: EvProfile(0, "generated", None, default_fields, 128, 1)}
+        self.cc: dict[int, CcProfile] = {0: CcProfile(0, "nscc", cc_mod.CCParams())}
+
+    # Lookups ------------------------------------------------------------------------------
+    def ev_profile(self, ident: int) -> EvProfile:
+        profile = self.ev.get(ident)
+        if profile is None:
+            raise ApiError(errno.ENOENT, f"no EV profile {ident}")
+        return profile
+
+    def cc_profile(self, ident: int) -> CcProfile:
+        profile = self.cc.get(ident)
+        if profile is None:
+            raise ApiError(errno.ENOENT, f"no CC profile {ident}")
+        return profile
+
+    def check_ids(self, ev_profile_id: int, cc_profile_id: int) -> None:
+        self.ev_profile(ev_profile_id)
+        self.cc_profile(cc_profile_id)
+
+    def users(self, node: Node, *, ev: int | None = None, cc: int | None = None) -> list[int]:
+        return [
+            qpn
+            for qpn, qp in node.qps.items()
+            if (ev is not None and qp.attrs.ev_profile_id == ev)
+            or (cc is not None and qp.attrs.cc_profile_id == cc)
+        ]
+
+    # What a connection is built with (for Node.ready) --------------------------------------
+    def config_fields(self, attrs: QpAttrs, local_host: int, remote_host: int) -> dict[str, Any]:
+        """``ConnectionConfig`` keyword arguments the QP's profiles decide: the EV set
+        (explicit, generated, or the address plan's for this destination), ``ev_count``,
+        ``ev_min_active``, the DENY set, the profile id for EV events, the CC algorithm and
+        its parameters.  ``Node.ready`` passes them as ``ConnectionConfig(**fields, ...)``."""
+        ev = self.ev_profile(attrs.ev_profile_id)
+        cc = self.cc_profile(attrs.cc_profile_id)
+        evs = ev.evs
+        if evs is None:
+            evs = addrplan.ev_profile(self.fabric, local_host, remote_host, ev.ev_count)
+        return {
+            "evs": evs,
+            "ev_count": ev.ev_count,
+            "ev_min_active": ev.ev_min_active,
+            "denied": frozenset(ev.denied),
+            "profile_id": ev.ident,
+            "cc": cc.algorithm,
+            "cc_params": cc.params,
+        }
+
+    def apply_to_qp(self, node: Node, qpn: int) -> int:
+        """Bring a connected QP's EV table in line with its profile (DENY set, min active).
+
+        Idempotent; returns how many EV states changed.
+        """
+        qp = node.qps.get(qpn)
+        if qp is None or qp.conn is None:
+            return 0
+        profile = self.ev.get(qp.attrs.ev_profile_id)
+        if profile is None:
+            return 0
+        table = qp.conn.evs
+        table.ev_min_active = profile.ev_min_active
+        now = node.loop.time()
+        changed = sum(table.apply(v, "deny", REASON, now) for v in profile.denied)
+        if changed and node.transport is not None:
+            node.transport.kick(qpn)
+        return changed
+
+    # EV format profiles ---------------------------------------------------------------------
+    def ev_format(self) -> dict[str, Any]:
+        usids = [
+            {"name": f"usid{i + 1}", "width": addrplan.USID_BITS} for i in range(addrplan.MAX_USIDS)
+        ]
+        offsets = 0
+        ev_fields = []
+        for name, width in EV_FORMAT_FIELDS:
+            ev_fields.append({"name": name, "offset": offsets, "width": width})
+            offsets += width
+        return {
+            "id": 0,
+            "state": "online",
+            "mode": "srv6",
+            "srh": False,
+            "fields": [{"name": "locator_block", "width": LOCATOR_BLOCK_BITS}, *usids],
+            "locator_block": self.fabric.locator_block,
+            "ev_fields": ev_fields,
+            "ev_width": addrplan.EV_BITS,
+            "layouts": {
+                "different_racks": (
+                    "block | T0(src rack) | T1(ev.t1) | T0(dst rack) | NIC(dst) | 0 | 0"
+                ),
+                "same_rack": "block | T0(rack) | NIC(dst) | 0 | 0 | 0 | 0",
+            },
+            "usid_values": {
+                "t0": "0x1000 | plane << 8 | rack",
+                "t1": "0x2000 | plane << 8 | t1",
+                "nic": "0x8000 | plane << 11 | host",
+            },
+        }
+
+    # EV profiles ----------------------------------------------------------------------------
+    def create_ev(self, node: Node, args: Mapping[str, Any]) -> EvProfile:
+        ident = a.get_int(args, "id", 1, U64)
+        if ident in self.ev:
+            if self.users(node, ev=ident):
+                raise ApiError(errno.EBUSY, f"EV profile {ident} is used by QPs")
+        elif len(self.ev) >= MAX_EV_PROFILES:
+            raise ApiError(errno.ENOMEM, f"at most {MAX_EV_PROFILES} EV profiles")
+        mode = a.get_str(args, "mode", ("explicit", "generated"), "generated")
+        if mode == "explicit":
+            evs = self._explicit(a.get_list(args, "evs", EV_MAX_COUNT_PROFILE))
+            fields: tuple[EvField, ...] = ()
+        else:
+            fields = self._fields(a.get_map(args, "fields"))
+            count = 1
+            for f in fields:
+                count *= sum(1 for _ in f.values())
+            if count > EV_MAX_COUNT_PROFILE:
+                raise ApiError(
+                    errno.E2BIG, f"fields generate {count} EVs, at most {EV_MAX_COUNT_PROFILE}"
+                )
+            try:
+                evs = generate_evs(fields, port_field="plane")
+            except ValueError as exc:
+                raise invalid(f"fields: {exc}") from None
+        if not evs:
+            raise invalid("an EV profile needs at least one EV")
+        ev_count = a.get_int(args, "ev_count", 1, len(evs), min(128, len(evs)))
+        min_active = a.get_int(args, "ev_min_active", 0, ev_count, 1 if ev_count >= 1 else 0)
+        profile = EvProfile(ident, mode, evs, fields, ev_count, min_active, self._mask(args))
+        self.ev[ident] = profile
+        return profile
+
+    def _explicit(self, items: list[Any]) -> tuple[EvEntry, ...]:
+        fabric = self.fabric
+        out: list[EvEntry] = []
+        seen: set[int] = set()
+        for i, item in enumerate(items):
+            if not (
+                isinstance(item, list) and len(item) == 2 and all(type(x) is int for x in item)
+            ):
+                raise invalid(f"evs[{i}]: must be [value, port]")
+            value, port = item
+            if not 0 <= value <= U32 or not 0 <= port < fabric.planes:
+                raise invalid(f"evs[{i}]: value must be 32-bit and port in 0..{fabric.planes - 1}")
+            fields = addrplan.ev_fields(value)
+            if fields.plane != port:
+                raise invalid(
+                    f"evs[{i}]: EV {value:#x} encodes plane {fields.plane}, not port {port}"
+                )
+            if fields.t1 >= fabric.t1_per_plane:
+                raise invalid(
+                    f"evs[{i}]: EV {value:#x} names T1 {fields.t1}; "
+                    f"planes have {fabric.t1_per_plane}"
+                )
+            if value in seen:
+                raise invalid(f"evs[{i}]: EV {value:#x} listed twice")
+            seen.add(value)
+            out.append(EvEntry(value, port))
+        return tuple(out)
+
+    def _fields(self, spec: Mapping[str, Any]) -> tuple[EvField, ...]:
+        unknown = set(spec) - {name for name, _ in EV_FORMAT_FIELDS}
+        if unknown:
+            raise invalid(
+                f"fields.{sorted(unknown)[0]}: not a field of the EV format (t1, plane, entropy)"
+            )
+        tops = {"t1": self.fabric.t1_per_plane - 1, "plane": self.fabric.planes - 1}
+        out = []
+        for name, width in EV_FORMAT_FIELDS:
+            try:
+                f = a.get_map(spec, name)
+                top = tops.get(name, (1 << width) - 1)
+                lo = a.get_int(f, "min", 0, top, 0)
+                hi = a.get_int(f, "max", lo, top, top if name != "entropy" else 0)
+                mask = a.get_opt_int(f, "mask", 0, (1 << width) - 1)
+            except ApiError as exc:
+                raise invalid(f"fields.{name}.{exc.message}") from None
+            out.append(EvField(name, width, lo, hi, mask))
+        return tuple(out)
+
+    @staticmethod
+    def _mask(args: Mapping[str, Any]) -> frozenset[EvState]:
+        names = args.get("event_mask")
+        if names is None:
+            return DEFAULT_EVENT_MASK
+        if not isinstance(names, list):
+            raise invalid("event_mask: must be a list of EV states")
+        try:
+            return frozenset(EvState(n) for n in names)
+        except ValueError:
+            states = ", ".join(s.value for s in EvState)
+            raise invalid(f"event_mask: states are {states}") from None
+
+    def modify_ev(self, node: Node, args: Mapping[str, Any]) -> EvProfile:
+        """Online changes: ``ev_min_active`` and ``event_mask`` (running QPs follow)."""
+        profile = self.ev_profile(a.get_int(args, "id", 0, U64))
+        if "ev_min_active" in args:
+            profile.ev_min_active = a.get_int(args, "ev_min_active", 0, profile.ev_count)
+            for qpn in self.users(node, ev=profile.ident):
+                self.apply_to_qp(node, qpn)
+        if "event_mask" in args:
+            profile.event_mask = self._mask(args)
+        return profile
+
+    def destroy_ev(self, node: Node, ident: int) -> None:
+        if ident == 0:
+            raise invalid("EV profile 0 is the address plan's default and cannot be destroyed")
+        self.ev_profile(ident)
+        if self.users(node, ev=ident):
+            raise ApiError(errno.EBUSY, f"EV profile {ident} is used by QPs")
+        del self.ev[ident]
+
+    def set_ev_state(self, node: Node, ident: int, values: list[int], deny: bool) -> int:
+        """DENY (or allow again) EVs of a profile, on its running QPs too; returns the
+        number of EV state changes on running QPs.  An allowed EV must prove itself with
+        probes before carrying data (it returns as ASSUMED_BAD)."""
+        profile = self.ev_profile(ident)
+        if profile.evs is not None:
+            known = {e.value for e in profile.evs}
+            missing = [v for v in values if v not in known]
+            if missing:
+                raise ApiError(errno.ENOENT, f"EV {missing[0]:#x} is not in EV profile {ident}")
+        if deny:
+            profile.denied.update(values)
+        else:
+            profile.denied.difference_update(values)
+        signal = "deny" if deny else "allow"
+        changed = 0
+        now = node.loop.time()
+        for qpn in self.users(node, ev=ident):
+            conn = node.qps[qpn].conn
+            if conn is None:
+                continue
+            hits = sum(conn.evs.apply(v, signal, REASON, now) for v in values)
+            if hits and node.transport is not None:
+                node.transport.kick(qpn)
+            changed += hits
+        return changed
+
+    # CC profiles ----------------------------------------------------------------------------
+    def create_cc(self, node: Node, args: Mapping[str, Any]) -> CcProfile:
+        ident = a.get_int(args, "id", 1, U64)
+        if ident in self.cc:
+            if self.users(node, cc=ident):
+                raise ApiError(errno.EBUSY, f"CC profile {ident} is used by QPs")
+        elif len(self.cc) >= MAX_CC_PROFILES:
+            raise ApiError(errno.ENOMEM, f"at most {MAX_CC_PROFILES} CC profiles")
+        name = args.get("algorithm", "nscc")
+        algorithm = CC_ALIASES.get(name, name) if isinstance(name, str) else None
+        if algorithm not in cc_mod.REGISTRY:
+            known = ", ".join(sorted({*cc_mod.REGISTRY, *CC_ALIASES}))
+            raise invalid(f"algorithm: {name!r} is not one of {known}")
+        config = a.get_map(args, "config")
+        fixed = CC_FIXED & set(config)
+        if fixed:
+            raise invalid(f"config.{sorted(fixed)[0]}: a constant of our NSCC, not configurable")
+        unknown = set(config) - set(CC_CONFIG_FIELDS)
+        if unknown:
+            raise invalid(
+                f"config.{sorted(unknown)[0]}: unknown; "
+                f"parameters are {', '.join(CC_CONFIG_FIELDS)}"
+            )
+        try:
+            params = cc_mod.CCParams(**config)
+        except (TypeError, ValueError) as exc:
+            raise invalid(f"config: {exc}") from None
+        profile = CcProfile(ident, algorithm, params)
+        self.cc[ident] = profile
+        return profile
+
+    def destroy_cc(self, node: Node, ident: int) -> None:
+        if ident == 0:
+            raise invalid("CC profile 0 is the default and cannot be destroyed")
+        self.cc_profile(ident)
+        if self.users(node, cc=ident):
+            raise ApiError(errno.EBUSY, f"CC profile {ident} is used by QPs")
+        del self.cc[ident]

@@ -1,0 +1,80 @@
+"""mrcstack's application and controller APIs: mrc.h and mrc_ctl.h, in Python.
+
+Programs talk to their local mrcd over a Unix socket::
+
+    from mrcstack.api import Device, QpAttr, WriteWr
+
+    with Device.open("/run/mrcstack/mrcd-h0.sock") as dev:
+        ctx = dev.create_context()
+        mr = ctx.reg_mr(1 << 20)            # shared memory: mrcd reads and writes it in place
+        cq = ctx.create_cq()
+        qp = ctx.create_qp(cq, attr=QpAttr(timeout=2e-3))
+        peer = qp.connect(remote_host=3, service=7)
+        qp.post_send(WriteWr(1, (mr, 0, 4096), remote_addr=..., rkey=..., imm=42))
+        [wc] = cq.poll()
+
+See ``docs/api.md`` for how every call maps to mrc.h / mrc_ctl.h.
+"""
+
+from mrcstack.api.completion import CompletionChannel, CompletionQueue
+from mrcstack.api.ctl import Controller
+from mrcstack.api.errors import ApiError
+from mrcstack.api.types import (
+    Access,
+    AsyncEvent,
+    AsyncEventType,
+    ConnectRequest,
+    DeviceAttr,
+    DeviceCap,
+    Opcode,
+    QpAttr,
+    QpCap,
+    QpHint,
+    QpInfo,
+    QpState,
+    SendWr,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WriteWr,
+)
+from mrcstack.api.verbs import (
+    Context,
+    Device,
+    Listener,
+    MemoryRegion,
+    QueuePair,
+    default_socket_path,
+)
+
+__all__ = [
+    "Access",
+    "ApiError",
+    "AsyncEvent",
+    "AsyncEventType",
+    "CompletionChannel",
+    "CompletionQueue",
+    "ConnectRequest",
+    "Context",
+    "Controller",
+    "Device",
+    "DeviceAttr",
+    "DeviceCap",
+    "Listener",
+    "MemoryRegion",
+    "Opcode",
+    "QpAttr",
+    "QpCap",
+    "QpHint",
+    "QpInfo",
+    "QpState",
+    "QueuePair",
+    "SendWr",
+    "Sge",
+    "WcOpcode",
+    "WcStatus",
+    "WorkCompletion",
+    "WriteWr",
+    "default_socket_path",
+]

@@ -1,0 +1,481 @@
+"""The application API (mrc.h in Python): device, context, memory, CQs, channels, QPs.
+
+Each :class:`Context` is one socket to the local mrcd and one protection domain there: its
+regions, CQs and QPs exist until it is closed or the program exits (mrcd then tears them
+down).  See ``docs/api.md`` for the mapping to every ``mrc_*`` call.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import socket
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mrcstack.api import shm, wire
+from mrcstack.api.client import Connection
+from mrcstack.api.completion import CompletionChannel, CompletionQueue
+from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.types import (
+    QP_ATTR_FIELDS,
+    Access,
+    AsyncEvent,
+    AsyncEventType,
+    ConnectRequest,
+    DeviceAttr,
+    QpAttr,
+    QpCap,
+    QpHint,
+    QpInfo,
+    SendWr,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WriteWr,
+)
+
+SOCKET_ENV = "MRCD_SOCKET"
+RUN_DIR = Path("/run/mrcstack")
+DEFAULT_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+
+
+def default_socket_path() -> Path:
+    """``$MRCD_SOCKET``, else the one ``/run/mrcstack/mrcd*.sock`` there is."""
+    env = os.environ.get(SOCKET_ENV)
+    if env:
+        return Path(env)
+    found = sorted(RUN_DIR.glob("mrcd*.sock"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ApiError(
+            errno.ENOENT, f"no mrcd socket in {RUN_DIR}: pass its path or set {SOCKET_ENV}"
+        )
+    names = ", ".join(p.name for p in found)
+    raise ApiError(errno.EINVAL, f"several mrcd sockets in {RUN_DIR} ({names}): pass one")
+
+
+class Device:
+    """The local mrcd, as ``ibv_open_device`` + ``mrc_query_device`` see a NIC."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.path = conn.path
+
+    @classmethod
+    def open(cls, socket_path: str | os.PathLike[str] | None = None) -> Device:
+        return cls(Connection(socket_path if socket_path is not None else default_socket_path()))
+
+    def query_device(self) -> DeviceAttr:
+        return DeviceAttr.from_json(self.conn.call("query_device"))
+
+    def create_context(self) -> Context:
+        """A new context (``mrc_create_context``): its own socket and protection domain."""
+        conn = Connection(self.path)
+        try:
+            conn.call("open_context")
+        except ApiError:
+            conn.close()
+            raise
+        return Context(self, conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MemoryRegion:
+    """Registered shared memory: ``buf`` is this process's view of the very pages mrcd
+    reads outgoing writes from and places incoming ones into."""
+
+    def __init__(self, ctx: Context, mapping: mmap.mmap, doc: dict[str, Any]) -> None:
+        self.context = ctx
+        self._mmap: mmap.mmap | None = mapping
+        self.buf: memoryview = memoryview(mapping)
+        self.addr = int(doc["addr"])
+        self.length = int(doc["length"])
+        self.lkey = int(doc["lkey"])
+        self.rkey = int(doc["rkey"])
+        self.access = Access(int(doc["access"]))
+
+    @property
+    def registered(self) -> bool:
+        return self._mmap is not None
+
+    def dereg(self) -> None:
+        """``ibv_dereg_mr``: mrcd unmaps it, then this process does (once ``buf``'s views
+        are released; until then the pages stay mapped here, never in mrcd)."""
+        if self._mmap is None:
+            return
+        self.context.conn.call("dereg_mr", {"lkey": self.lkey})
+        self.context._mrs.pop(self.lkey, None)
+        self._unmap()
+
+    def _unmap(self) -> None:
+        mapping, self._mmap = self._mmap, None
+        if mapping is None:
+            return
+        try:
+            self.buf.release()
+            mapping.close()
+        except BufferError:
+            pass  # the application still holds views: the mapping goes with the last one
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryRegion(addr={self.addr:#x}, length={self.length}, "
+            f"lkey={self.lkey:#x}, rkey={self.rkey:#x})"
+        )
+
+
+def _local(wr: WriteWr | SendWr, index: int, ctx: Context) -> Sge:
+    local = wr.local if isinstance(wr.local, Sge) else Sge(*wr.local)
+    mr = local.mr
+    if not isinstance(mr, MemoryRegion) or mr.context is not ctx or not mr.registered:
+        raise invalid(
+            f"work request {index}: local memory region is not registered in this context"
+        )
+    return local
+
+
+class QueuePair:
+    """``mrc_qp``: a reliable connection to one QP of a remote host."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        qpn: int,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        user: object,
+    ) -> None:
+        self.context = ctx
+        self.qpn = qpn
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.qp_context = user
+
+    def get_qpn(self) -> int:
+        return self.qpn
+
+    def connect(
+        self,
+        remote_host: int,
+        service: int,
+        private_data: bytes = b"",
+        timeout: float | None = None,
+    ) -> bytes:
+        """Connect to the QP a listener on ``remote_host`` accepts for ``service`` (the
+        out-of-band exchange plus RESET -> RTS); returns the peer's private data."""
+        result = self.context.conn.call(
+            "connect", self._connect_args(remote_host, service, private_data), timeout=timeout
+        )
+        return bytes.fromhex(result["private_data"])
+
+    async def connect_async(
+        self, remote_host: int, service: int, private_data: bytes = b""
+    ) -> bytes:
+        args = self._connect_args(remote_host, service, private_data)
+        result = await self.context.conn.call_async("connect", args)
+        return bytes.fromhex(result["private_data"])
+
+    def _connect_args(self, remote_host: int, service: int, private_data: bytes) -> dict[str, Any]:
+        return {
+            "qpn": self.qpn,
+            "remote_host": remote_host,
+            "service": service,
+            "private_data": bytes(private_data).hex(),
+        }
+
+    def modify(self, **changes: Any) -> QpAttr:
+        """``mrc_modify_qp`` of MRC attributes (QpAttr field names), before connecting."""
+        unknown = set(changes) - QP_ATTR_FIELDS
+        if unknown:
+            raise invalid(f"unknown QP attribute {sorted(unknown)[0]!r}")
+        doc = self.context.conn.call("modify_qp", {"qpn": self.qpn, "attr": changes})
+        return QpAttr.from_json(doc)
+
+    def query(self) -> QpInfo:
+        """``mrc_query_qp``: state, MRC attributes, capacities, peer."""
+        return QpInfo.from_json(self.context.conn.call("query_qp", {"qpn": self.qpn}))
+
+    def post_send(self, wrs: WriteWr | SendWr | Sequence[WriteWr | SendWr]) -> None:
+        """``mrc_post_send``: RDMA WRITE / WRITE-with-immediate, as one batch.
+
+        Raises ApiError for the first bad request (its index in the message); the ones
+        before it are posted, like ``bad_wr`` in verbs.
+        """
+        batch = [wrs] if isinstance(wrs, WriteWr | SendWr) else list(wrs)
+        records = []
+        for i, wr in enumerate(batch):
+            local = _local(wr, i, self.context)
+            imm = wr.imm
+            records.append(
+                wire.SendWrRecord(
+                    wr_id=wr.wr_id,
+                    opcode=int(wr.opcode),
+                    flags=wire.WR_SIGNALED if wr.signaled else 0,
+                    lkey=local.mr.lkey,
+                    offset=local.offset,
+                    length=local.length,
+                    remote_addr=wr.remote_addr,
+                    rkey=wr.rkey,
+                    imm=0 if imm is None else imm,
+                )
+            )
+        conn = self.context.conn
+        for start in range(0, len(records), wire.MAX_BATCH):
+            req_id = conn.next_id()
+            conn.post(
+                wire.encode_post_send(req_id, self.qpn, records[start : start + wire.MAX_BATCH]),
+                req_id,
+            )
+
+    def post_recv(self, wr_ids: int | Sequence[int]) -> None:
+        """``mrc_post_recv``: receive buffers for writes with immediate (no data buffer:
+        the data of an MRC write lands where the writer addressed it)."""
+        ids = [wr_ids] if isinstance(wr_ids, int) else list(wr_ids)
+        conn = self.context.conn
+        for start in range(0, len(ids), wire.MAX_BATCH):
+            req_id = conn.next_id()
+            conn.post(
+                wire.encode_post_recv(req_id, self.qpn, ids[start : start + wire.MAX_BATCH]), req_id
+            )
+
+    def destroy(self) -> None:
+        """``mrc_destroy_qp``: outstanding requests are discarded, not completed."""
+        self.context.conn.call("destroy_qp", {"qpn": self.qpn})
+        self.context._qps.pop(self.qpn, None)
+
+
+class Listener:
+    """Connection requests for one service (mrcd listens on its control address)."""
+
+    def __init__(self, ctx: Context, service: int) -> None:
+        self.context = ctx
+        self.service = service
+        self._requests: deque[ConnectRequest] = deque()
+
+    def get_request(self, timeout: float | None = None) -> ConnectRequest | None:
+        conn = self.context.conn
+        if not conn.wait_for(lambda: bool(self._requests), timeout):
+            conn.check_open()
+            return None
+        return self._requests.popleft()
+
+    async def get_request_async(self) -> ConnectRequest:
+        await self.context.conn.wait_until(lambda: bool(self._requests))
+        return self._requests.popleft()
+
+    def accept(
+        self,
+        request: ConnectRequest,
+        qp: QueuePair,
+        private_data: bytes = b"",
+        timeout: float | None = None,
+    ) -> None:
+        """Accept with ``qp`` (RESET); returns once the QP is connected (RTS)."""
+        args = {
+            "request_id": request.request_id,
+            "qpn": qp.qpn,
+            "private_data": bytes(private_data).hex(),
+        }
+        self.context.conn.call("accept", args, timeout=timeout)
+
+    async def accept_async(
+        self, request: ConnectRequest, qp: QueuePair, private_data: bytes = b""
+    ) -> None:
+        args = {
+            "request_id": request.request_id,
+            "qpn": qp.qpn,
+            "private_data": bytes(private_data).hex(),
+        }
+        await self.context.conn.call_async("accept", args)
+
+    def reject(self, request: ConnectRequest) -> None:
+        self.context.conn.call("reject", {"request_id": request.request_id})
+
+
+class Context:
+    """``mrc_context`` and its protection domain: everything below lives in one mrcd session."""
+
+    def __init__(self, device: Device, conn: Connection) -> None:
+        self.device = device
+        self.conn = conn
+        self.cqs: dict[int, CompletionQueue] = {}
+        self._qps: dict[int, QueuePair] = {}
+        self._mrs: dict[int, MemoryRegion] = {}
+        self.channels: dict[int, CompletionChannel] = {}
+        self._listeners: dict[int, Listener] = {}
+        self._async: deque[AsyncEvent] = deque()
+        conn.on_completions = self._on_completions
+        conn.on_event = self._on_event
+
+    # Objects ------------------------------------------------------------------------------
+    def query_device(self) -> DeviceAttr:
+        return DeviceAttr.from_json(self.conn.call("query_device"))
+
+    def reg_mr(self, length: int, access: Access = DEFAULT_ACCESS) -> MemoryRegion:
+        """Register ``length`` bytes of new shared memory (``ibv_reg_mr`` on a fresh buffer)."""
+        fd, mapping = shm.create(length, f"mrc-mr-{os.getpid()}")
+        try:
+            doc = self.conn.call("reg_mr", {"length": length, "access": int(access)}, fds=[fd])
+        except ApiError:
+            mapping.close()
+            raise
+        finally:
+            os.close(fd)
+        mr = MemoryRegion(self, mapping, doc)
+        self._mrs[mr.lkey] = mr
+        return mr
+
+    def create_comp_channel(self) -> CompletionChannel:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            doc = self.conn.call("create_comp_channel", {}, fds=[theirs.fileno()])
+        except ApiError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        channel = CompletionChannel(self, int(doc["channel"]), ours)
+        self.channels[channel.handle] = channel
+        return channel
+
+    def create_cq(
+        self, cqe: int = 1024, channel: CompletionChannel | None = None, cq_context: object = None
+    ) -> CompletionQueue:
+        args = {"cqe": cqe, "channel": None if channel is None else channel.handle}
+        doc = self.conn.call("create_cq", args)
+        cq = CompletionQueue(self, int(doc["cq"]), cqe, channel, cq_context)
+        self.cqs[cq.handle] = cq
+        return cq
+
+    def create_qp_hint(self, hint: QpHint) -> int:
+        return int(self.conn.call("create_qp_hint", _hint_json(hint))["hint"])
+
+    def modify_qp_hint(self, handle: int, hint: QpHint) -> None:
+        self.conn.call("modify_qp_hint", {"hint": handle, **_hint_json(hint)})
+
+    def query_qp_hint(self, handle: int) -> QpHint:
+        return QpHint(**self.conn.call("query_qp_hint", {"hint": handle}))
+
+    def destroy_qp_hint(self, handle: int) -> None:
+        self.conn.call("destroy_qp_hint", {"hint": handle})
+
+    def create_qp(
+        self,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue | None = None,
+        attr: QpAttr | None = None,
+        cap: QpCap | None = None,
+        sq_sig_all: bool = False,
+        qp_context: object = None,
+    ) -> QueuePair:
+        """``mrc_create_qp`` (+ the INIT attributes): a QP in RESET, ready to connect."""
+        recv = recv_cq or send_cq
+        cap = cap or QpCap()
+        args = {
+            "send_cq": send_cq.handle,
+            "recv_cq": recv.handle,
+            "attr": (attr or QpAttr()).to_json(),
+            "cap": {"max_send_wr": cap.max_send_wr, "max_recv_wr": cap.max_recv_wr},
+            "sq_sig_all": sq_sig_all,
+        }
+        doc = self.conn.call("create_qp", args)
+        qp = QueuePair(self, int(doc["qpn"]), send_cq, recv, qp_context)
+        self._qps[qp.qpn] = qp
+        return qp
+
+    def listen(self, service: int) -> Listener:
+        """Accept connections for ``service`` (a port-like number agreed out of band)."""
+        self.conn.call("listen", {"service": service})
+        listener = Listener(self, service)
+        self._listeners[service] = listener
+        return listener
+
+    # Events -------------------------------------------------------------------------------
+    def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
+        """``mrc_get_async_event``: the next event, or None after ``timeout`` seconds."""
+        if not self.conn.wait_for(lambda: bool(self._async), timeout):
+            return None
+        return self._async.popleft()
+
+    async def get_async_event_async(self) -> AsyncEvent:
+        await self.conn.wait_until(lambda: bool(self._async))
+        return self._async.popleft()
+
+    def _on_completions(self, records: list[tuple[int, ...]]) -> None:
+        cqs = self.cqs
+        for cq_handle, qpn, wr_id, status, opcode, flags, _pad, byte_len, imm in records:
+            cq = cqs.get(cq_handle)
+            if cq is not None:
+                cq._deliver(
+                    WorkCompletion(
+                        wr_id,
+                        WcStatus(status),
+                        WcOpcode(opcode),
+                        qpn,
+                        byte_len,
+                        imm if flags & wire.WC_HAS_IMM else None,
+                    )
+                )
+
+    def _on_event(self, doc: dict[str, Any]) -> None:
+        kind = doc.get("type")
+        if kind == "async":
+            self._async.append(
+                AsyncEvent(
+                    AsyncEventType(doc["event"]),
+                    qpn=doc.get("qpn"),
+                    port=doc.get("port"),
+                    reason=str(doc.get("reason", "")),
+                )
+            )
+        elif kind == "connect_request":
+            listener = self._listeners.get(int(doc["service"]))
+            if listener is not None:
+                listener._requests.append(
+                    ConnectRequest(
+                        request_id=int(doc["request_id"]),
+                        remote_host=int(doc["remote_host"]),
+                        remote_qpn=int(doc["remote_qpn"]),
+                        service=int(doc["service"]),
+                        private_data=bytes.fromhex(doc["private_data"]),
+                    )
+                )
+
+    # Lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """``mrc_destroy_context``: mrcd destroys every QP, CQ and region of the context."""
+        self.conn.close()
+        for mr in list(self._mrs.values()):
+            mr._unmap()
+        self._mrs.clear()
+        for channel in self.channels.values():
+            channel.close()
+        self.channels.clear()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _hint_json(hint: QpHint) -> dict[str, int]:
+    return {
+        "num_qps_per_peer": hint.num_qps_per_peer,
+        "num_send_peers": hint.num_send_peers,
+        "num_remote_recv_peers": hint.num_remote_recv_peers,
+    }

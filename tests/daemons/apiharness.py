@@ -1,0 +1,121 @@
+"""Test harness for the API servers: mrcd nodes in loopback data mode, on a loop in a thread.
+
+The application side uses the blocking API from the test's thread, exactly like a program
+would; the daemons run their asyncio loop in a background thread.  Nodes are complete
+mrcds on ::1: plane sockets, the authenticated control channel (PSK) for connection setup,
+and an API server each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from daemons.mrcd.appserver import AppServer
+from daemons.mrcd.config import AuthConfig, MrcdConfig
+from daemons.mrcd.ctlapi import Controller, EndpointOps
+from daemons.mrcd.node import Node
+from mrcstack.fabric import Fabric
+
+FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
+T = TypeVar("T")
+
+
+class Daemons:
+    """mrcd nodes with API servers; ``sockets[host]`` is each one's API socket path."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        hosts: tuple[int, ...] = (0, 3),
+        admin_uids: frozenset[int] = frozenset({0}),
+        endpoint_ops: Callable[[dict[int, Node]], EndpointOps] | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+    ) -> None:
+        self.tmp = tmp
+        self.hosts = hosts
+        self.admin_uids = admin_uids
+        self.endpoint_ops = endpoint_ops
+        self.loop = loop_factory()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.nodes: dict[int, Node] = {}
+        self.servers: dict[int, AppServer] = {}
+        self.sockets: dict[int, Path] = {}
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the daemons' loop (node state is only touched there)."""
+
+        async def call() -> T:
+            return fn()
+
+        return self.run(call())
+
+    def start(self) -> Daemons:
+        self.thread.start()
+        self.run(self._start())
+        return self
+
+    async def _start(self) -> None:
+        base = 20000 + os.getpid() % 1000 * 40
+        psk = self.tmp / "cluster.key"
+        psk.write_text(os.urandom(32).hex())
+        peers = tuple((f"h{h}", ("::1", base + 700 + h)) for h in self.hosts)
+        for host in self.hosts:
+            cfg = MrcdConfig(
+                host=host,
+                fabric=FABRIC,
+                data_mode="loopback",
+                data_port=base,
+                control_address=("::1", base + 700 + host),
+                peers=peers,
+                auth=AuthConfig(mode="psk", psk_file=psk),
+            )
+            node = Node(cfg, self.loop)
+            await node.start()
+            self.nodes[host] = node
+        for host, node in self.nodes.items():
+            ops = None if self.endpoint_ops is None else self.endpoint_ops(self.nodes)
+            path = self.tmp / f"mrcd-h{host}.sock"
+            server = AppServer(
+                node,
+                path,
+                controller=Controller(node, ops),
+                admin_uids=self.admin_uids,
+            )
+            await server.start()
+            self.servers[host] = server
+            self.sockets[host] = path
+
+    async def _stop(self) -> None:
+        for server in self.servers.values():
+            await server.stop()
+        for node in self.nodes.values():
+            await node.stop(drain_timeout=0.1)
+
+    def stop(self) -> None:
+        try:
+            if self.thread.is_alive():
+                self.run(self._stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll daemon state from inside its loop until ``predicate()`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+Awaiter = Callable[[], Awaitable[None]]
