@@ -52,6 +52,7 @@ from daemons.mrcd.profiles import (
 from mrcstack import addrplan
 from mrcstack.api.errors import ApiError
 from mrcstack.core import cc as cc_mod
+from mrcstack.core.errors import LocalError
 from mrcstack.core.events import EvStateChanged
 from mrcstack.fabric import Fabric
 
@@ -99,10 +100,9 @@ class EndpointOps(Protocol):
 class ControlChannelEndpointOps:
     """Endpoint operations over the authenticated control channel to the peer's mrcd.
 
-    PORT_STATUS is the control channel's own message.  EV_PROBE is, for now, a PING to the
-    peer's mrcd: the EV and plane are checked against the address plan and the uSID path
-    address is reported, but the RTT is the management network's, not the EV path's (a
-    data-path probe needs a connectionless responder in the transport; see docs/api.md).
+    PORT_STATUS is the control channel's own message.  EV_PROBE is an MRC probe packet on the
+    data path: it leaves on the EV's plane to the EV's uSID address and the peer's mrcd answers
+    along the reverse path through the same T1, so the RTT is that path's.
     """
 
     def __init__(self, node: Node) -> None:
@@ -119,9 +119,15 @@ class ControlChannelEndpointOps:
             path = addrplan.address(self.node.fabric, self.node.host, host, plane, ev)
         except ValueError as exc:
             raise ApiError(errno.EINVAL, str(exc)) from None
-        session = await self._session(host)
-        rtt = await session.ping(timeout)
-        return EpResponse(rtt=float(rtt), port=plane, via="control", path=str(path))
+        try:
+            rtt = await self.node.probe(host, plane, ev, timeout)
+        except TimeoutError:
+            raise ApiError(
+                errno.ETIMEDOUT, f"no reply along plane {plane} EV {ev:#x} ({path})"
+            ) from None
+        except LocalError as exc:
+            raise ApiError(errno.EINVAL, str(exc)) from None
+        return EpResponse(rtt=rtt, port=plane, via="data", path=str(path))
 
     async def port_status_update(self, host: int, port_status: int, timeout: float) -> EpResponse:
         session = await self._session(host)

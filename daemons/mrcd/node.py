@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from ipaddress import IPv6Address
 
 from daemons.mrcd.config import MrcdConfig
 from daemons.mrcd.control import (
@@ -30,7 +31,7 @@ from daemons.mrcd.control import (
 )
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.profiles import ProfileStore
-from daemons.mrcd.transport import Address, Transport, open_plane_socket
+from daemons.mrcd.transport import PROBE_QPN, Address, Transport, open_plane_socket
 from mrcstack import __version__, addrplan
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
@@ -46,8 +47,18 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
 from mrcstack.fabric import Fabric
+from mrcstack.wire import (
+    CrcIntegrity,
+    DecodeError,
+    ProbePacket,
+    ProbeReplyPacket,
+    decode,
+    encode,
+)
 
 log = logging.getLogger("mrcd")
+#: Connectionless probes are checked by CRC only: they carry no data and touch no memory.
+_CRC = CrcIntegrity()
 
 #: Loopback data mode: each host's plane sockets use data_port + host * PORT_STRIDE + plane.
 PORT_STRIDE = 16
@@ -157,6 +168,8 @@ class Node:
         self._listeners: dict[int, tuple[Context, Listener]] = {}
         self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
         self._next_ctx = 1
+        self._probes: dict[tuple[int, int], asyncio.Future[float]] = {}
+        self._probe_seq = 0
         self._next_request = 1
         # Dead connections' counters stay in the totals (Prometheus counters never go down).
         self.retired = Totals(cfg.fabric.planes)
@@ -182,7 +195,7 @@ class Node:
                 sock.close()
             self.sockets.clear()
             raise LocalError(f"cannot open plane sockets: {exc}") from None
-        self.transport = Transport(self.loop, self.sockets, self._resolve)
+        self.transport = Transport(self.loop, self.sockets, self._resolve, self._connectionless)
         peers = dict(cfg.peers)
         self.control_client = ControlClient(cfg.host_name, cfg.auth, peers)
         if start_control:
@@ -462,6 +475,73 @@ class Node:
         accepted = Accepted(qpn, qp.psn, private_data)
         fut.set_result(accepted)
         return accepted
+
+    # Connectionless EV probes (the controller API's EV_PROBE) ----------------------------
+    async def probe(self, remote_host: int, plane: int, ev: int, timeout: float = 1.0) -> float:
+        """Send an EV probe along one path to ``remote_host``'s mrcd; return the RTT.
+
+        The probe is an MRC probe packet to QPN 0, sent to the path's uSID address; the peer
+        answers along the reverse path through the same T1.  Raises TimeoutError if nothing
+        comes back (the path, or the peer, is down).
+        """
+        self._check_plane(plane)
+        if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
+            raise LocalError(f"bad remote host {remote_host}")
+        try:
+            addrplan.address(self.fabric, self.host, remote_host, plane, ev)  # a real path?
+            dst = self._resolve(remote_host, plane, ev)
+        except ValueError as exc:
+            raise LocalError(str(exc)) from None
+        self._probe_seq += 1
+        ts_ns = time.monotonic_ns()
+        pkt = ProbePacket(PROBE_QPN, ev, plane, self._probe_seq, ts_ns)
+        fut: asyncio.Future[float] = self.loop.create_future()
+        self._probes[(ev, ts_ns)] = fut
+        try:
+            if not self._transport().send_raw(plane, encode(pkt, _CRC), dst):
+                raise TimeoutError(f"plane {plane} refused the probe")
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._probes.pop((ev, ts_ns), None)
+
+    def _connectionless(self, data: memoryview, source: Address, plane: int) -> None:
+        """A datagram for QPN 0: answer probes, match probe replies.  Never raises."""
+        try:
+            pkt = decode(data, _CRC)
+        except DecodeError:
+            return
+        if type(pkt) is ProbePacket:
+            prober = self._host_of(source, plane)
+            if prober is None:
+                return
+            reply = ProbeReplyPacket(
+                PROBE_QPN, pkt.ev, plane, pkt.tx_seq, pkt.ev, pkt.ts_ns, self._port_bits()
+            )
+            try:
+                dst = self._resolve(prober, plane, pkt.ev)
+            except ValueError:
+                return
+            self._transport().send_raw(plane, encode(reply, _CRC), dst)
+        elif type(pkt) is ProbeReplyPacket:
+            fut = self._probes.get((pkt.echo_ev, pkt.echo_ts_ns))
+            if fut is not None and not fut.done():
+                fut.set_result((time.monotonic_ns() - pkt.echo_ts_ns) / 1e9)
+
+    def _host_of(self, source: Address, plane: int) -> int | None:
+        """Which host sent this: its NIC SID names it (loopback mode: its port does)."""
+        if self.cfg.data_mode == "loopback":
+            host, rest = divmod(source[1] - self.cfg.data_port, PORT_STRIDE)
+            return host if rest == plane and 0 <= host < self.fabric.hosts else None
+        try:
+            owner_plane, name = addrplan.usid_owner(addrplan.active_usid(IPv6Address(source[0])))
+        except ValueError:
+            return None
+        if owner_plane != plane or not name.startswith("h"):
+            return None
+        return int(name[1:])
+
+    def _port_bits(self) -> int:
+        return sum(1 << p for p in range(self.fabric.planes) if self.port_up(p))
 
     # Ports ------------------------------------------------------------------------------
     def port_up(self, plane: int) -> bool:

@@ -36,6 +36,8 @@ SEND_BATCH = 256
 SOCKET_BUFFER = 8 << 20
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+#: Destination QPN of connectionless EV probes (QP 0 is never allocated to a connection).
+PROBE_QPN = 0
 #: IPv6 traffic class ECT(0): packets are ECN-capable so switches may mark instead of drop.
 TCLASS_ECT0 = 0x02
 
@@ -98,10 +100,13 @@ class Transport:
         loop: asyncio.AbstractEventLoop,
         sockets: list[socket.socket],
         resolver: Resolver,
+        connectionless: Callable[[memoryview, Address, int], None] | None = None,
     ) -> None:
         self.loop = loop
         self.sockets = sockets
         self.resolver = resolver
+        # Datagrams for QPN 0 (connectionless EV probes): (data, source, plane).
+        self.connectionless = connectionless
         self.stats = TransportStats()
         self._qps: dict[int, _Qp] = {}
         self._addr_cache: dict[tuple[int, int, int], Address] = {}
@@ -146,7 +151,7 @@ class Transport:
     # Receive ----------------------------------------------------------------------------
     def _on_readable(self, plane: int) -> None:
         sock = self.sockets[plane]
-        recv_into = sock.recv_into
+        recvfrom_into = sock.recvfrom_into
         view = self._view
         qps = self._qps
         touched = self._pending_flush
@@ -154,7 +159,7 @@ class Transport:
         stats = self.stats
         for _ in range(DRAIN_LIMIT):
             try:
-                n = recv_into(view)
+                n, source = recvfrom_into(view)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -169,7 +174,10 @@ class Transport:
                 continue
             qp = qps.get(qpn)
             if qp is None:
-                stats.unknown_qpn += 1
+                if qpn == PROBE_QPN and self.connectionless is not None:
+                    self.connectionless(data, (source[0], source[1]), plane)
+                else:
+                    stats.unknown_qpn += 1
                 continue
             qp.conn.receive_datagram(data, now=now, port=plane)
             touched.add(qpn)
@@ -280,6 +288,16 @@ class Transport:
                 qp.conn.handle_timer(now)
                 self._pending_flush.add(qpn)
         self._flush_pending()
+
+    def send_raw(self, plane: int, data: bytes, addr: Address) -> bool:
+        """Send one datagram outside any connection (probes); False if the port refused."""
+        try:
+            self.sockets[plane].sendto(data, addr)
+        except OSError:
+            self.stats.send_errors += 1
+            return False
+        self.stats.datagrams_out += 1
+        return True
 
     def close(self) -> None:
         """Stop reading and timing; the caller closes the sockets it opened."""

@@ -203,7 +203,7 @@ def test_endpoint_operations_over_the_control_channel(daemons: Daemons) -> None:
         r = ctl.probe(3, plane=2, ev=addrplan.ev_value(2, 1))
         assert r["timed_out"] == [] and r["errors"] == {}
         (rsp,) = r["responses"]
-        assert rsp["rtt"] > 0 and rsp["port"] == 2 and rsp["via"] == "control"
+        assert rsp["rtt"] > 0 and rsp["port"] == 2 and rsp["via"] == "data"
         expected = addrplan.address(daemons.nodes[0].fabric, 0, 3, 2, addrplan.ev_value(2, 1))
         assert rsp["path"] == str(expected)
         r = ctl.port_status_update(3, 0b1011)

@@ -174,3 +174,13 @@ async def test_connect_over_the_control_channel_with_private_data(pair: list[Nod
     assert conn is not None and conn.cfg.key is not None  # packets are authenticated
     with pytest.raises(LocalError, match="rejected"):
         await a.connect_qp(a.create_qp(a.open_context(), QpAttrs(), ra), 3, 99)
+
+
+async def test_connectionless_ev_probe_measures_a_path(pair: list[Node]) -> None:
+    a, _b = pair
+    rtt = await a.probe(3, 1, 0x101, timeout=2.0)
+    assert 0 < rtt < 2.0
+    with pytest.raises(TimeoutError):
+        await a.probe(1, 0, 0x000, timeout=0.2)  # no mrcd on h1: nothing answers
+    with pytest.raises(LocalError):
+        await a.probe(3, 1, 0x200, timeout=0.2)  # an EV of plane 2 on plane 1
