@@ -357,3 +357,17 @@ def test_ack_coalescing_cuts_acks_in_receive_batches(coalesce: int) -> None:
         assert acks == 64  # one per data packet
     else:
         assert acks <= 64 // coalesce + 2 * 2  # plus at most one partial ACK per plane per batch
+
+
+def test_duplicate_reports_widen_the_reordering_window() -> None:
+    """Heavy reordering makes RACK resend too early; the receiver's DUPLICATE flag (DSACK)
+    tells the sender, which widens its reordering window instead of wasting more."""
+    net = PairNet(16, Faults(reorder=300e-6), planes=2, per_plane=4)
+    backing, va, rkey = region(net, 1, 200_000)
+    data = os.urandom(200_000)
+    net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
+    net.run(10.0, stop=lambda: bool(sends(net)))
+    assert backing[GUARD : GUARD + len(data)] == data
+    assert net.conns[1].stats.duplicates > 0
+    assert net.conns[0].stats.spurious_retransmissions > 0
+    assert net.conns[0].sender.reo_fraction > 0.25

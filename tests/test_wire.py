@@ -135,7 +135,7 @@ def test_out_of_range_field_is_named(pkt: Packet, field: str) -> None:
         data(flags=DataFlags.TRIMMED, dma_len=10),  # trimmed but carries a payload
         data(payload=b"", flags=DataFlags.TRIMMED),  # trimmed needs dma_len >= 0
         ack(nack_reason=0x55),
-        ack(flags=0x02),
+        ack(flags=0x04),
     ],
 )
 def test_invalid_combinations_are_refused(pkt: Packet) -> None:
@@ -359,7 +359,7 @@ def test_unknown_opcodes(opcode: int) -> None:
     ("offset", "value"),
     [
         (12, AETH_NAK_SEQ),  # syndrome says NAK, reason says ACK
-        (16 + 1, 0x02),  # unknown feedback flag
+        (16 + 1, 0x04),  # unknown feedback flag
         (16 + 3, 0x55),  # unknown NACK reason
         (16 + 20, 0x01),  # echo_psn wider than 24 bits
         (16 + 38, 0x01),  # reserved u16

@@ -75,7 +75,7 @@ ack_packets = st.builds(
     sack_base=u(24),
     sack_bitmap=u(64),
     port_state=u(16),
-    flags=st.sampled_from([0, int(FeedbackFlags.ECN_ECHO)]),
+    flags=st.sampled_from([0, int(FeedbackFlags.ECN_ECHO), int(FeedbackFlags.DUPLICATE), 3]),
     nack_reason=st.sampled_from([0, *(int(r) for r in NackReason)]),
 )
 probe_packets = st.builds(ProbePacket, qpn=u(24), ev=u(32), port=u(8), tx_seq=u(64), ts_ns=u(64))

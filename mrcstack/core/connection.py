@@ -230,11 +230,11 @@ class Connection:
         """ACK now, or let the next ACK on this port stand for this one too.
 
         The newest feedback carries all that older ones did (cumulative PSN, SACK bitmap)
-        except their echoes, so up to ``ack_coalesce`` packets share one ACK.  NACKs and ECN
-        echoes never wait: they are signals about one packet and one path.
+        except their echoes, so up to ``ack_coalesce`` packets share one ACK.  NACKs, ECN
+        echoes and duplicate reports never wait: they are signals about one packet.
         """
         limit = self.cfg.ack_coalesce
-        if limit <= 1 or fb.nack_reason or fb.ecn:
+        if limit <= 1 or fb.nack_reason or fb.ecn or fb.dup:
             self._feedback(fb, port)
             return
         count = self._pending_count[port] + 1
@@ -270,7 +270,8 @@ class Connection:
             sack_base=fb.sack_base,
             sack_bitmap=fb.sack_bitmap,
             port_state=self._port_bits,
-            flags=FeedbackFlags.ECN_ECHO if fb.ecn else 0,
+            flags=(FeedbackFlags.ECN_ECHO if fb.ecn else 0)
+            | (FeedbackFlags.DUPLICATE if fb.dup else 0),
             nack_reason=fb.nack_reason,
         )
         self._queue(encode(ack, self.integrity), slot)

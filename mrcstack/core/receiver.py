@@ -37,6 +37,7 @@ class Feedback:
     sack_bitmap: int
     ecn: bool
     nack_reason: int
+    dup: bool = False  # the packet had already arrived
 
 
 class Receiver:
@@ -70,7 +71,7 @@ class Receiver:
             return self._feedback(pkt, seq, ecn, reason)
         if seq < self.rcv_nxt or seq in self.ooo:
             self.stats.duplicates += 1
-            return self._ack(pkt, seq, ecn)
+            return self._feedback(pkt, seq, ecn, 0, dup=True)
         if seq >= self.rcv_nxt + self.cfg.max_window:
             self.stats.count(self.stats.rejected, "psn_window")
             return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW)
@@ -120,7 +121,9 @@ class Receiver:
     def _ack(self, pkt: DataPacket, seq: int, ecn: bool) -> Feedback:
         return self._feedback(pkt, seq, ecn, 0)
 
-    def _feedback(self, pkt: DataPacket, seq: int, ecn: bool, reason: int) -> Feedback:
+    def _feedback(
+        self, pkt: DataPacket, seq: int, ecn: bool, reason: int, dup: bool = False
+    ) -> Feedback:
         base = max(self.rcv_nxt, seq - SACK_BITS + 1)
         bitmap = 0
         ooo = self.ooo
@@ -144,4 +147,5 @@ class Receiver:
             sack_bitmap=bitmap,
             ecn=ecn,
             nack_reason=reason,
+            dup=dup,
         )

@@ -35,6 +35,7 @@ RACK_LOSSES_TO_BLAME = 2
 _RETX = int(DataFlags.RETX)
 _LAST = int(DataFlags.LAST)
 _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
+_DUPLICATE = int(FeedbackFlags.DUPLICATE)
 #: RFC 6298 smoothing gains.
 RTT_ALPHA = 1 / 8
 RTT_BETA = 1 / 4
@@ -183,7 +184,7 @@ class Sender:
         out: list[DataSpec] = []
         cwnd = self.cc.cwnd
         while self.retx and len(out) < limit:
-            tx, _reason = self.retx[0]
+            tx, reason = self.retx[0]
             if tx.acked or self.txs.get(tx.seq) is not tx:
                 self.retx.popleft()
                 continue
@@ -192,8 +193,9 @@ class Sender:
             self.retx.popleft()
             spec = self._send(tx.seq, tx.wr, now, avoid=tx.ev, retx=tx)
             if spec is None:
-                self.retx.appendleft((tx, _reason))
+                self.retx.appendleft((tx, reason))
                 return out
+            self.stats.count(self.stats.retransmissions, reason)  # counted when resent
             out.append(spec)
         max_seq = self.snd_una + self.cfg.max_window
         while self.next_seq < self.end_seq and self.next_seq < max_seq and len(out) < limit:
@@ -256,7 +258,6 @@ class Sender:
             return
         tx.lost = True
         self.in_flight -= tx.size
-        self.stats.count(self.stats.retransmissions, reason)
         self.retx.append((tx, reason))
 
     # Feedback -------------------------------------------------------------------------
@@ -264,11 +265,12 @@ class Sender:
         echo_seq = unwrap(ack.echo_psn, self.snd_una)
         echo_tx = self.txs.get(echo_seq)
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
-            # The ack is for an earlier transmission we had given up on: that retransmission
-            # was spurious, so packets get reordered more than the window allows.
-            echo_tx = None
-            self._spurious()
+            echo_tx = None  # the ack is for an earlier transmission of that packet
         ecn = bool(ack.flags & _ECN_ECHO)
+        if ack.flags & _DUPLICATE:
+            # The receiver already had that packet: our retransmission was spurious, so
+            # packets get reordered more than the window allows (TCP's DSACK, RFC 8985 6.2).
+            self._spurious()
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and not ack.nack_reason:
             self.rtt_sample(rtt)

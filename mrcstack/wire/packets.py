@@ -74,6 +74,7 @@ class FeedbackFlags(enum.IntFlag):
     """Flags byte of the MRC feedback extension."""
 
     ECN_ECHO = 0x01  # the triggering data packet arrived ECN-marked (CE)
+    DUPLICATE = 0x02  # the triggering data packet had already arrived (like TCP's DSACK)
 
 
 class NackReason(enum.IntEnum):
