@@ -3,6 +3,7 @@
 - wire: packets/s and MB/s for encode+decode (CRC, AES-GCM auth, AES-GCM encrypt);
 - sim: a full simulated transfer, core CPU cost per packet;
 - testbed: build and teardown time of the default and the large namespace fabric;
+- mrcd: single-QP goodput vs a raw UDP blast and kernel TCP; shaped-fabric goodput vs MPTCP;
 - the large test profiles: 50,000 property cases and 1,000,000 fuzzed packets
   (CI runs smaller profiles; set MRC_BENCH_QUICK=1 to skip these here).
 """
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from bench import sim_bench, testbed_bench, wire_bench
+from bench import daemon_bench, sim_bench, testbed_bench, wire_bench
 
 
 def _profile(name: str, env: dict[str, str], target: str) -> None:
@@ -44,6 +45,9 @@ def main() -> int:
     if os.geteuid() == 0:
         print("== testbed: build and teardown ==")
         for key, value in testbed_bench.run().items():
+            print(f"{key:<40} {value:14,.3f}")
+        print("== mrcd on the testbed: goodput vs UDP blast, kernel TCP, MPTCP ==")
+        for key, value in daemon_bench.run().items():
             print(f"{key:<40} {value:14,.3f}")
     else:
         print("== testbed: skipped (needs root for network namespaces) ==")

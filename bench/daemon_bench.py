@@ -1,0 +1,501 @@
+"""mrcd goodput on the namespace testbed, next to the baselines a Linux user has today.
+
+``run()`` (root only; without root it returns an empty dict) measures, each for
+``MRC_BENCH_SECONDS`` (default 3) seconds and ``MRC_BENCH_REPEAT`` (default 3) interleaved
+rounds (medians, min and max; ratios of the medians), see docs/benchmarks.md:
+
+- on the unshaped default fabric (testbed ``dbu``), h0 -> h3 (different racks):
+  - **mrcd**: one QP through the application API, 1 MiB RDMA writes, ``OUTSTANDING`` of them
+    in flight, over all four planes;
+  - **raw UDP blast**: the user-space ceiling: one Python process in h0 sending datagrams of
+    exactly mrcd's data-packet size (8,192 bytes of payload + MRC headers + AES-GCM tag) in a
+    tight ``sendto`` loop over the same uSID paths (round robin over the EVs of all planes),
+    one Python process in h3 draining four sockets with ``recv_into``; goodput counts the
+    8,192 payload bytes of each datagram received;
+  - **kernel TCP**: one flow between the hosts' plain IPv6 baseline addresses on plane 0
+    (``sendall``/``recv_into`` of 1 MiB buffers);
+- on a shaped fabric (testbed ``dbs``: every link 200 Mbit/s, so 4 planes x 200 Mbit/s =
+  800 Mbit/s between two hosts):
+  - **mrcd** as above, as a fraction of the 800 Mbit/s;
+  - **kernel MPTCP** (``socket(AF_INET6, SOCK_STREAM, IPPROTO_MPTCP)``) with one subflow per
+    plane: the server announces its other planes' baseline addresses (``ip mptcp endpoint add
+    ADDR dev nicP signal``), limits ``subflow 8 add_addr_accepted 8`` on both ends.
+
+Each side of a baseline runs as its own process inside its host's namespace (``ip netns exec
+NS python -m bench.daemon_bench --role ...``, one JSON line out).  Testbeds are built and
+removed by exact name in ``finally``.  ``python -m bench.daemon_bench`` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from daemons.cluster import Cluster
+from mrcstack import addrplan
+from mrcstack.api import CompletionQueue, Device, Listener, QueuePair, WcStatus, WriteWr
+from mrcstack.fabric import Fabric
+from mrcstack.wire import AeadIntegrity, DataPacket, encode
+from netns import testbed
+from netns.run import call_in_netns, ip
+from netns.state import TestbedState, load
+
+ROOT = Path(__file__).resolve().parent.parent
+UNSHAPED, SHAPED = "dbu", "dbs"  # testbed names of this benchmark
+SRC, DST = 0, 3
+SHAPED_BPS = 200e6
+WRITE = 1 << 20
+OUTSTANDING = 16
+REGION = 64 << 20
+MTU_PAYLOAD = 8192  # mrcd's default QpAttrs.mtu_payload
+BLAST_PORT = 4799  # not mrcd's 4791: the blast may run while the daemons are idle
+TCP_PORT = 5201
+IPPROTO_MPTCP = 262
+UDP_NO_CHECK6_TX, UDP_NO_CHECK6_RX = 101, 102
+SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32
+SOCKET_BUFFER = 8 << 20
+IDLE = 1.0  # a receiver stops this long after its last packet
+
+
+def seconds() -> float:
+    return float(os.environ.get("MRC_BENCH_SECONDS", "3"))
+
+
+def repeat() -> int:
+    return int(os.environ.get("MRC_BENCH_REPEAT", "3"))
+
+
+# mrcd -----------------------------------------------------------------------------------------
+def mrcd_goodput(
+    state: TestbedState, cluster: Cluster, duration: float
+) -> tuple[float, dict[str, float]]:
+    """bits/s of 1 MiB writes h0 -> h3 through the API for ``duration`` s, and how the
+    :func:`counters` moved meanwhile."""
+    a = Device.open(cluster.daemons[SRC].api_socket).create_context()
+    b = Device.open(cluster.daemons[DST].api_socket).create_context()
+    try:
+        acq, bcq = a.create_cq(4096), b.create_cq(4096)
+        qa, qb = a.create_qp(acq), b.create_qp(bcq)
+        amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
+        amr.buf[:] = os.urandom(REGION)
+        listener = b.listen(77)
+        t = threading.Thread(target=lambda: _accept(listener, qb))
+        t.start()
+        qa.connect(DST, 77, timeout=30)
+        t.join(30)
+        slots = REGION // WRITE
+
+        def post(i: int) -> None:
+            off = i % slots * WRITE
+            qa.post_send(WriteWr(i, (amr, off, WRITE), bmr.addr + off, bmr.rkey))
+
+        for i in range(OUTSTANDING):  # warm-up: congestion window, EV states
+            post(i)
+        warm = 0
+        while warm < OUTSTANDING:
+            warm += _completions(acq)
+        posted = done = 0
+        before = counters(state, cluster)
+        start = time.perf_counter()
+        end = start + duration
+        for _ in range(OUTSTANDING):
+            post(posted)
+            posted += 1
+        while done < posted:
+            done += _completions(acq)
+            while time.perf_counter() < end and posted - done < OUTSTANDING:
+                post(posted)
+                posted += 1
+        took = time.perf_counter() - start
+        after = counters(state, cluster)
+        if bytes(bmr.buf[:WRITE]) != bytes(amr.buf[:WRITE]):
+            raise RuntimeError("mrcd goodput run: data did not arrive intact")
+        return done * WRITE * 8 / took, {k: v - before.get(k, 0.0) for k, v in after.items()}
+    finally:
+        a.close()
+        b.close()
+
+
+def _accept(listener: Listener, qp: QueuePair) -> None:
+    req = listener.get_request(timeout=30)
+    if req is not None:
+        listener.accept(req, qp, timeout=30)
+
+
+def _completions(cq: CompletionQueue) -> int:
+    """Wait for at least one completion; how many came (all must be SUCCESS)."""
+    wcs = cq.poll_wait(4096, timeout=30)
+    if not wcs:
+        raise RuntimeError("mrcd goodput run: no completion in 30 s")
+    for wc in wcs:
+        if wc.status is not WcStatus.SUCCESS:
+            raise RuntimeError(f"mrcd goodput run: write failed: {wc}")
+    return len(wcs)
+
+
+def _page(cluster: Cluster, host: int) -> dict[str, float]:
+    """One daemon's /metrics as ``{'name{labels}': value}``."""
+    with urllib.request.urlopen(cluster.daemons[host].metrics_url, timeout=10) as resp:
+        page = resp.read().decode()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in page.splitlines())
+        if name and not name.startswith("#")
+    }
+
+
+def counters(state: TestbedState, cluster: Cluster) -> dict[str, float]:
+    """What explains a goodput: the sender's packets, retransmissions by reason (and the
+    spurious ones) and send errors; the receiver's duplicates; the receiving namespace's UDP
+    receive-buffer drops and the kernel's backlog drops (``/proc/net/softnet_stat``)."""
+    out: dict[str, float] = {"sent_packets": 0.0}
+    for name, value in _page(cluster, SRC).items():
+        if name.startswith("mrc_retransmissions_total{"):
+            reason = name.split('"')[1]
+            out[f"retx_{reason}"] = value
+        elif name.startswith("mrc_sent_packets_total{"):
+            out["sent_packets"] += value
+    src = _page(cluster, SRC)
+    out["retx_spurious"] = src.get("mrc_spurious_retransmissions_total", 0.0)
+    out["send_errors"] = src.get("mrc_send_errors_total", 0.0)
+    out["dst_duplicates"] = _page(cluster, DST).get("mrc_duplicate_packets_total", 0.0)
+    snmp = call_in_netns(state.ns(f"h{DST}"), lambda: Path("/proc/net/snmp6").read_text())
+    for line in snmp.splitlines():
+        key, text = line.split()
+        if key == "Udp6RcvbufErrors":
+            out["dst_rcvbuf_drops"] = float(text)
+    softnet = Path("/proc/net/softnet_stat").read_text().splitlines()
+    out["softnet_drops"] = float(sum(int(line.split()[1], 16) for line in softnet))
+    return out
+
+
+# Baseline processes -------------------------------------------------------------------------
+def datagram_size() -> int:
+    """Bytes of one mrcd data datagram with a full payload (AES-GCM authenticated)."""
+    pkt = DataPacket(qpn=1, psn=0, va=0, rkey=1, payload=bytes(MTU_PAYLOAD), ev=0, port=0,
+                     tx_seq=0, ts_ns=0)  # fmt: skip
+    return len(encode(pkt, AeadIntegrity(bytes(32), 1, 2)))
+
+
+def _udp_socket(bind: tuple[str, int], rx: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX if rx else UDP_NO_CHECK6_TX, 1)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if rx else SO_SNDBUFFORCE, SOCKET_BUFFER)
+    sock.bind(bind)
+    return sock
+
+
+def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
+    socks = [_udp_socket((addr, BLAST_PORT), rx=True) for addr in args.bind]
+    for s in socks:
+        s.setblocking(False)
+    poller = select.epoll()
+    for s in socks:
+        poller.register(s.fileno(), select.EPOLLIN)
+    by_fd = {s.fileno(): s for s in socks}
+    buf = bytearray(65536)
+    packets = nbytes = 0
+    first = last = 0.0
+    print(json.dumps({"ready": True}), flush=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        events = poller.poll(IDLE)
+        if not events:
+            if packets:
+                break
+            continue
+        for fd, _ in events:
+            recv_into = by_fd[fd].recv_into
+            while True:
+                try:
+                    n = recv_into(buf)
+                except BlockingIOError:
+                    break
+                packets += 1
+                nbytes += n
+        last = time.perf_counter()
+        if not first:
+            first = last
+    return {"packets": packets, "bytes": nbytes, "seconds": last - first}
+
+
+def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
+    fabric = load(args.testbed).fabric
+    socks = [
+        _udp_socket((str(addrplan.nic_sid(fabric, p, SRC)), 0), rx=False)
+        for p in range(fabric.planes)
+    ]
+    usid = addrplan.address
+    paths = [
+        (socks[e.port].sendto, (str(usid(fabric, SRC, DST, e.port, e.value)), BLAST_PORT))
+        for e in addrplan.ev_profile(fabric, SRC, DST)
+    ]
+    data = os.urandom(args.size)
+    sent = blocked = 0
+    end = time.perf_counter() + args.seconds
+    n = len(paths)
+    while True:
+        for i in range(1024):
+            sendto, addr = paths[(sent + i) % n]
+            try:
+                sendto(data, addr)
+            except (BlockingIOError, OSError):
+                blocked += 1
+        sent += 1024
+        if time.perf_counter() >= end:
+            break
+    return {"sent": sent - blocked, "refused": blocked}
+
+
+def role_tcp_recv(args: argparse.Namespace) -> dict[str, Any]:
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, args.proto)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("::", TCP_PORT))
+    srv.listen(1)
+    print(json.dumps({"ready": True}), flush=True)
+    srv.settimeout(args.timeout)
+    conn, _ = srv.accept()
+    buf = bytearray(1 << 20)
+    nbytes = 0
+    first = last = 0.0
+    while True:
+        n = conn.recv_into(buf)
+        if not n:
+            break
+        last = time.perf_counter()
+        if not first:
+            first = last
+        nbytes += n
+    return {"bytes": nbytes, "seconds": last - first}
+
+
+def role_tcp_send(args: argparse.Namespace) -> dict[str, Any]:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, args.proto)
+    sock.settimeout(args.timeout)
+    sock.connect((args.to, TCP_PORT))
+    data = b"\xa5" * (1 << 20)
+    end = time.perf_counter() + args.seconds
+    sent = 0
+    while time.perf_counter() < end:
+        sock.sendall(data)
+        sent += len(data)
+    sock.close()
+    return {"bytes": sent}
+
+
+ROLES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "udp-recv": role_udp_recv,
+    "udp-send": role_udp_send,
+    "tcp-recv": role_tcp_recv,
+    "tcp-send": role_tcp_send,
+}
+
+
+@contextmanager
+def in_netns(netns: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -m bench.daemon_bench ARGS`` inside ``netns``; killed on the way out."""
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", netns, sys.executable, "-m", "bench.daemon_bench", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=timeout)
+    lines = [line for line in out.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"baseline process failed ({proc.returncode}): {out[-500:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def _ready(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if '"ready"' not in line:
+        raise RuntimeError(f"baseline receiver did not start: {line!r}")
+
+
+def udp_blast(state: TestbedState, duration: float) -> tuple[float, dict[str, float]]:
+    """Payload-equivalent bits/s of the raw UDP blast h0 -> h3 over every uSID path."""
+    fabric = state.fabric
+    binds = [str(addrplan.nic_sid(fabric, p, DST)) for p in range(fabric.planes)]
+    size = datagram_size()
+    wait = str(duration + 30)
+    with in_netns(state.ns(f"h{DST}"), "--role", "udp-recv", "--timeout", wait,
+                  *[f"--bind={b}" for b in binds]) as recv:  # fmt: skip
+        _ready(recv)
+        with in_netns(state.ns(f"h{SRC}"), "--role", "udp-send", "--seconds", str(duration),
+                      "--size", str(size), "--testbed", state.name) as send:  # fmt: skip
+            sent = _result(send, duration + 30)
+        got = _result(recv, duration + 30)
+    bps = got["packets"] * MTU_PAYLOAD * 8 / got["seconds"]
+    return bps, {
+        "datagram_bytes": float(size),
+        "sent": float(sent["sent"]),
+        "received": float(got["packets"]),
+        "lost_fraction": 1 - got["packets"] / max(1, sent["sent"]),
+    }
+
+
+def tcp_flow(state: TestbedState, duration: float, to: str, proto: int = 0) -> float:
+    """bits/s of one TCP (or MPTCP: proto 262) connection h0 -> ``to`` in h3."""
+    wait = str(duration + 30)
+    with in_netns(state.ns(f"h{DST}"), "--role", "tcp-recv", "--proto", str(proto),
+                  "--timeout", wait) as recv:  # fmt: skip
+        _ready(recv)
+        with in_netns(state.ns(f"h{SRC}"), "--role", "tcp-send", "--proto", str(proto), "--to",
+                      to, "--seconds", str(duration), "--timeout", wait) as send:  # fmt: skip
+            _result(send, duration + 30)
+        got = _result(recv, duration + 30)
+    return float(got["bytes"] * 8 / got["seconds"])
+
+
+def mptcp_setup(state: TestbedState) -> None:
+    """Limits on both ends; the server announces its planes 1.. addresses (one subflow each).
+
+    Client-side ``subflow`` endpoints alone do not work here: a subflow bound to nicP would
+    have to reach the server's plane-0 address, and the planes are separate networks.
+    """
+    for host in (SRC, DST):
+        ip("mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8",
+           netns=state.ns(f"h{host}"))  # fmt: skip
+    for plane, addr in enumerate(state.baseline[f"h{DST}"]):
+        if plane:
+            ip("mptcp", "endpoint", "add", addr, "dev", f"nic{plane}", "signal",
+               netns=state.ns(f"h{DST}"))  # fmt: skip
+
+
+# The runs -----------------------------------------------------------------------------------
+@contextmanager
+def bed(fabric: Fabric, name: str) -> Iterator[tuple[TestbedState, Cluster]]:
+    testbed.clean(name)
+    workdir = Path(tempfile.mkdtemp(prefix=f"mrc-bench-{name}-"))
+    try:
+        testbed.up(fabric, name)
+        state = load(name)
+        with Cluster(state, workdir, log_level="warning") as cluster:
+            yield state, cluster
+    finally:
+        testbed.clean(name)
+        for f in sorted(workdir.iterdir()):
+            f.unlink()
+        workdir.rmdir()
+
+
+def _add(total: dict[str, float], more: dict[str, float]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, 0.0) + v
+
+
+def run() -> dict[str, float]:
+    """Medians over ``MRC_BENCH_REPEAT`` interleaved rounds (mrcd, then each baseline, on the
+    same testbed), ratios of the medians, and the mrcd counters summed over the rounds."""
+    if os.geteuid() != 0:
+        return {}
+    duration, rounds = seconds(), repeat()
+    out: dict[str, float] = {"seconds_per_run": duration, "rounds": float(rounds)}
+    mrcd, udp, tcp = [], [], []
+    stats: dict[str, float] = {}
+    udp_stats: dict[str, float] = {}
+    with bed(Fabric(), UNSHAPED) as (state, cluster):
+        for _ in range(rounds):
+            bps, more = mrcd_goodput(state, cluster, duration)
+            mrcd.append(bps)
+            _add(stats, more)
+            bps, more = udp_blast(state, duration)
+            udp.append(bps)
+            _add(udp_stats, more)
+            tcp.append(tcp_flow(state, duration, state.baseline[f"h{DST}"][0]))
+    m, u, t = (statistics.median(x) for x in (mrcd, udp, tcp))
+    out |= {
+        "unshaped_mrcd_gbps": m / 1e9,
+        "unshaped_mrcd_gbps_min": min(mrcd) / 1e9,
+        "unshaped_mrcd_gbps_max": max(mrcd) / 1e9,
+        "unshaped_udp_blast_gbps": u / 1e9,
+        "unshaped_udp_blast_gbps_min": min(udp) / 1e9,
+        "unshaped_udp_blast_gbps_max": max(udp) / 1e9,
+        "unshaped_tcp_gbps": t / 1e9,
+        "unshaped_tcp_gbps_min": min(tcp) / 1e9,
+        "unshaped_tcp_gbps_max": max(tcp) / 1e9,
+        "unshaped_mrcd_over_udp_blast": m / u,
+        "unshaped_mrcd_over_tcp": m / t,
+        "unshaped_udp_datagram_bytes": udp_stats["datagram_bytes"] / rounds,
+        "unshaped_udp_blast_lost_fraction": 1 - udp_stats["received"] / udp_stats["sent"],
+    }
+    out |= {f"unshaped_mrcd_{k}": v for k, v in stats.items()}
+    shaped = Fabric(host_link_bps=SHAPED_BPS, fabric_link_bps=SHAPED_BPS)
+    capacity = shaped.planes * SHAPED_BPS
+    mrcd, mptcp = [], []
+    stats = {}
+    with bed(shaped, SHAPED) as (state, cluster):
+        mptcp_setup(state)
+        for _ in range(rounds):
+            bps, more = mrcd_goodput(state, cluster, duration)
+            mrcd.append(bps)
+            _add(stats, more)
+            to = state.baseline[f"h{DST}"][0]
+            mptcp.append(tcp_flow(state, duration, to, IPPROTO_MPTCP))
+    m, t = statistics.median(mrcd), statistics.median(mptcp)
+    out |= {
+        "shaped_capacity_mbps": capacity / 1e6,
+        "shaped_mrcd_mbps": m / 1e6,
+        "shaped_mrcd_mbps_min": min(mrcd) / 1e6,
+        "shaped_mrcd_mbps_max": max(mrcd) / 1e6,
+        "shaped_mptcp_mbps": t / 1e6,
+        "shaped_mptcp_mbps_min": min(mptcp) / 1e6,
+        "shaped_mptcp_mbps_max": max(mptcp) / 1e6,
+        "shaped_mrcd_fraction": m / capacity,
+        "shaped_mptcp_fraction": t / capacity,
+    }
+    out |= {f"shaped_mrcd_{k}": v for k, v in stats.items()}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.daemon_bench", description=__doc__)
+    p.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    p.add_argument("--bind", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, default=60.0, help=argparse.SUPPRESS)
+    p.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--proto", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--to", default="", help=argparse.SUPPRESS)
+    p.add_argument("--testbed", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.role:
+        print(json.dumps(ROLES[args.role](args)), flush=True)
+        return 0
+    if os.geteuid() != 0:
+        print("daemon bench: skipped (needs root for network namespaces)")
+        return 0
+    for key, value in run().items():
+        print(f"{key:<40} {value:14,.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

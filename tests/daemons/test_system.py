@@ -1,0 +1,628 @@
+"""System acceptance tests of mrcd on the real namespace testbed (issue 4, "Acceptance").
+
+One default testbed (``ts``: 4 planes, 2 racks x 2 hosts, 4 T1 per plane) with one mrcd per
+host (:class:`daemons.cluster.Cluster`: PSK auth, control and metrics on the management
+network), built once for the module and removed by exact name in ``finally``.  The tests are
+programs using the application API over each daemon's Unix socket, the fault harness
+breaking the fabric underneath, raw UDP from host namespaces, and a real Prometheus server.
+
+::
+
+    h0 (rack a)  --4 planes--  T0a --- T1a..T1d --- T0b  --4 planes--  h3 (rack b)
+
+No timing assertions: times are measured and printed; bounds are generous safety limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from daemons.cluster import METRICS_PORT, Cluster
+from daemons.mrcd.config import DATA_PORT
+from daemons.mrcd.promserver import run_prometheus
+from mrcstack import addrplan
+from mrcstack.api import (
+    Access,
+    AsyncEvent,
+    AsyncEventType,
+    CompletionQueue,
+    Context,
+    Device,
+    MemoryRegion,
+    QpState,
+    QueuePair,
+    WcStatus,
+    WorkCompletion,
+    WriteWr,
+)
+from mrcstack.fabric import Fabric
+from mrcstack.wire import AeadIntegrity, DataPacket, encode
+from netns import testbed
+from netns.faults import Faults
+from netns.run import TestbedError, call_in_netns
+from netns.state import TestbedState, exists, faults_path, load
+from netns.traffic import udp_sender
+
+TESTBED = "ts"  # engineer SYS's testbed
+FABRIC = Fabric()
+WAIT = 60.0  # safety limit for anything that should happen; never a timing assertion
+MIB = 1 << 20
+SRC, DST = 0, 3  # different racks
+ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
+#: <linux/if_ether.h>
+ETH_P_IPV6 = 0x86DD
+IPPROTO_UDP = 17
+IPV6_HDR = 40
+UDP_HDR = 8
+
+
+# The testbed and the daemons ----------------------------------------------------------------
+@dataclass
+class Bed:
+    state: TestbedState
+    cluster: Cluster
+    faults: Faults
+    workdir: Path
+    log: list[str] = field(default_factory=list)
+
+    def ns(self, host: int) -> str:
+        return self.state.ns(f"h{host}")
+
+    def alive(self) -> None:
+        for host, d in self.cluster.daemons.items():
+            assert d.proc is not None and d.proc.poll() is None, (
+                f"mrcd on h{host} died: {self.cluster.tail(host)}"
+            )
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    if ROOT_REASON:
+        pytest.skip(ROOT_REASON)
+    try:
+        testbed.check_features(TESTBED)
+    except TestbedError as exc:
+        pytest.skip(str(exc))
+    if exists(TESTBED):
+        testbed.clean(TESTBED)  # a previous run was killed: start from nothing
+    workdir = tmp_path_factory.mktemp("mrcd")
+    log: list[str] = []
+    codes: dict[int, int | None] = {}
+    try:
+        testbed.up(FABRIC, TESTBED)
+        state = load(TESTBED)
+        cluster = Cluster(state, workdir)
+        try:
+            cluster.start()
+            b = Bed(state, cluster, Faults(state, log=log.append), workdir, log)
+            try:
+                yield b
+            finally:
+                b.faults.restore_all()
+        finally:
+            codes = cluster.stop()
+    finally:
+        testbed.clean(TESTBED)
+        faults_path(TESTBED).with_suffix(".log").unlink(missing_ok=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    assert not [n for n in left.stdout.split() if n.startswith(f"{TESTBED}-")]
+    assert all(code == 0 for code in codes.values()), f"mrcd exit codes {codes}"
+
+
+@pytest.fixture
+def clean_faults(bed: Bed) -> Iterator[Bed]:
+    """Every test leaves no fault behind (even when it fails) and every daemon running."""
+    try:
+        yield bed
+        bed.alive()
+    finally:
+        bed.faults.restore_all()
+
+
+# Programs on two hosts ----------------------------------------------------------------------
+@dataclass
+class End:
+    ctx: Context
+    cq: CompletionQueue
+    mrs: list[MemoryRegion]
+    qps: list[QueuePair] = field(default_factory=list)
+
+    @property
+    def mr(self) -> MemoryRegion:
+        return self.mrs[0]
+
+    @property
+    def qp(self) -> QueuePair:
+        return self.qps[0]
+
+
+_service = iter(range(100, 10_000))
+
+
+def open_end(bed: Bed, host: int, *sizes: int, access: Access | None = None) -> End:
+    ctx = Device.open(bed.cluster.daemons[host].api_socket).create_context()
+    cq = ctx.create_cq(4096)
+    mrs = [ctx.reg_mr(s) if access is None else ctx.reg_mr(s, access) for s in sizes]
+    return End(ctx, cq, mrs)
+
+
+def connect(a: End, b: End, remote_host: int, recvs: int = 0) -> tuple[QueuePair, QueuePair]:
+    """A new QP on ``a`` connected to a new QP on ``b`` (which listens and accepts)."""
+    service = next(_service)
+    listener = b.ctx.listen(service)
+    qa, qb = a.ctx.create_qp(a.cq), b.ctx.create_qp(b.cq)
+    if recvs:
+        qb.post_recv(range(recvs))
+    failure: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            req = listener.get_request(timeout=WAIT)
+            assert req is not None
+            listener.accept(req, qb, timeout=WAIT)
+        except BaseException as exc:
+            failure.append(exc)
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        qa.connect(remote_host, service, timeout=WAIT)
+    finally:
+        t.join(WAIT)
+    if failure:
+        raise failure[0]
+    a.qps.append(qa)
+    b.qps.append(qb)
+    return qa, qb
+
+
+def drain(cq: CompletionQueue, n: int, timeout: float = WAIT) -> list[WorkCompletion]:
+    out: list[WorkCompletion] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, f"only {len(out)} of {n} completions in {timeout}s"
+        out += cq.poll_wait(n - len(out), timeout=left)
+    return out
+
+
+def async_events(*ends: End, wait: float = 0.1) -> list[AsyncEvent]:
+    """The asynchronous events mrcd sent these programs (reading their sockets ``wait`` s)."""
+    out: list[AsyncEvent] = []
+    for e in ends:
+        while (ev := e.ctx.get_async_event(timeout=wait)) is not None:
+            out.append(ev)
+    return out
+
+
+@contextlib.contextmanager
+def closing(*ends: End) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for e in ends:
+            e.ctx.close()
+
+
+# Metrics ------------------------------------------------------------------------------------
+_SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$")
+
+
+def scrape(bed: Bed, host: int) -> str:
+    with urllib.request.urlopen(bed.cluster.daemons[host].metrics_url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def samples(page: str) -> dict[tuple[str, str], float]:
+    """``{(name, 'label="v",...'): value}`` of a text exposition page."""
+    out: dict[tuple[str, str], float] = {}
+    for line in page.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def metric(bed: Bed, host: int, name: str, labels: str = "") -> float:
+    return samples(scrape(bed, host)).get((name, labels), 0.0)
+
+
+def by_label(bed: Bed, host: int, name: str) -> dict[str, float]:
+    """One labelled family as ``{label value: sample}`` (single-label families)."""
+    out = {}
+    for (n, labels), v in samples(scrape(bed, host)).items():
+        if n == name and labels:
+            out[labels.split('"')[1]] = v
+    return out
+
+
+def plane_sent(bed: Bed, host: int, plane: int) -> float:
+    return metric(bed, host, "mrc_sent_packets_total", f'plane="{plane}"')
+
+
+# 1. Faults during a 256 MiB write -----------------------------------------------------------
+FLAPPED = ["p0:t0a-t1a", "p1:t0b-t1b", "p2:t0a-t1d", "p3:t0b-t1c"]
+FAILED_SWITCH = "p1-t1c"
+
+
+def test_256mib_write_survives_link_flaps_and_a_t1_failure(clean_faults: Bed) -> None:
+    bed = clean_faults
+    size = 256 * MIB
+    a, b = open_end(bed, SRC, size), open_end(bed, DST, size)
+    with closing(a, b):
+        qa, _ = connect(a, b, DST)
+        payload = os.urandom(size)
+        a.mr.buf[:] = payload
+        timeline: list[tuple[float, str]] = []
+        errors: list[BaseException] = []
+        done = threading.Event()
+        start = time.perf_counter()
+
+        def at(what: str) -> None:
+            timeline.append((time.perf_counter() - start, what))
+
+        def inject() -> None:
+            try:
+                for link in FLAPPED:
+                    bed.faults.link_down(link)
+                    at(f"link down {link}")
+                bed.faults.switch_fail(FAILED_SWITCH)
+                at(f"switch fail {FAILED_SWITCH}")
+                done.wait(0.1)
+                for link in FLAPPED:
+                    bed.faults.link_up(link)
+                    at(f"link up {link}")
+                bed.faults.switch_restore(FAILED_SWITCH)
+                at(f"switch restore {FAILED_SWITCH}")
+            except BaseException as exc:
+                errors.append(exc)
+
+        qa.post_send(WriteWr(1, (a.mr, 0, size), b.mr.addr, b.mr.rkey))
+        injector = threading.Thread(target=inject)
+        injector.start()
+        try:
+            (wc,) = drain(a.cq, 1)
+            at(f"write complete: {wc.status.name}")
+        finally:
+            done.set()
+            injector.join(WAIT)
+        took = time.perf_counter() - start
+        gbits = size * 8 / took / 1e9
+        print(f"\n256 MiB h{SRC}->h{DST} under faults: {took:.2f} s, {gbits:.2f} Gbit/s")
+        for t, what in sorted(timeline):
+            print(f"  {t * 1000:8.1f} ms  {what}")
+        assert not errors, errors
+        assert wc.status is WcStatus.SUCCESS and wc.byte_len == size
+        assert async_events(a, b) == []
+        assert qa.query().state is QpState.RTS
+        # Every fault hit the transfer: the failure came before the completion.
+        failed_at = next(t for t, w in timeline if w.startswith("switch fail"))
+        assert failed_at < took, "the transfer finished before the faults: nothing was tested"
+        # Byte for byte, read through the receiving program's own mapping.
+        assert b.mr.buf == payload
+        retx = by_label(bed, SRC, "mrc_retransmissions_total")
+        print(f"  sender retransmissions by reason: {retx}")
+
+
+# 2. The receiver's NIC port goes down mid-transfer --------------------------------------------
+PLANE = 1
+
+
+class Sampler(threading.Thread):
+    """Reads one counter of one daemon every few ms: ``(perf_counter, value)`` samples."""
+
+    def __init__(self, read: Callable[[], float], period: float = 0.002) -> None:
+        super().__init__(daemon=True)
+        self.read = read
+        self.period = period
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((time.perf_counter(), self.read()))
+            self.stop.wait(self.period)
+
+    def last_change(self) -> tuple[float, float]:
+        """(time of the last sample before the final value, first sample showing it)."""
+        final = self.samples[-1][1]
+        for i in range(len(self.samples) - 1, -1, -1):
+            if self.samples[i][1] != final:
+                return self.samples[i][0], self.samples[i + 1][0]
+        return self.samples[0][0], self.samples[0][0]
+
+
+def test_receiver_nic_down_mid_transfer_and_back(clean_faults: Bed) -> None:
+    bed = clean_faults
+    size = 256 * MIB
+    a, b = open_end(bed, SRC, size), open_end(bed, DST, size)
+    with closing(a, b):
+        qa, _ = connect(a, b, DST)
+        payload = os.urandom(size)
+        a.mr.buf[:] = payload
+        base = plane_sent(bed, SRC, PLANE)
+        sampler = Sampler(lambda: plane_sent(bed, SRC, PLANE))
+        others = Sampler(lambda: sum(plane_sent(bed, SRC, p) for p in range(4) if p != PLANE), 0.02)
+        qa.post_send(WriteWr(1, (a.mr, 0, size), b.mr.addr, b.mr.rkey))
+        sampler.start()
+        others.start()
+        try:
+            deadline = time.monotonic() + WAIT
+            while plane_sent(bed, SRC, PLANE) < base + 500:  # the plane carries the write
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            t_cmd = time.perf_counter()
+            bed.faults.nic_down(f"h{DST}", PLANE)
+            t_ret = time.perf_counter()
+            (wc,) = drain(a.cq, 1)
+            t_done = time.perf_counter()
+            time.sleep(0.3)  # watch the dead plane a little longer
+        finally:
+            sampler.stop.set()
+            others.stop.set()
+            sampler.join()
+            others.join()
+        before, last = sampler.last_change()
+        print(
+            f"\nnic down h{DST} plane {PLANE}: command took {(t_ret - t_cmd) * 1000:.1f} ms; "
+            f"sender's last plane-{PLANE} packet {(before - t_cmd) * 1000:.1f}.."
+            f"{(last - t_cmd) * 1000:.1f} ms after the command "
+            f"(sampled every {sampler.period * 1000:.0f} ms, {len(sampler.samples)} samples); "
+            f"write done {(t_done - t_cmd) * 1000:.0f} ms after it"
+        )
+        assert wc.status is WcStatus.SUCCESS
+        assert async_events(a) == []  # no error on the sender's side
+        # The receiving program hears of its port (mrc.h's port error event), nothing else.
+        event = b.ctx.get_async_event(timeout=WAIT)
+        assert event is not None and (event.type, event.port) == (AsyncEventType.PORT_ERR, PLANE)
+        assert async_events(b) == []
+        assert b.mr.buf == payload
+        assert last - t_cmd < 2.0, "the sender kept using the dead plane"
+        # It stopped because the receiver told it (the port bitmap in its SACKs).
+        told = f"event=peer_plane_down qpn={qa.qpn} plane={PLANE}"
+        assert told in bed.cluster.daemons[SRC].log.read_text(), bed.cluster.tail(SRC)
+        # The other planes carried on after the plane went quiet.
+        later = [v for t, v in others.samples if t >= last]
+        assert later and later[-1] > later[0], "plane 1 went quiet only when the write ended"
+        # Back up: a new write uses the plane again, data one way and ACKs the other.
+        bed.faults.nic_up(f"h{DST}", PLANE)
+        t_up = time.perf_counter()
+        s0, r0 = plane_sent(bed, SRC, PLANE), plane_sent(bed, DST, PLANE)
+        deadline = time.monotonic() + WAIT
+        i = 0
+        while plane_sent(bed, SRC, PLANE) <= s0 or plane_sent(bed, DST, PLANE) <= r0:
+            assert time.monotonic() < deadline, f"plane {PLANE} unused {WAIT}s after nic up"
+            i += 1
+            qa.post_send(WriteWr(10 + i, (a.mr, 0, 4 * MIB), b.mr.addr, b.mr.rkey))
+            assert drain(a.cq, 1)[0].status is WcStatus.SUCCESS
+        print(
+            f"after nic up: plane {PLANE} carries data and ACKs again "
+            f"({(time.perf_counter() - t_up) * 1000:.0f} ms, {i} writes of 4 MiB)"
+        )
+        event = b.ctx.get_async_event(timeout=WAIT)
+        assert event is not None and (event.type, event.port) == (AsyncEventType.PORT_ACTIVE, PLANE)
+        assert async_events(a, b) == []
+
+
+# 3. Bad input -------------------------------------------------------------------------------
+def rejected(bed: Bed, host: int) -> dict[str, float]:
+    return by_label(bed, host, "mrc_rejected_packets_total")
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def udp6_counters(netns: str) -> dict[str, int]:
+    """The namespace's /proc/net/snmp6 UDP counters (receive buffer drops, errors)."""
+    text = call_in_netns(netns, lambda: Path("/proc/net/snmp6").read_text())
+    return {
+        k: int(v) for k, v in (line.split() for line in text.splitlines()) if k.startswith("Udp6")
+    }
+
+
+def paths_to(bed: Bed) -> list[tuple[str, int]]:
+    """Every uSID address from SRC to DST's daemon, one per EV, all planes."""
+    fabric = bed.state.fabric
+    return [
+        (str(addrplan.address(fabric, SRC, DST, e.port, e.value)), DATA_PORT)
+        for e in addrplan.ev_profile(fabric, SRC, DST)
+    ]
+
+
+def capture(netns: str, ifname: str, dst: str, qpn: int, stop: threading.Event) -> list[bytes]:
+    """UDP payloads of data packets to ``dst``:4791 for ``qpn`` seen on ``ifname``."""
+    sock = call_in_netns(
+        netns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IPV6))
+    )
+    got: list[bytes] = []
+    want = socket.inet_pton(socket.AF_INET6, dst)
+    try:
+        sock.bind((ifname, ETH_P_IPV6))
+        sock.settimeout(0.05)
+        while not stop.is_set() and len(got) < 8:
+            try:
+                pkt = sock.recv(65536)
+            except TimeoutError:
+                continue
+            if len(pkt) < IPV6_HDR + UDP_HDR + 12 or pkt[6] != IPPROTO_UDP or pkt[24:40] != want:
+                continue
+            (dport,) = struct.unpack_from("!H", pkt, IPV6_HDR + 2)
+            udp = pkt[IPV6_HDR + UDP_HDR :]
+            if dport == DATA_PORT and int.from_bytes(udp[5:8], "big") == qpn and udp[0] == 0x0A:
+                got.append(udp)  # an RDMA WRITE packet of our connection (BTH opcode)
+    finally:
+        sock.close()
+    return got
+
+
+def test_bad_input_is_rejected_counted_and_harmless(clean_faults: Bed) -> None:
+    bed = clean_faults
+    region = 4 * MIB
+    a = open_end(bed, SRC, region)
+    b = open_end(bed, DST, region, region)  # the target and a neighbour never written to
+    with closing(a, b):
+        guard = b.ctx.reg_mr(region, Access.LOCAL_WRITE)  # registered, not remotely writable
+        guard.buf[:] = b"\x5a" * region
+        target, neighbour = b.mrs
+        qa, qb = connect(a, b, DST)
+        a.mr.buf[:] = os.urandom(region)
+
+        def write(wr_id: int, length: int = MIB) -> None:
+            qa.post_send(WriteWr(wr_id, (a.mr, 0, length), target.addr, target.rkey))
+            assert drain(a.cq, 1)[0].status is WcStatus.SUCCESS
+
+        write(1)
+        before = rejected(bed, DST)
+
+        # A wrong rkey and a region without remote write, through the API: each fails its
+        # own QP with a remote access error; the receiver counts rkey rejections.
+        for rkey in (target.rkey ^ 0x5A5A, guard.rkey):
+            bad, _ = connect(a, b, DST)
+            bad.post_send(WriteWr(2, (a.mr, 0, 4096), guard.addr, rkey))
+            (wc,) = drain(a.cq, 1)
+            assert wc.status is WcStatus.REM_ACCESS_ERR
+            event = a.ctx.get_async_event(timeout=WAIT)
+            assert event is not None and event.qpn == bad.qpn, event
+        after = rejected(bed, DST)
+        print(f"\nwrong rkey: receiver rejections {delta(after, before)}")
+        assert after["rkey"] >= before["rkey"] + 2
+
+        # A forged authentication tag: a well-formed data packet for the live QP, sealed
+        # with a key that is not the connection's, sent over the fabric from h0.
+        paths = paths_to(bed)
+        sender = udp_sender(bed.ns(SRC))
+        try:
+            forger = AeadIntegrity(os.urandom(32), qa.qpn, qb.qpn)
+            for i in range(10):
+                pkt = DataPacket(
+                    qpn=qb.qpn, psn=i, va=target.addr, rkey=target.rkey, payload=b"\xee" * 1024,
+                    ev=0, port=i % 4, tx_seq=1 << 40 | i, ts_ns=0,
+                )  # fmt: skip
+                sender.sendto(encode(pkt, forger), paths[i * 32 % len(paths)])
+            before, after = after, _settle(lambda: rejected(bed, DST))
+            print(f"forged tags: {delta(after, before)}")
+            assert after["bad_auth"] - before["bad_auth"] == 10
+
+            # A replayed packet: capture genuine data packets on the receiver's plane-0
+            # port during a write, send them again after it completed.
+            stop = threading.Event()
+            got: list[list[bytes]] = []
+            dst0 = str(addrplan.nic_sid(bed.state.fabric, 0, DST))
+            cap = threading.Thread(
+                target=lambda: got.append(capture(bed.ns(DST), "nic0", dst0, qb.qpn, stop))
+            )
+            cap.start()
+            try:
+                time.sleep(0.05)
+                write(3, 4 * MIB)
+            finally:
+                stop.set()
+                cap.join(WAIT)
+            replay = got[0] if got else []
+            assert replay, "captured no data packet on nic0"
+            for pkt_bytes in replay:
+                sender.sendto(pkt_bytes, paths[0])  # plane 0, EV 0: arrives on nic0 again
+            before, after = after, _settle(lambda: rejected(bed, DST))
+            print(f"{len(replay)} replayed packets: {delta(after, before)}")
+            assert after["replay"] - before["replay"] == len(replay)
+
+            # 100,000 random datagrams at the daemon's port, over every plane and path; one in
+            # ten carries the live QP's number, so the connection's own decoder sees it.
+            rng = random.Random(7)
+            udp_before, softnet_before = udp6_counters(bed.ns(DST)), softnet_drops()
+            count = 100_000
+            t0 = time.perf_counter()
+            live = qb.qpn.to_bytes(3, "big")
+            for i in range(count):
+                junk = rng.randbytes(rng.randrange(0, 1200))
+                if i % 10 == 0 and len(junk) >= 8:  # aimed at the live QP: reaches its decoder
+                    junk = junk[:5] + live + junk[8:]
+                sender.sendto(junk, paths[i % len(paths)])
+                if i % 2000 == 1999:
+                    time.sleep(0.002)  # keep the receive buffers from overflowing
+            sent_s = time.perf_counter() - t0
+            before, after = after, _settle(lambda: rejected(bed, DST))
+            udp_after, softnet = udp6_counters(bed.ns(DST)), softnet_drops() - softnet_before
+        finally:
+            sender.close()
+        counted = sum(delta(after, before).values())
+        drops = udp_after["Udp6RcvbufErrors"] - udp_before["Udp6RcvbufErrors"]
+        print(
+            f"{count} random datagrams in {sent_s:.2f} s: rejected {delta(after, before)} "
+            f"(sum {counted:.0f}), receive-buffer drops {drops}, kernel backlog drops {softnet}"
+        )
+        # Every datagram that reached the daemon was rejected and counted (the kernel's
+        # backlog drops are machine-wide: they only loosen the bound).
+        assert count - softnet <= counted + drops <= count
+        assert counted >= count * 0.9
+        # The daemon still serves the connection it had, and memory is as it should be.
+        write(4, 2 * MIB)
+        assert target.buf[: 2 * MIB] == a.mr.buf[: 2 * MIB]
+        assert target.buf[4 * MIB - 1] == a.mr.buf[4 * MIB - 1]  # write 3 reached the end
+        assert neighbour.buf == bytes(region)
+        assert guard.buf == b"\x5a" * region
+        assert async_events(a, b) == []  # nothing more failed
+
+
+def softnet_drops() -> int:
+    """Packets the kernel dropped from its per-CPU backlogs (machine-wide)."""
+    lines = Path("/proc/net/softnet_stat").read_text().splitlines()
+    return sum(int(line.split()[1], 16) for line in lines)
+
+
+def _settle(read: Callable[[], dict[str, float]], quiet: float = 0.2) -> dict[str, float]:
+    """Read until two reads ``quiet`` seconds apart agree (the daemon drained its sockets)."""
+    last = read()
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+# 4. A real Prometheus scraping every daemon over the management network -----------------------
+def test_prometheus_scrapes_every_daemon(clean_faults: Bed) -> None:
+    bed = clean_faults
+    targets = [f"[{bed.state.mgmt[f'h{h}']}]:{METRICS_PORT}" for h in bed.cluster.daemons]
+    page = scrape(bed, SRC)
+    lint = subprocess.run(
+        ["promtool", "check", "metrics"], input=page, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    a, b = open_end(bed, 1, MIB), open_end(bed, 2, MIB)
+    with closing(a, b), run_prometheus(targets, bed.workdir / "prom", scrape_interval=0.5) as prom:
+        qa, _ = connect(a, b, 2)
+        qa.post_send(WriteWr(1, (a.mr, 0, MIB), b.mr.addr, b.mr.rkey))
+        assert drain(a.cq, 1)[0].status is WcStatus.SUCCESS
+        prom.wait_for("count(mrc_planes) == 4", timeout=WAIT)
+        up = prom.query("up")
+        assert len(up) == 4 and all(s["value"][1] == "1" for s in up)  # type: ignore[index]
+        [planes] = prom.query("sum(mrc_planes)")
+        assert planes["value"][1] == "16"  # type: ignore[index]
+        # h1 sent the write; h2 sent the ACKs: both show bytes on the wire.
+        sent = prom.wait_for("sum by (instance) (mrc_sent_bytes_total) > 0", WAIT, count=2)
+        instances = {s["metric"]["instance"] for s in sent}  # type: ignore[index]
+        assert {targets[1], targets[2]} <= instances
+        names = {s["metric"]["__name__"] for s in prom.query('{__name__=~"mrc_.+"}')}  # type: ignore[index]
+        print(f"\nprometheus: {len(names)} mrc_ series names from {len(up)} daemons")
+        assert {"mrc_sent_packets_total", "mrc_rejected_packets_total"} <= names
