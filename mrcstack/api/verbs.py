@@ -406,7 +406,10 @@ class Context:
 
     # Events -------------------------------------------------------------------------------
     def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
-        """``mrc_get_async_event``: the next event, or None after ``timeout`` seconds."""
+        """``mrc_get_async_event``: the next event, or None after ``timeout`` seconds
+        (``timeout=0`` reads what has arrived without blocking, like ``poll_cq``)."""
+        if not self._async:
+            self.conn.pump(block=False)
         if not self.conn.wait_for(lambda: bool(self._async), timeout):
             return None
         return self._async.popleft()
