@@ -35,8 +35,9 @@ test: setup lint
 bench: setup
 	$(PY) -m bench
 
-demo:
-	@echo "make demo: not built yet (the daemon lands with issue 4); try: $(PY) -m mrcstack.sim --help"
+# The demo needs root (namespaces); PROMETHEUS=1 leaves Prometheus, the testbed and mrcd up.
+demo: setup
+	$(PY) -m mrcstack demo $(if $(PROMETHEUS),--prometheus)
 
 clean-venv:
 	rm -rf .venv

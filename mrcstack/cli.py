@@ -3,6 +3,7 @@
 mrcstack testbed ...   namespace testbeds (netns.cli)
 mrcstack fault ...     the fault harness (netns.fault_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
+mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "testbed": ("netns.cli", "multi-plane SRv6 testbeds in network namespaces"),
     "fault": ("netns.fault_cli", "faults on a running testbed (links, switches, loss, trim)"),
     "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
+    "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
 }
 
 

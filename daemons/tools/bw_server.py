@@ -1,0 +1,317 @@
+"""The server side of ``mrc-write-bw``: registers memory, accepts the client's QPs, follows
+the writes by their immediates, checks what landed (``--verify``), hands slots back with
+credit writes, and answers the client's END with its own counts.  See write_bw.py for the
+protocol and docs/tools.md for the output."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from daemons.tools.common import (
+    BW_PROG,
+    CREDIT_CELL,
+    CREDIT_WR,
+    CTRL_AREA,
+    END,
+    END_WR,
+    KIND_BW,
+    MASK31,
+    MAX_CREDITS_OUT,
+    POLL_N,
+    RECVS,
+    REPOST,
+    RESULT_CELL,
+    RESULT_SIZE,
+    Events,
+    Hello,
+    Result,
+    ToolError,
+    Welcome,
+    align,
+    crc31,
+    delta31,
+    wait_hello,
+)
+from daemons.tools.flags import Options
+from daemons.tools.report import (
+    LINE,
+    MB,
+    Series,
+    bw_columns,
+    bw_figures,
+    bw_interval_line,
+    bw_row,
+    bw_series_entry,
+    emit,
+    header,
+    say,
+)
+from mrcstack.api import Context, Device, QpCap, QueuePair, WcOpcode, WorkCompletion, WriteWr
+
+PROG = BW_PROG
+
+
+@dataclass
+class _Peer:
+    """One server QP and what arrived on it."""
+
+    index: int
+    qp: QueuePair
+    hello: Hello
+    slots_off: int
+    received: int = 0
+    last_imm: int = 0
+    verified: int = 0
+    mismatches: int = 0
+    first_mismatch: int | None = None
+    credit_sent: int = 0
+    credits_out: int = 0
+    recvs_left: int = RECVS
+    ended: bool = False
+    result_done: bool = False
+
+
+class BwServer:
+    def __init__(self, opts: Options, ctx: Context, host: int) -> None:
+        self.opts = opts
+        self.ctx = ctx
+        self.host = host
+        self.events = Events(ctx, time.monotonic())
+        self.peers: list[_Peer] = []
+        self.by_qpn: dict[int, _Peer] = {}
+
+    def accept(self) -> Hello:
+        o = self.opts
+        listener = self.ctx.listen(o.service)
+        if not o.json:
+            say(f" waiting for a client on service {o.service} (mrcd h{self.host})")
+        req, first = wait_hello(listener, KIND_BW, None)
+        self.client_host = req.remote_host
+        size, slots, qps = first.size, first.slots, first.qps
+        slots_len = qps * slots * size
+        self.ctrl_base = align(slots_len)
+        self.send_base = self.ctrl_base + qps * CTRL_AREA
+        self.mr = self.ctx.reg_mr(self.send_base + 64 + qps * 64)
+        self.buf = self.mr.buf
+        self.cq = self.ctx.create_cq(65536)
+        attr = o.qp_attr(MAX_CREDITS_OUT + 2)
+        cap = QpCap(max_send_wr=MAX_CREDITS_OUT + 8, max_recv_wr=RECVS)
+        hello = first
+        for q in range(qps):
+            if q:
+                req, hello = wait_hello(listener, KIND_BW, o.timeout, like=hello)
+            qp = self.ctx.create_qp(self.cq, attr=attr, cap=cap)
+            qp.post_recv(range(RECVS))
+            slots_off = q * slots * size
+            welcome = Welcome(
+                self.mr.addr + slots_off,
+                self.mr.rkey,
+                self.mr.addr + self.ctrl_base + q * CTRL_AREA,
+            )
+            listener.accept(req, qp, welcome.pack(), timeout=o.timeout)
+            peer = _Peer(q, qp, hello, slots_off)
+            self.peers.append(peer)
+            self.by_qpn[qp.qpn] = peer
+        self.hello = first
+        return first
+
+    def _arrivals(self, wcs: list[WorkCompletion], series: Series) -> int:
+        h = self.hello
+        size = h.size
+        placed = 0
+        for wc in wcs:
+            p = self.by_qpn.get(wc.qpn)
+            if p is None:
+                continue
+            if not wc.ok:
+                raise ToolError(f"QP {wc.qpn}: work request {wc.wr_id:#x} failed: {wc.status.name}")
+            if wc.opcode is WcOpcode.RDMA_WRITE:
+                if wc.wr_id & END_WR:
+                    p.result_done = True
+                else:
+                    p.credits_out -= 1
+                continue
+            p.recvs_left -= 1
+            imm = wc.imm or 0
+            if imm & END:
+                count = imm & MASK31
+                if h.verify:
+                    missing = delta31(count, p.received & MASK31)
+                    if missing:
+                        self._mismatch(p, p.received, missing)
+                else:
+                    n = delta31(count, p.last_imm)
+                    p.received += n
+                    placed += n
+                p.ended = True
+                self._send_result(p)
+            elif h.verify:
+                k = p.received
+                off = p.slots_off + (k % h.slots) * size
+                if wc.byte_len != size or crc31(self.buf[off : off + size]) != imm:
+                    self._mismatch(p, k, 1)
+                p.received += 1
+                p.verified += 1
+                placed += 1
+            else:
+                n = delta31(imm, p.last_imm)
+                p.last_imm = imm
+                p.received += n
+                placed += n
+        series.count += placed
+        series.bytes += placed * size
+        return placed
+
+    def _mismatch(self, p: _Peer, write: int, n: int) -> None:
+        p.mismatches += n
+        if p.first_mismatch is None:
+            p.first_mismatch = write
+
+    def _send_result(self, p: _Peer) -> None:
+        h = p.hello
+        off = self.send_base + 64 + p.index * 64
+        Result(p.received, p.received * h.size, p.verified, p.mismatches).pack_into(self.buf, off)
+        imm = END | (p.mismatches & MASK31)
+        p.qp.post_send(
+            WriteWr(
+                END_WR | p.index,
+                (self.mr, off, RESULT_SIZE),
+                h.reply_addr + RESULT_CELL,
+                h.reply_rkey,
+                imm,
+            )
+        )
+
+    def _credits(self) -> None:
+        for p in self.peers:
+            if p.ended or p.verified <= p.credit_sent or p.credits_out >= MAX_CREDITS_OUT:
+                continue
+            h = p.hello
+            wr = WriteWr(
+                CREDIT_WR | p.index,
+                (self.mr, self.send_base, 8),
+                h.reply_addr + CREDIT_CELL,
+                h.reply_rkey,
+                p.verified & MASK31,
+            )
+            p.qp.post_send(wr)
+            p.credit_sent = p.verified
+            p.credits_out += 1
+
+    def run(self) -> dict[str, Any]:
+        o, h = self.opts, self.hello
+        start = time.monotonic()
+        wall = time.time()
+        self.events.start = start
+        series = Series(o.interval, start)
+
+        def close(s: Series, t: float) -> dict[str, Any]:
+            entry = bw_series_entry(s, t)
+            if o.show_intervals and not o.json:
+                say(bw_interval_line(entry, o.interval, o.report_gbits))
+            return entry
+
+        total = 0
+        last = start
+        end = start
+        while not all(p.result_done for p in self.peers):
+            now = time.monotonic()
+            wcs = self.cq.poll_wait(POLL_N, timeout=max(0.0, min(series.next_tick - now, 0.1)))
+            now = time.monotonic()
+            placed = self._arrivals(wcs, series)
+            if wcs:
+                last = now
+            elif now - last > o.timeout:
+                raise ToolError(f"nothing from the client for {o.timeout:g} s")
+            if placed:
+                total += placed
+                end = now
+            if h.verify:
+                self._credits()
+            for p in self.peers:
+                if p.recvs_left <= RECVS - REPOST:
+                    p.qp.post_recv(range(REPOST))
+                    p.recvs_left += REPOST
+            if now >= series.next_tick:
+                series.tick(now, close)
+                self.events.check()
+        series.tick(time.monotonic(), close)
+        self.events.check()
+        nbytes = total * h.size
+        first = next((p for p in self.peers if p.first_mismatch is not None), None)
+        return {
+            "tool": PROG,
+            "role": "server",
+            "host": self.host,
+            "client_host": self.client_host,
+            "service": o.service,
+            "size": h.size,
+            "qps": h.qps,
+            "tx_depth": h.tx_depth,
+            "verify": h.verify,
+            "iterations": total,
+            "bytes": nbytes,
+            **bw_figures(nbytes, total, end - start, series.entries, o.interval),
+            "verified": sum(p.verified for p in self.peers),
+            "mismatches": sum(p.mismatches for p in self.peers),
+            "first_mismatch": None
+            if first is None
+            else {"qp": first.index, "write": first.first_mismatch},
+            "start_time": wall,
+            "interval_s": o.interval,
+            "series": series.entries,
+            "qpns": [p.qp.qpn for p in self.peers],
+            "events": self.events.seen,
+        }
+
+
+def server_main(o: Options) -> int:
+    with Device.open(o.socket_path()) as dev:
+        attr = dev.query_device()
+        with dev.create_context() as ctx:
+            server = BwServer(o, ctx, attr.host)
+            hello = server.accept()
+            if not o.json:
+                say(
+                    header(
+                        "RDMA_Write BW Test (MRC over mrcd): server",
+                        [
+                            ("Device", f"mrcd h{attr.host} ({dev.path})"),
+                            ("Client", f"h{server.client_host} service {o.service}"),
+                            ("Number of qps", hello.qps),
+                            ("TX depth", hello.tx_depth),
+                            ("Message size", f"{hello.size} [B]"),
+                            ("Verify", "ON (CRC-32 of what landed)" if hello.verify else "OFF"),
+                            ("QPNs", " ".join(f"{p.qp.qpn:#06x}" for p in server.peers)),
+                        ],
+                    )
+                )
+            doc = server.run()
+    if o.json:
+        emit(doc)
+    else:
+        say(bw_columns(o.report_gbits))
+        say(
+            bw_row(
+                doc["size"],
+                doc["iterations"],
+                doc["bw_peak_MB_s"] * MB,
+                doc["bw_average_MB_s"] * MB,
+                doc["msg_rate_mpps"] * 1e6,
+                o.report_gbits,
+            )
+        )
+        say(LINE)
+        if doc["verify"]:
+            say(f" verified: {doc['verified']} writes, {doc['mismatches']} mismatches")
+    if doc["mismatches"]:
+        print(
+            f"{PROG}: error: verify: {doc['mismatches']} writes did not land intact "
+            f"(first: {doc['first_mismatch']})",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,339 @@
+"""What mrc-write-bw and mrc-write-lat share: the handshake, patterns, connection setup, events.
+
+The handshake is the connection's private data (``qp.connect`` / ``listener.accept``), as
+MRC has no RDMA-CM and mrcd already exchanges QP numbers over its control channel:
+
+- the client's CONNECT carries a :class:`Hello` (what it will do: size, QPs, slots, verify,
+  and where the server may write back to it: credits, the final result, lat's pongs);
+- the server's ACCEPT carries a :class:`Welcome` (where the client writes: the address and
+  rkey of this QP's slots in the server's registered memory, and of its control cell).
+
+Immediates are 32 bits: bit 31 (:data:`END`) marks the end of a run; the other 31 bits are
+a write count (bw), a checksum (bw --verify), or an iteration number (lat).
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import signal
+import struct
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from mrcstack.api import (
+    ApiError,
+    AsyncEventType,
+    Context,
+    Listener,
+    QueuePair,
+)
+from mrcstack.api.types import ConnectRequest
+
+MAGIC = b"MRCT"
+VERSION = 1
+KIND_BW, KIND_LAT = 1, 2
+BW_PROG, LAT_PROG = "mrc-write-bw", "mrc-write-lat"
+KIND_NAMES = {KIND_BW: BW_PROG, KIND_LAT: LAT_PROG}
+FLAG_VERIFY = 0x1
+END = 1 << 31  # immediate bit: the run is over (the other bits: the count)
+MASK31 = END - 1
+DEFAULT_SERVICE = 18515  # perftest's default port
+MAX_SIZE = 1 << 31  # one work request (mrcd's limit)
+MAX_DEPTH = 16384
+MAX_QPS = 256
+MIB = 1 << 20
+#: Per-QP reply area in the client's region: the credit cell (the server's credit writes
+#: land there), the result cell (the server's final counts) and the END write's source.
+REPLY_AREA = 128
+CREDIT_CELL, RESULT_CELL, END_CELL = 0, 64, 112
+CTRL_AREA = 64  # per QP in the server's region: where the END write lands
+POLL_N = 4096  # completions taken per poll
+END_WR = 1 << 62  # wr_id bit of the END and RESULT writes
+CREDIT_WR = 1 << 61  # wr_id bit of bw --verify's credit writes
+MAX_CREDITS_OUT = 16  # credit writes in flight per QP (credits are cumulative)
+RECVS = 4096  # receive buffers kept posted per QP (immediates)
+REPOST = 1024  # repost in batches of this many (each post_recv is a round trip to mrcd)
+
+_HELLO = struct.Struct("<4sBBHHHQIIIQIQ")
+_WELCOME = struct.Struct("<4sBBHQIQ")
+_RESULT = struct.Struct("<QQQQ")
+
+
+class ToolError(Exception):
+    """The run failed (mrcd unreachable, connection refused, a QP failed): exit status 1."""
+
+
+class UsageError(ToolError):
+    """Bad flags: one line, exit status 2."""
+
+
+# The handshake ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The client's private data: the run it asks for and where the server writes back."""
+
+    kind: int
+    verify: bool
+    qps: int
+    index: int  # which of the client's QPs this is
+    size: int  # bytes per write
+    slots: int  # write slots per QP in the server's region
+    imm_every: int  # bw: every Nth write carries an immediate (1 with --verify)
+    tx_depth: int
+    reply_addr: int  # this QP's REPLY_AREA in the client's region
+    reply_rkey: int
+    data_addr: int = 0  # lat: the client's pong slots
+
+    def pack(self) -> bytes:
+        flags = FLAG_VERIFY if self.verify else 0
+        return _HELLO.pack(
+            MAGIC,
+            VERSION,
+            self.kind,
+            flags,
+            self.qps,
+            self.index,
+            self.size,
+            self.slots,
+            self.imm_every,
+            self.tx_depth,
+            self.reply_addr,
+            self.reply_rkey,
+            self.data_addr,
+        )
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Hello:
+        """Raises ValueError (with the reason) for anything that is not our client."""
+        if len(data) < _HELLO.size:
+            raise ValueError(f"private data of {len(data)} bytes is not a tool's hello")
+        (
+            magic,
+            version,
+            kind,
+            flags,
+            qps,
+            index,
+            size,
+            slots,
+            imm_every,
+            tx_depth,
+            reply_addr,
+            reply_rkey,
+            data_addr,
+        ) = _HELLO.unpack_from(data)
+        if magic != MAGIC:
+            raise ValueError("private data is not a tool's hello (bad magic)")
+        if version != VERSION:
+            raise ValueError(f"hello version {version}, this tool speaks {VERSION}")
+        if kind not in KIND_NAMES:
+            raise ValueError(f"unknown test kind {kind}")
+        if not (1 <= qps <= MAX_QPS and index < qps and 1 <= size <= MAX_SIZE):
+            raise ValueError(f"bad hello: qps={qps} index={index} size={size}")
+        if not (1 <= slots <= 2 * MAX_DEPTH and imm_every >= 1 and 1 <= tx_depth <= MAX_DEPTH):
+            raise ValueError(f"bad hello: slots={slots} imm_every={imm_every} depth={tx_depth}")
+        return cls(
+            kind,
+            bool(flags & FLAG_VERIFY),
+            qps,
+            index,
+            size,
+            slots,
+            imm_every,
+            tx_depth,
+            reply_addr,
+            reply_rkey,
+            data_addr,
+        )
+
+    def same_run(self, other: Hello) -> bool:
+        return (self.kind, self.verify, self.qps, self.size, self.slots) == (
+            other.kind,
+            other.verify,
+            other.qps,
+            other.size,
+            other.slots,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The server's private data: where this QP writes in the server's region."""
+
+    slots_addr: int
+    rkey: int
+    ctrl_addr: int
+
+    def pack(self) -> bytes:
+        return _WELCOME.pack(MAGIC, VERSION, 0, 0, self.slots_addr, self.rkey, self.ctrl_addr)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Welcome:
+        if len(data) < _WELCOME.size:
+            raise ToolError("the server's reply is not a tool's welcome (is it mrc-write-*?)")
+        magic, version, _status, _pad, slots_addr, rkey, ctrl_addr = _WELCOME.unpack_from(data)
+        if magic != MAGIC or version != VERSION:
+            raise ToolError(f"the server speaks another protocol ({magic!r} v{version})")
+        return cls(slots_addr, rkey, ctrl_addr)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The server's final counts for one QP, written into the client's result cell."""
+
+    writes: int
+    bytes: int
+    verified: int
+    mismatches: int
+
+    def pack_into(self, buf: memoryview, offset: int) -> None:
+        _RESULT.pack_into(buf, offset, self.writes, self.bytes, self.verified, self.mismatches)
+
+    @classmethod
+    def unpack_from(cls, buf: memoryview, offset: int) -> Result:
+        return cls(*_RESULT.unpack_from(buf, offset))
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "writes": self.writes,
+            "bytes": self.bytes,
+            "verified": self.verified,
+            "mismatches": self.mismatches,
+        }
+
+
+RESULT_SIZE = _RESULT.size
+
+
+def delta31(new: int, old: int) -> int:
+    """How far a 31-bit counter carried in an immediate moved on (it wraps)."""
+    return (new - old) & MASK31
+
+
+def align(n: int, to: int = 64) -> int:
+    return (n + to - 1) // to * to
+
+
+# Patterns -----------------------------------------------------------------------------------
+class Pattern:
+    """Deterministic, different data for every (QP, iteration): a window of a random block
+    at an offset derived from both, with ``(qp << 48 | iteration)`` in the first 8 bytes."""
+
+    CHUNK = MIB
+
+    def __init__(self, size: int, seed: int = 1) -> None:
+        self.size = size
+        self.span = min(size, self.CHUNK)
+        self.block = memoryview(random.Random(seed).randbytes(2 * self.span))
+
+    def fill(self, dest: memoryview, qp: int, iteration: int) -> int:
+        """Write the pattern into ``dest`` (``size`` bytes); returns its CRC-32."""
+        span, block = self.span, self.block
+        start = (iteration * 40503 + qp * 9973) % span
+        pos = 0
+        while pos < self.size:
+            n = min(span, self.size - pos)
+            dest[pos : pos + n] = block[start : start + n]
+            pos += n
+            start = (start + 7919) % span
+        header = struct.pack("<Q", (qp << 48) | (iteration & ((1 << 48) - 1)))
+        head = min(8, self.size)
+        dest[:head] = header[:head]
+        return zlib.crc32(dest[: self.size])
+
+
+def crc31(data: memoryview) -> int:
+    return zlib.crc32(data) & MASK31
+
+
+# Connection setup ---------------------------------------------------------------------------
+def connect(qp: QueuePair, host: int, service: int, hello: Hello, timeout: float) -> Welcome:
+    """Connect, retrying while nothing listens yet (the server may start a moment later)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            data = qp.connect(host, service, hello.pack(), timeout=timeout + 15)
+        except ApiError as exc:
+            if exc.errno != errno.ECONNREFUSED or time.monotonic() >= deadline:
+                raise ToolError(f"cannot connect to service {service} on h{host}: {exc}") from None
+            time.sleep(0.2)
+            continue
+        return Welcome.unpack(data)
+
+
+def wait_hello(
+    listener: Listener, kind: int, timeout: float | None, like: Hello | None = None
+) -> tuple[ConnectRequest, Hello]:
+    """The next request that is a client of this tool (others are rejected)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        req = listener.get_request(timeout=left if left is not None else 1.0)
+        if req is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ToolError(f"the client's QP {like.index + 1 if like else 0} did not come")
+            continue
+        try:
+            hello = Hello.unpack(req.private_data)
+            if hello.kind != kind:
+                raise ValueError(f"a {KIND_NAMES[hello.kind]} client, this is {KIND_NAMES[kind]}")
+            if like is not None and not (hello.same_run(like) and hello.index == like.index + 1):
+                raise ValueError("a QP of another run")
+        except ValueError as exc:
+            print(f"{KIND_NAMES[kind]}: rejected h{req.remote_host}: {exc}", file=sys.stderr)
+            listener.reject(req)
+            continue
+        return req, hello
+
+
+# Events, interruption -----------------------------------------------------------------------
+@dataclass
+class Events:
+    """Asynchronous events of a context: port changes are recorded, QP failures fatal."""
+
+    ctx: Context
+    start: float
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def check(self) -> None:
+        while (ev := self.ctx.get_async_event(timeout=0)) is not None:
+            self.seen.append(
+                {
+                    "t": round(time.monotonic() - self.start, 6),
+                    "wall": time.time(),
+                    "type": ev.type.value,
+                    "port": ev.port,
+                    "qpn": ev.qpn,
+                    "reason": ev.reason,
+                }
+            )
+            if ev.type in (AsyncEventType.QP_FATAL, AsyncEventType.DEVICE_FATAL):
+                what = f"QP {ev.qpn}" if ev.qpn is not None else "mrcd"
+                raise ToolError(f"{what} failed: {ev.type.value}: {ev.reason}")
+
+
+class StopFlag:
+    """Ctrl-C ends the run gracefully (the results are still reported); twice, at once."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._old: Any = None
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.set = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)

@@ -1,0 +1,133 @@
+"""Results of mrc-write-bw and mrc-write-lat: interval series, perftest-like tables, JSON.
+
+Units are perftest's: MB/sec is 2**20 bytes per second, Gb/sec 10**9 bits per second,
+latencies in microseconds (one way: half the round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MB = 1 << 20  # perftest's MB/sec is MiB/s
+GBIT = 1e9
+LINE = "-" * 87
+
+
+class Series:
+    """Fixed-length intervals from ``start``: whatever is added lands in the current one."""
+
+    def __init__(self, interval: float, start: float) -> None:
+        self.interval = interval
+        self.start = start
+        self.next_tick = start + interval
+        self.entries: list[dict[str, Any]] = []
+        self.count = 0
+        self.bytes = 0
+        self.samples: list[float] = []
+
+    def tick(self, now: float, close: Callable[[Series, float], dict[str, Any]]) -> None:
+        while now >= self.next_tick:
+            self.entries.append(close(self, self.next_tick - self.start))
+            self.count, self.bytes, self.samples = 0, 0, []
+            self.next_tick += self.interval
+
+
+def bw_series_entry(s: Series, t: float) -> dict[str, Any]:
+    return {
+        "t": round(t, 6),
+        "bytes": s.bytes,
+        "writes": s.count,
+        "gbit_s": round(s.bytes * 8 / s.interval / GBIT, 6),
+    }
+
+
+def bw_figures(
+    nbytes: int, writes: int, elapsed: float, entries: Sequence[dict[str, Any]], interval: float
+) -> dict[str, float]:
+    avg = nbytes / elapsed if elapsed > 0 else 0.0
+    peak = max((e["bytes"] / interval for e in entries), default=avg)
+    peak = max(peak, avg)  # the average also counts the last, partial interval
+    return {
+        "duration_s": round(elapsed, 6),
+        "bw_peak_MB_s": round(peak / MB, 3),
+        "bw_average_MB_s": round(avg / MB, 3),
+        "bw_peak_gbit_s": round(peak * 8 / GBIT, 6),
+        "bw_average_gbit_s": round(avg * 8 / GBIT, 6),
+        "msg_rate_mpps": round(writes / elapsed / 1e6 if elapsed > 0 else 0.0, 9),
+    }
+
+
+def bw_interval_line(entry: dict[str, Any], interval: float, gbits: bool) -> str:
+    t0 = entry["t"] - interval
+    rate = (
+        f"{entry['gbit_s']:.3f} Gb/sec" if gbits else f"{entry['bytes'] / interval / MB:.2f} MB/sec"
+    )
+    return f" [{t0:7.2f}-{entry['t']:7.2f} s] {entry['bytes']:>12} bytes {rate:>16}"
+
+
+def bw_columns(gbits: bool) -> str:
+    unit = "Gb/sec" if gbits else "MB/sec"
+    return (
+        f" {'#bytes':<10} {'#iterations':<14} {'BW peak[' + unit + ']':<18} "
+        f"{'BW average[' + unit + ']':<21} {'MsgRate[Mpps]'}"
+    )
+
+
+def bw_row(size: int, iters: int, peak_bps: float, avg_bps: float, rate: float, gbits: bool) -> str:
+    def fmt(bytes_per_s: float) -> str:
+        return f"{bytes_per_s * 8 / GBIT:.2f}" if gbits else f"{bytes_per_s / MB:.2f}"
+
+    return f" {size:<10} {iters:<14} {fmt(peak_bps):<18} {fmt(avg_bps):<21} {rate / 1e6:.6f}"
+
+
+LAT_COLUMNS = (
+    f" {'#bytes':<7} {'#iterations':<12} {'t_min[usec]':<12} {'t_max[usec]':<12} "
+    f"{'t_typical[usec]':<16} {'t_avg[usec]':<12} {'t_stdev[usec]':<14} "
+    f"{'99% percentile[usec]':<21} {'99.9% percentile[usec]'}"
+)
+
+
+def lat_stats(samples: Sequence[float]) -> dict[str, float]:
+    """perftest's latency figures (microseconds) of one-way samples in seconds."""
+    if not samples:
+        return {}
+    s = sorted(samples)
+    n = len(s)
+    avg = sum(s) / n
+    var = sum((x - avg) ** 2 for x in s) / n
+    us = 1e6
+    return {
+        "t_min_us": s[0] * us,
+        "t_max_us": s[-1] * us,
+        "t_typical_us": s[n // 2] * us,
+        "t_avg_us": avg * us,
+        "t_stdev_us": math.sqrt(var) * us,
+        "t_99_us": s[min(n - 1, int(n * 0.99))] * us,
+        "t_99_9_us": s[min(n - 1, int(n * 0.999))] * us,
+    }
+
+
+def lat_row(size: int, iters: int, st: dict[str, float]) -> str:
+    return (
+        f" {size:<7} {iters:<12} {st['t_min_us']:<12.2f} {st['t_max_us']:<12.2f} "
+        f"{st['t_typical_us']:<16.2f} {st['t_avg_us']:<12.2f} {st['t_stdev_us']:<14.2f} "
+        f"{st['t_99_us']:<21.2f} {st['t_99_9_us']:.2f}"
+    )
+
+
+def header(title: str, lines: Sequence[tuple[str, object]]) -> str:
+    out = [LINE, f"{'':20}{title}"]
+    out += [f" {k:<16}: {v}" for k, v in lines]
+    out.append(LINE)
+    return "\n".join(out)
+
+
+def emit(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc, separators=(",", ":")), flush=True)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)

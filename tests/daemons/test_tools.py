@@ -1,0 +1,565 @@
+"""mrc-write-bw, mrc-write-lat and ``mrcstack demo``.
+
+- Pure: the handshake structs, patterns, figures, flags (one line, exit 2), the demo's
+  scenario and report.
+- Loopback (no root): two mrcds in this process (tests/daemons/apiharness.py), the tools as
+  subprocesses on their sockets; a hand-made client proves --verify catches a bad write.
+- Testbed (root): testbed ``tt`` (2 planes, 2 racks x 1 host, 2 T1 per plane) with mrcd on
+  both hosts (daemons.cluster), the tools in the hosts' namespaces; and a 3 s demo
+  (testbed ``tdm``).  Everything removed by exact name in ``finally``.
+
+No timing assertions: figures must be sensible (bytes > 0, verified), not fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemons.cluster import Cluster
+from daemons.tools import common
+from daemons.tools.common import (
+    END,
+    KIND_BW,
+    KIND_LAT,
+    MASK31,
+    Hello,
+    Pattern,
+    UsageError,
+    Welcome,
+    delta31,
+)
+from daemons.tools.flags import parse_args
+from daemons.tools.report import lat_stats
+from mrcstack import demo
+from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
+from mrcstack.fabric import Fabric
+from netns import testbed
+from netns.run import TestbedError
+from netns.scenario import parse_scenario
+from netns.state import TestbedState, exists, faults_path, load
+from tests.daemons.apiharness import Daemons
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+TESTBED = "tt"
+DEMO_BED = "tdm"
+ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
+WAIT = 120.0
+
+
+def tool(name: str, *args: str, netns: str | None = None) -> list[str]:
+    cmd = [PY, "-m", f"daemons.tools.{name}", *args]
+    return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+
+
+def run_pair(
+    name: str,
+    server: list[str],
+    client: list[str],
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """Start the server, run the client, collect both."""
+    srv = subprocess.Popen(
+        server, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        cli = subprocess.run(
+            client, check=False, cwd=ROOT, capture_output=True, text=True, timeout=WAIT
+        )
+        out, err = srv.communicate(timeout=WAIT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    return subprocess.CompletedProcess(server, srv.returncode, out, err), cli
+
+
+def one_json(out: str) -> dict[str, Any]:
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert len(lines) == 1, out
+    doc: dict[str, Any] = json.loads(lines[0])
+    return doc
+
+
+# Pure ---------------------------------------------------------------------------------------
+def test_hello_and_welcome_round_trip() -> None:
+    hello = Hello(KIND_BW, True, 4, 3, 1 << 20, 32, 1, 16, 0x1000, 0x77, 0)
+    assert Hello.unpack(hello.pack()) == hello
+    assert Welcome.unpack(Welcome(0x2000, 9, 0x3000).pack()) == Welcome(0x2000, 9, 0x3000)
+    for bad in (b"", b"XXXX" + hello.pack()[4:], hello.pack()[:10]):
+        with pytest.raises(ValueError):
+            Hello.unpack(bad)
+    with pytest.raises(ValueError, match="qps"):
+        Hello.unpack(Hello(KIND_LAT, False, 1, 1, 2, 2, 1, 1, 0, 0).pack())  # index >= qps
+
+
+def test_counters_wrap_and_patterns_differ() -> None:
+    assert delta31(3, MASK31) == 4
+    assert delta31(10, 10) == 0
+    assert (END | 5) & MASK31 == 5
+    p = Pattern(4096)
+    a, b, a2 = bytearray(4096), bytearray(4096), bytearray(4096)
+    crc_a = p.fill(memoryview(a), 0, 1)
+    crc_b = p.fill(memoryview(b), 0, 2)
+    assert p.fill(memoryview(a2), 0, 1) == crc_a and a == a2  # deterministic
+    assert a != b and crc_a != crc_b  # every iteration different
+    tiny = bytearray(3)
+    Pattern(3).fill(memoryview(tiny), 1, 7)  # smaller than the stamp
+    big = bytearray(3 << 20)
+    Pattern(3 << 20).fill(memoryview(big), 0, 5)  # larger than one random block
+    assert big[1 << 20 : 2 << 20] != big[: 1 << 20]
+
+
+def test_latency_figures_are_perftests() -> None:
+    st = lat_stats([i * 1e-6 for i in range(1, 1001)])  # 1..1000 us
+    assert st["t_min_us"] == pytest.approx(1)
+    assert st["t_max_us"] == pytest.approx(1000)
+    assert st["t_typical_us"] == pytest.approx(501)
+    assert st["t_avg_us"] == pytest.approx(500.5)
+    assert st["t_99_us"] == pytest.approx(991)
+    assert lat_stats([]) == {}
+
+
+def test_flag_defaults_follow_perftest() -> None:
+    o = parse_args("mrc-write-bw", KIND_BW, ["--server-host", "h3", "-s", "1MiB", "-D", "2"])
+    assert (o.server_host, o.size, o.duration, o.qps, o.tx_depth) == (3, 1 << 20, 2.0, 1, 16)
+    assert parse_args("mrc-write-bw", KIND_BW, []).size == 65536
+    assert parse_args("mrc-write-bw", KIND_BW, []).tx_depth == 128
+    lat = parse_args("mrc-write-lat", KIND_LAT, ["--run_infinitely"])
+    assert (lat.size, lat.iters, lat.duration) == (2, 1000, 5.0)
+    with pytest.raises(UsageError):
+        parse_args("mrc-write-lat", KIND_LAT, ["-q", "2"])  # no such flag for latency
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "needle"),
+    [
+        ("write_bw", ["-s", "0"], "-s/--size"),
+        ("write_bw", ["-s", "lots"], "bad size"),
+        ("write_bw", ["-n", "x"], "-n/--iters"),
+        ("write_bw", ["-q", "0"], "-q/--qp"),
+        ("write_bw", ["-D", "-1"], "-D/--duration"),
+        ("write_bw", ["--server-host", "three"], "--server-host"),
+        ("write_bw", ["--bogus"], "unrecognized arguments"),
+        ("write_lat", ["-t", "4"], "unrecognized arguments"),
+        ("write_lat", ["--interval", "0"], "--interval"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(name: str, args: list[str], needle: str) -> None:
+    r = subprocess.run(
+        tool(name, *args), check=False, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert lines[0].startswith(f"mrc-{name.replace('_', '-')}: error: ")
+
+
+def test_no_daemon_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    sock = tmp_path / "none.sock"
+    r = subprocess.run(
+        tool("write_bw", "--socket", str(sock), "--server-host", "1"),
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"mrc-write-bw: error: cannot connect to mrcd at {sock}: " + (
+        "No such file or directory"
+    )
+
+
+def test_demo_scenario_is_valid_and_scales() -> None:
+    fabric = Fabric()
+    long = parse_scenario(demo.scenario_toml(20), fabric)
+    short = parse_scenario(demo.scenario_toml(3), fabric)
+    assert len(long.events) == len(short.events) == 20
+    assert {e.action for e in long.events} == {
+        "link_down",
+        "link_up",
+        "switch_fail",
+        "switch_restore",
+        "nic_down",
+        "nic_up",
+    }
+    assert long.duration == pytest.approx(16.0) and short.duration == pytest.approx(2.4)
+
+
+def test_demo_report_and_render() -> None:
+    start = 1000.0
+    series = [
+        {"t": round(0.1 * i, 6), "bytes": 25 << 20, "writes": 25, "gbit_s": 2.1}
+        for i in range(1, 31)
+    ]
+    run = demo.Run(3.0)
+    run.client = {
+        "start_time": start,
+        "duration_s": 3.0,
+        "series": series,
+        "bytes": 750 << 20,
+        "bw_average_gbit_s": 2.1,
+        "bw_peak_gbit_s": 2.2,
+    }
+    run.server = {
+        "verified": 750,
+        "mismatches": 0,
+        "events": [
+            {"wall": start + 2.5, "type": "port_err", "port": 2},
+        ],
+    }
+    run.faults = [
+        {"wall": start + 1.2, "action": "link down", "target": "p0:t0a-t1a"},
+        {"wall": start + 1.3, "action": "link down", "target": "p1:t0b-t1b"},
+        {"wall": start + 2.4, "action": "nic down", "target": "h3 plane 2"},
+    ]
+    sent = {("mrc_sent_bytes_total", str(p)): 0.0 for p in range(4)}
+    retx = {("mrc_retransmissions_total", r): 0.0 for r in ("timeout", "sack")}
+    run.before = {0: {**sent, **retx}, 3: {("mrc_received_bytes_total", "0"): 0.0}}
+    run.after = {
+        0: {
+            **{k: 1e8 for k in sent},
+            ("mrc_retransmissions_total", "timeout"): 7.0,
+            ("mrc_retransmissions_total", "sack"): 3.0,
+        },
+        3: {("mrc_received_bytes_total", "0"): 9e7},
+    }
+    doc = demo.report(run)
+    assert [r["t"] for r in doc["rows"]] == [0, 1, 2]
+    assert doc["rows"][1]["faults"] == ["+1.20 link down p0:t0a-t1a, p1:t0b-t1b"]
+    assert doc["rows"][2]["faults"] == [
+        "+2.40 nic down h3 plane 2",
+        "+2.50 h3 app event port_err port 2",
+    ]
+    assert doc["rows"][0]["goodput_gbit_s"] == pytest.approx(250 * 2**20 * 8 / 1e9, rel=1e-3)
+    assert doc["retransmissions"] == {"timeout": 7, "sack": 3}
+    assert doc["planes"]["0"] == {"h0_sent_bytes": 100000000, "h3_received_bytes": 90000000}
+    text = demo.render(doc)
+    assert "link down p0:t0a-t1a, p1:t0b-t1b" in text
+    assert "h0 retransmissions by reason: timeout 7, sack 3" in text
+    json.dumps(doc)
+
+
+def test_demo_without_root_is_one_line() -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to drop to nobody (setpriv)")
+    r = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            PY,
+            "-m",
+            "mrcstack",
+            "demo",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "mrcstack demo: error: needs root (network namespaces): sudo mrcstack demo"
+    ]
+
+
+# Loopback -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def loop_daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemons]:
+    d = Daemons(tmp_path_factory.mktemp("tools")).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_loopback_bw_verify_json(loop_daemons: Daemons) -> None:
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    srv, cli = run_pair(
+        "write_bw",
+        tool("write_bw", "--socket", s3, "--service", "701", "--json"),
+        tool(
+            "write_bw",
+            "--socket",
+            s0,
+            "--server-host",
+            "3",
+            "--service",
+            "701",
+            "-s",
+            "64KiB",
+            "-n",
+            "200",
+            "-t",
+            "8",
+            "-q",
+            "2",
+            "--verify",
+            "--json",
+            "--interval",
+            "0.05",
+        ),
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    c, s = one_json(cli.stdout), one_json(srv.stdout)
+    assert c["iterations"] == 400 and c["bytes"] == 400 * 65536
+    assert c["server"] == {"writes": 400, "bytes": 400 * 65536, "verified": 400, "mismatches": 0}
+    assert s["verified"] == 400 and s["mismatches"] == 0 and s["first_mismatch"] is None
+    assert c["bw_average_MB_s"] > 0 and c["bw_peak_MB_s"] >= c["bw_average_MB_s"]
+    assert len(c["qpns"]) == 2 and (c["qps"], c["tx_depth"], c["verify"]) == (2, 8, True)
+    assert sum(e["bytes"] for e in c["series"]) <= c["bytes"]
+
+
+def test_loopback_lat_json(loop_daemons: Daemons) -> None:
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    srv, cli = run_pair(
+        "write_lat",
+        tool("write_lat", "--socket", s3, "--service", "702", "--json"),
+        tool(
+            "write_lat",
+            "--socket",
+            s0,
+            "--server-host",
+            "3",
+            "--service",
+            "702",
+            "-n",
+            "100",
+            "-s",
+            "4096",
+            "--verify",
+            "--json",
+        ),
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    c, s = one_json(cli.stdout), one_json(srv.stdout)
+    assert c["iterations"] == 100 and s["iterations"] == 100
+    assert c["mismatches"] == 0 and c["server"]["mismatches"] == 0 and s["mismatches"] == 0
+    assert 0 < c["t_min_us"] <= c["t_typical_us"] <= c["t_max_us"]
+    assert c["t_99_us"] <= c["t_99_9_us"] <= c["t_max_us"]
+
+
+def test_verify_catches_a_write_that_did_not_land_as_sent(loop_daemons: Daemons) -> None:
+    """A hand-made client: write 0 is fine, write 1 claims a checksum its bytes do not have."""
+    size = 4096
+    srv = subprocess.Popen(
+        tool("write_bw", "--socket", str(loop_daemons.sockets[3]), "--service", "703", "--json"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with Device.open(loop_daemons.sockets[0]) as dev, dev.create_context() as ctx:
+            mr = ctx.reg_mr(2 * size + common.REPLY_AREA)
+            cq = ctx.create_cq()
+            qp = ctx.create_qp(cq, cap=QpCap(max_recv_wr=64))
+            qp.post_recv(range(64))
+            reply = 2 * size
+            hello = Hello(KIND_BW, True, 1, 0, size, 2, 1, 1, mr.addr + reply, mr.rkey)
+            w = common.connect(qp, 3, 703, hello, 30)
+            pattern = Pattern(size)
+            good = pattern.fill(mr.buf[:size], 0, 0) & MASK31
+            bad = (pattern.fill(mr.buf[size : 2 * size], 0, 1) + 1) & MASK31
+            qp.post_send(
+                [
+                    WriteWr(0, (mr, 0, size), w.slots_addr, w.rkey, good),
+                    WriteWr(1, (mr, size, size), w.slots_addr + size, w.rkey, bad),
+                ]
+            )
+            qp.post_send(WriteWr(1 << 62, (mr, 0, 8), w.ctrl_addr, w.rkey, END | 2))
+            result = None
+            deadline = time.monotonic() + WAIT
+            while result is None and time.monotonic() < deadline:
+                for wc in cq.poll_wait(16, timeout=1):
+                    assert wc.ok, wc
+                    if wc.opcode is WcOpcode.RECV_RDMA_WITH_IMM and (wc.imm or 0) & END:
+                        result = common.Result.unpack_from(mr.buf, reply + common.RESULT_CELL)
+        out, err = srv.communicate(timeout=WAIT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    assert result == common.Result(writes=2, bytes=2 * size, verified=2, mismatches=1)
+    assert srv.returncode == 1
+    doc = one_json(out)
+    assert doc["mismatches"] == 1 and doc["first_mismatch"] == {"qp": 0, "write": 1}
+    assert err.strip().splitlines()[-1].startswith("mrc-write-bw: error: verify: 1 writes")
+
+
+# Testbed ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestbedState, Cluster]]:
+    if ROOT_REASON:
+        pytest.skip(ROOT_REASON)
+    try:
+        testbed.check_features(TESTBED)
+    except TestbedError as exc:
+        pytest.skip(str(exc))
+    if exists(TESTBED):
+        testbed.clean(TESTBED)
+    workdir = tmp_path_factory.mktemp("tt")
+    try:
+        testbed.up(Fabric(planes=2, racks=2, hosts_per_rack=1, t1_per_plane=2), TESTBED)
+        state = load(TESTBED)
+        with Cluster(state, workdir) as cluster:
+            yield state, cluster
+    finally:
+        testbed.clean(TESTBED)
+        faults_path(TESTBED).with_suffix(".log").unlink(missing_ok=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert not _namespaces(TESTBED)
+
+
+def _namespaces(name: str) -> list[str]:
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [n for n in left.stdout.split() if n.startswith(f"{name}-")]
+
+
+def _on_bed(
+    bed: tuple[TestbedState, Cluster],
+    name: str,
+    service: int,
+    server: Sequence[str],
+    client: Sequence[str],
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    state, cluster = bed
+    s0, s1 = str(cluster.daemons[0].api_socket), str(cluster.daemons[1].api_socket)
+    common_args = ["--service", str(service)]
+    return run_pair(
+        name,
+        tool(name, "--socket", s1, *common_args, *server, netns=state.ns("h1")),
+        tool(
+            name, "--socket", s0, "--server-host", "1", *common_args, *client, netns=state.ns("h0")
+        ),
+    )
+
+
+def test_bw_between_racks_verified(bed: tuple[TestbedState, Cluster]) -> None:
+    srv, cli = _on_bed(
+        bed,
+        "write_bw",
+        801,
+        ["--json"],
+        ["-s", "256KiB", "-D", "2", "-q", "2", "--verify", "--json", "--interval", "0.1"],
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    c, s = one_json(cli.stdout), one_json(srv.stdout)
+    print(f"\nmrc-write-bw h0 -> h1, 2 QPs, 256 KiB, --verify: {c['bw_average_gbit_s']:.2f} Gbit/s")
+    for key in (
+        "iterations",
+        "bytes",
+        "duration_s",
+        "bw_peak_MB_s",
+        "bw_average_MB_s",
+        "bw_peak_gbit_s",
+        "bw_average_gbit_s",
+        "msg_rate_mpps",
+        "start_time",
+        "interval_s",
+        "series",
+        "qpns",
+        "server",
+        "events",
+        "qp_attr",
+    ):
+        assert key in c, key
+    assert c["bytes"] > 0 and c["iterations"] * 262144 == c["bytes"]
+    assert c["server"]["verified"] == c["iterations"] == s["verified"]
+    assert c["server"]["mismatches"] == 0 == s["mismatches"]
+    assert c["series"] and all(e["t"] > 0 for e in c["series"])
+    assert sum(e["bytes"] for e in c["series"]) > 0
+    assert 1.5 < c["duration_s"] < 30
+
+
+def test_bw_text_table_and_report_gbits(bed: tuple[TestbedState, Cluster]) -> None:
+    srv, cli = _on_bed(bed, "write_bw", 802, [], ["-s", "1MiB", "-n", "50", "--report_gbits"])
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    lines = cli.stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if "#bytes" in x)
+    assert "BW peak[Gb/sec]" in lines[head] and "MsgRate[Mpps]" in lines[head]
+    size, iters, _peak, avg, rate = lines[head + 1].split()
+    assert (size, iters) == ("1048576", "50") and float(avg) > 0 and float(rate) > 0
+    assert "RDMA_Write BW Test" in cli.stdout and "waiting for a client" in srv.stdout
+
+
+def test_lat_between_racks(bed: tuple[TestbedState, Cluster]) -> None:
+    srv, cli = _on_bed(
+        bed, "write_lat", 803, ["--json"], ["-n", "300", "--verify", "--json", "--interval", "0.1"]
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    c = one_json(cli.stdout)
+    print(f"\nmrc-write-lat h0 -> h1: t_typical {c['t_typical_us']:.1f} us")
+    assert c["iterations"] == 300 and c["mismatches"] == 0 and c["server"]["writes"] == 300
+    assert c["t_typical_us"] > 0 and c["series"]
+
+
+def test_unknown_profile_is_one_line(bed: tuple[TestbedState, Cluster]) -> None:
+    _state, cluster = bed
+    r = subprocess.run(
+        tool(
+            "write_bw",
+            "--socket",
+            str(cluster.daemons[0].api_socket),
+            "--server-host",
+            "1",
+            "--ev-profile",
+            "77",
+            "--timeout",
+            "5",
+        ),
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mrc-write-bw: error: ") and "77" in lines[0]
+
+
+def test_demo_short_run() -> None:
+    if ROOT_REASON:
+        pytest.skip(ROOT_REASON)
+    if exists(DEMO_BED):
+        testbed.clean(DEMO_BED)
+    try:
+        r = subprocess.run(
+            [PY, "-m", "mrcstack", "demo", "--duration", "3", "--name", DEMO_BED],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=110,
+        )
+    finally:
+        if exists(DEMO_BED):
+            testbed.clean(DEMO_BED)
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert "goodput" in r.stdout and "h0 sent per plane" in r.stdout
+    assert "h0 retransmissions by reason: timeout" in r.stdout
+    assert "0 mismatches" in r.stdout
+    assert "switch fail p1-t1c" in r.stdout or "switch fail p1-t1c" in r.stderr
+    assert "torn down" in r.stderr
+    assert not exists(DEMO_BED) and not _namespaces(DEMO_BED)
