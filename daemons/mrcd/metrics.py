@@ -51,7 +51,7 @@ DEFAULT_BOUNDS: tuple[float, ...] = (
 )
 
 #: Reasons always exported (as 0 until they happen) so ``rate()`` works from the start.
-RETRANSMIT_REASONS = ("timeout", "nack", "trim", "sack", "port")
+RETRANSMIT_REASONS = ("timeout", "nack", "trim", "sack", "rack", "port")
 NACK_REASONS = tuple(r.name.lower() for r in NackReason)
 REJECT_REASONS = (
     *(r.name.lower() for r in DecodeReason),  # the core counts DecodeReason names

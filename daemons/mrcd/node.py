@@ -31,7 +31,7 @@ from daemons.mrcd.control import (
 )
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.profiles import ProfileStore
-from daemons.mrcd.transport import PROBE_QPN, Address, Transport, open_plane_socket
+from daemons.mrcd.transport import PROBE_QPN, Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
@@ -62,6 +62,10 @@ _CRC = CrcIntegrity()
 
 #: Loopback data mode: each host's plane sockets use data_port + host * PORT_STRIDE + plane.
 PORT_STRIDE = 16
+#: RTO of a QP until its first RTT sample (the QP attribute ``timeout`` if larger): the
+#: first window of a software endpoint queues behind its own sending and the peer's
+#: first touches of the region, which takes several times its steady RTT.
+INITIAL_RTO = 0.05
 QPN_LIMIT = 1 << 24
 
 
@@ -79,7 +83,10 @@ class QpAttrs:
 
     max_wimm: int = 1024
     max_wimm_dest: int = 1024
-    timeout: float = 2e-3  # minimum retransmission timeout: Python endpoints see ~ms RTTs
+    # Minimum retransmission timeout.  A Python endpoint on a busy host is sometimes not
+    # scheduled for several milliseconds (CFS time slices): a smaller floor turns those
+    # silences into spurious timeouts.  Losses on a live connection are found by RACK.
+    timeout: float = 10e-3
     linear_cnt: int = 3
     exp_cnt: int = 6
     ev_profile_id: int = 0
@@ -311,11 +318,12 @@ class Node:
             local_psn=qp.psn,
             remote_psn=remote_psn,
             timeout=attrs.timeout,
+            initial_rto=max(attrs.timeout, INITIAL_RTO),
             linear_cnt=attrs.linear_cnt,
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.cfg.ack_coalesce,
         )
-        now = self.loop.time()
+        now = clock()
         conn = Connection(
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
         )
@@ -349,7 +357,7 @@ class Node:
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
-        now = self.loop.time()
+        now = clock()
         qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
         self._posted[(qpn, wr_id)] = now
         self._transport().kick(qpn)
@@ -564,7 +572,7 @@ class Node:
         log.warning(
             "event=plane_%s host=%s plane=%d", "up" if after else "down", self.cfg.host_name, plane
         )
-        now = self.loop.time()
+        now = clock()
         for qpn, qp in self.qps.items():
             if qp.conn is not None:
                 qp.conn.set_port_state(plane, after, now)
@@ -596,7 +604,7 @@ class Node:
         elif type(event) is SendCompleted:
             posted = self._posted.pop((qpn, event.wr_id), None)
             if posted is not None and event.status is WcStatus.SUCCESS:
-                self.write_completion.observe(self.loop.time() - posted)
+                self.write_completion.observe(clock() - posted)
         elif type(event) is ConnectionFailed:
             log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
             if qp is not None:

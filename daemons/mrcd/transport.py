@@ -6,13 +6,20 @@ plane's socket gets ``loop.add_reader`` and a callback that drains it into one r
 Packets are placed synchronously during ``receive_datagram``, so nothing keeps a view of the
 buffer after the call returns.  After a drained batch each touched connection is flushed
 once (feed, drain events, transmit), then the single timer is re-armed.
+
+The core's clock is ``time.monotonic``, read per datagram, not ``loop.time()``: uvloop's is
+libuv's cached millisecond clock, which turns sub-millisecond RTTs into 0 or 1 ms and made
+RACK and the RTO retransmit packets that were never lost.  Timers are armed in whole
+milliseconds rounded up, since libuv rounds to the nearest one and would fire early.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import socket
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,14 +35,18 @@ UDP_NO_CHECK6_TX = 101
 UDP_NO_CHECK6_RX = 102
 #: Largest datagram we read; MRC packets are at most one MTU (65535 covers jumbo loopback).
 RECV_BUFFER = 65536
-#: Datagrams drained per readable callback before yielding to the loop (fairness).
+#: Datagrams drained (from all plane sockets) per readable callback before yielding to the
+#: loop (fairness), in turns of READ_TURN per socket.
 DRAIN_LIMIT = 256
+READ_TURN = 16
 #: Datagrams one flush hands to the sockets before yielding (a 1 GiB write must not starve
 #: the receive path).
 SEND_BATCH = 256
 SOCKET_BUFFER = 8 << 20
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+#: The core's clock (seconds); the node reads the same one.
+clock = time.monotonic
 #: Destination QPN of connectionless EV probes (QP 0 is never allocated to a connection).
 PROBE_QPN = 0
 #: IPv6 traffic class ECT(0): packets are ECN-capable so switches may mark instead of drop.
@@ -119,6 +130,7 @@ class Transport:
         self._pending_flush: set[int] = set()
         self._flush_scheduled = False
         self._closed = False
+        self._draining = False
         for plane, sock in enumerate(sockets):
             loop.add_reader(sock.fileno(), self._on_readable, plane)
 
@@ -149,40 +161,63 @@ class Transport:
             self.loop.call_soon(self._flush_pending)
 
     # Receive ----------------------------------------------------------------------------
-    def _on_readable(self, plane: int) -> None:
-        sock = self.sockets[plane]
-        recvfrom_into = sock.recvfrom_into
+    def _on_readable(self, _plane: int) -> None:
+        """Any plane socket is readable: drain them all, then flush once.
+
+        The sockets are read in turns of READ_TURN datagrams, so acknowledgements are fed
+        to the core in about the order they arrived whatever plane they came on; reading
+        one socket dry before the next would make a loss detector that compares send times
+        see a plane's waiting acks as losses.
+        """
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            self._drain()
+        finally:
+            self._draining = False
+        if self._pending_flush:
+            self._flush_pending()
+
+    def _drain(self) -> None:
         view = self._view
         qps = self._qps
         touched = self._pending_flush
-        now = self.loop.time()
         stats = self.stats
-        for _ in range(DRAIN_LIMIT):
-            try:
-                n, source = recvfrom_into(view)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                stats.malformed += 1
-                continue
-            stats.datagrams_in += 1
-            data = view[:n]
-            try:
-                qpn = peek_qpn(data)
-            except DecodeError:
-                stats.malformed += 1
-                continue
-            qp = qps.get(qpn)
-            if qp is None:
-                if qpn == PROBE_QPN and self.connectionless is not None:
-                    self.connectionless(data, (source[0], source[1]), plane)
+        now_ = clock
+        readers = [(plane, sock.recvfrom_into) for plane, sock in enumerate(self.sockets)]
+        budget = DRAIN_LIMIT
+        while readers and budget > 0:
+            still = []
+            for plane, recvfrom_into in readers:
+                for _ in range(READ_TURN):
+                    try:
+                        n, source = recvfrom_into(view)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        stats.malformed += 1
+                        continue
+                    budget -= 1
+                    stats.datagrams_in += 1
+                    data = view[:n]
+                    try:
+                        qpn = peek_qpn(data)
+                    except DecodeError:
+                        stats.malformed += 1
+                        continue
+                    qp = qps.get(qpn)
+                    if qp is None:
+                        if qpn == PROBE_QPN and self.connectionless is not None:
+                            self.connectionless(data, (source[0], source[1]), plane)
+                        else:
+                            stats.unknown_qpn += 1
+                        continue
+                    qp.conn.receive_datagram(data, now=now_(), port=plane)
+                    touched.add(qpn)
                 else:
-                    stats.unknown_qpn += 1
-                continue
-            qp.conn.receive_datagram(data, now=now, port=plane)
-            touched.add(qpn)
-        if touched:
-            self._flush_pending()
+                    still.append((plane, recvfrom_into))  # a full turn: maybe more there
+            readers = still
 
     # Transmit and timers ------------------------------------------------------------------
     def _flush_pending(self) -> None:
@@ -207,7 +242,7 @@ class Transport:
         if self._backlog:
             self._pending_flush.add(qpn)
             return False  # sockets are full: the writer callback resumes us
-        out = conn.datagrams_to_send(self.loop.time(), SEND_BATCH)
+        out = conn.datagrams_to_send(clock(), SEND_BATCH)
         cache = self._addr_cache
         remote = qp.remote
         sockets = self.sockets
@@ -276,12 +311,23 @@ class Transport:
             self._timer = None
         self._timer_at = deadline
         if deadline is not None:
-            self._timer = self.loop.call_at(deadline, self._on_timer)
+            delay = math.ceil(max(0.0, deadline - clock()) * 1000.0) / 1000.0
+            self._timer = self.loop.call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        now = self.loop.time()
+        # Read what has already arrived before declaring anything timed out: after a stall
+        # (the process was not scheduled, a long callback) libuv runs due timers before it
+        # polls for I/O, and the acknowledgements waiting in the sockets would otherwise
+        # turn into spurious timeouts.
+        if not self._draining:
+            self._draining = True
+            try:
+                self._drain()
+            finally:
+                self._draining = False
+        now = clock()
         for qpn, qp in self._qps.items():
             t = qp.conn.get_timer()
             if t is not None and t <= now:

@@ -8,7 +8,7 @@ Programs talk to their local mrcd over a Unix socket::
         ctx = dev.create_context()
         mr = ctx.reg_mr(1 << 20)            # shared memory: mrcd reads and writes it in place
         cq = ctx.create_cq()
-        qp = ctx.create_qp(cq, attr=QpAttr(timeout=2e-3))
+        qp = ctx.create_qp(cq, attr=QpAttr(timeout=20e-3))  # min RTO (default: mrcd's)
         peer = qp.connect(remote_host=3, service=7)
         qp.post_send(WriteWr(1, (mr, 0, 4096), remote_addr=..., rkey=..., imm=42))
         [wc] = cq.poll()

@@ -133,7 +133,7 @@ class QpAttr:
 
     max_wimm: int = 1024
     max_wimm_dest: int = 1024
-    timeout: float = 2e-3
+    timeout: float | None = None  # None: mrcd's default (10 ms)
     linear_cnt: int = 3
     exp_cnt: int = 6
     ev_profile_id: int = 0
@@ -142,7 +142,10 @@ class QpAttr:
     hint: int | None = None  # a QP hint handle from Context.create_qp_hint
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        doc = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.timeout is None:
+            del doc["timeout"]  # the daemon's default
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> QpAttr:

@@ -36,6 +36,9 @@ class ConnectionConfig:
     denied: frozenset[int] = frozenset()
     timeout: float = 200e-6  # minimum retransmission timeout (OCP QP attribute `timeout`)
     max_rto: float = 0.25
+    # RTO until the first RTT sample; None: ``timeout``.  A software endpoint's first window
+    # takes longer than its steady RTT (RFC 6298 starts at 1 s for the same reason).
+    initial_rto: float | None = None
     linear_cnt: int = 3  # timeouts at the base RTO before exponential back-off
     exp_cnt: int = 4  # then this many doubling timeouts; exhausted -> connection fails
     probe_interval: float | None = None  # None: derived from the smoothed RTT
@@ -61,6 +64,8 @@ class ConnectionConfig:
             raise ValueError("encrypt needs a key")
         if self.timeout <= 0 or self.max_rto < self.timeout:
             raise ValueError("need 0 < timeout <= max_rto")
+        if self.initial_rto is not None and not self.timeout <= self.initial_rto <= self.max_rto:
+            raise ValueError("need timeout <= initial_rto <= max_rto")
         if self.linear_cnt < 0 or self.exp_cnt < 0:
             raise ValueError("retry counts must be >= 0")
         if not 1 <= self.ack_coalesce <= 64:

@@ -25,7 +25,7 @@ from mrcstack.core.events import (
 from mrcstack.core.evs import EvSlot, EvTable
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import to_psn
-from mrcstack.core.receiver import Feedback, Receiver
+from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.wire import (
     AckPacket,
@@ -96,6 +96,8 @@ class Connection:
         self._control: deque[Datagram] = deque()
         self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
         self._pending_count = [0] * config.planes
+        # Per port: the lowest and highest seq of the packets a pending ACK stands for.
+        self._pending_span = [(0, 0)] * config.planes
         self._tx_seq = 0
         self._rr = rng.randrange(1 << 16)
         self._port_bits = (1 << config.planes) - 1
@@ -229,22 +231,48 @@ class Connection:
     def _ack_or_coalesce(self, fb: Feedback, port: int) -> None:
         """ACK now, or let the next ACK on this port stand for this one too.
 
-        The newest feedback carries all that older ones did (cumulative PSN, SACK bitmap)
-        except their echoes, so up to ``ack_coalesce`` packets share one ACK.  NACKs, ECN
-        echoes and duplicate reports never wait: they are signals about one packet.
+        Coalescing is safe only while the newest ACK reports every packet of the group it
+        stands for (in its cumulative PSN or its 64-bit SACK window): the sender reads a
+        later packet on an EV acknowledged while an earlier one is not as a loss on that
+        path, and the earlier packet arrived on this same port.  So the pending ACK goes
+        out first whenever the new one would not cover its group, and before a NACK, ECN
+        echo or duplicate report, which never wait: they are signals about one packet.
         """
         limit = self.cfg.ack_coalesce
-        if limit <= 1 or fb.nack_reason or fb.ecn or fb.dup:
+        if limit <= 1:
             self._feedback(fb, port)
             return
-        count = self._pending_count[port] + 1
-        if count >= limit:
-            self._pending_acks.pop(port, None)
-            self._pending_count[port] = 0
+        urgent = fb.nack_reason or fb.ecn or fb.dup
+        pending = self._pending_acks.get(port)
+        if pending is not None:
+            low, high = self._pending_span[port]
+            nxt = fb.rcv_nxt
+            if urgent or not (
+                high < nxt or (max(low, nxt) >= fb.base and high < fb.base + SACK_BITS)
+            ):
+                self._send_pending(port, pending)
+                pending = None
+        if urgent:
             self._feedback(fb, port)
+            return
+        seq = fb.seq
+        if pending is None:
+            count = 1
+            self._pending_span[port] = (seq, seq)
+        else:
+            count = self._pending_count[port] + 1
+            low, high = self._pending_span[port]
+            self._pending_span[port] = (min(low, seq), max(high, seq))
+        if count >= limit:
+            self._send_pending(port, fb)
         else:
             self._pending_acks[port] = fb
             self._pending_count[port] = count
+
+    def _send_pending(self, port: int, fb: Feedback) -> None:
+        self._pending_acks.pop(port, None)
+        self._pending_count[port] = 0
+        self._feedback(fb, port)
 
     def _flush_acks(self) -> None:
         for port, fb in self._pending_acks.items():
@@ -301,6 +329,7 @@ class Connection:
         out: list[Datagram] = []
         if self._pending_acks:
             self._flush_acks()
+        self.sender.run_rack()
         control = self._control
         while control and len(out) < limit:
             out.append(control.popleft())

@@ -38,6 +38,9 @@ class Feedback:
     ecn: bool
     nack_reason: int
     dup: bool = False  # the packet had already arrived
+    seq: int = 0  # the echoed packet's unwrapped PSN (coalescing checks coverage with it)
+    base: int = 0  # the unwrapped PSN of bit 0 of the SACK bitmap
+    rcv_nxt: int = 0  # everything below this is acknowledged cumulatively
 
 
 class Receiver:
@@ -148,4 +151,7 @@ class Receiver:
             ecn=ecn,
             nack_reason=reason,
             dup=dup,
+            seq=seq,
+            base=base,
+            rcv_nxt=self.rcv_nxt,
         )

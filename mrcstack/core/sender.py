@@ -136,6 +136,8 @@ class Sender:
         self.rack_sent = -1.0  # latest send time of an acknowledged transmission
         self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
         self._reo_acks = 0
+        self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
+        self.last_progress = -1.0  # when an ack last acknowledged a packet
         self.in_flight = 0  # bytes sent, not acked, not declared lost
         self.srtt: float | None = None
         self.rttvar = 0.0
@@ -157,6 +159,8 @@ class Sender:
         base = self.cfg.timeout
         if self.srtt is not None:
             base = max(base, self.srtt + 4 * self.rttvar)
+        elif self.cfg.initial_rto is not None:
+            base = self.cfg.initial_rto
         extra = max(0, timeouts - self.cfg.linear_cnt)
         return min(self.cfg.max_rto, base * (1 << min(extra, 16)))
 
@@ -307,7 +311,7 @@ class Sender:
         if not self.roce:
             if echo_tx is not None:
                 self._detect_losses(echo_tx)
-            self._rack()
+            self.rack_due = True
         self._complete()
 
     def _acked(self, seq: int, rtt: float | None, ecn: bool, now: float) -> None:
@@ -315,6 +319,7 @@ class Sender:
         if tx is None:
             return
         tx.acked = True
+        self.last_progress = now
         self._reo_acks += 1
         if tx.sent > self.rack_sent:
             self.rack_sent = tx.sent
@@ -348,6 +353,18 @@ class Sender:
         self.reo_fraction = min(RACK_REO_MAX_FRACTION, self.reo_fraction * 2)
         self._reo_acks = 0
 
+    def run_rack(self) -> None:
+        """Run RACK if acks arrived since it last ran.
+
+        The connection calls this when asked what to send, that is after the adapter fed
+        it everything that had arrived: a software endpoint reads its plane sockets in
+        turn, so an ack waiting in one socket must not be taken for a loss because a later
+        ack was read from another first.
+        """
+        if self.rack_due:
+            self.rack_due = False
+            self._rack()
+
     def _rack(self) -> None:
         """Time-based loss detection (RACK, RFC 8985) across all paths.
 
@@ -369,7 +386,7 @@ class Sender:
                 fifo.popleft()
             elif tx.sent < limit:
                 fifo.popleft()
-                self._lose(tx, "sack")
+                self._lose(tx, "rack")
                 slot = tx.slot
                 if slot.last_evidence < tx.sent:
                     # Nothing on this EV came back since: a second such loss in a row
@@ -422,6 +439,17 @@ class Sender:
             deadline, _, tx = heapq.heappop(heap)
             if tx.acked or tx.lost or deadline != tx.deadline or self.txs.get(tx.seq) is not tx:
                 continue
+            if self.last_progress > tx.sent:
+                # Acks kept coming since this packet left, so the connection is not stalled:
+                # its timer restarts from the latest one (RFC 6298 5.3).  A packet lost on a
+                # live connection is RACK's to find; the RTO is for silence, and a burst
+                # sent at once must not time out as one because its tail queued behind it.
+                restart = self.last_progress + self.rto(tx.timeouts)
+                if restart > now:
+                    tx.deadline = restart
+                    self._heap_tie += 1
+                    heapq.heappush(heap, (restart, self._heap_tie, tx))
+                    continue
             tx.timeouts += 1
             if tx.timeouts > self.cfg.linear_cnt + self.cfg.exp_cnt:
                 self.failed = (

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from daemons.mrcd.node import QpAttrs
 from mrcstack.api import (
     ApiError,
     AsyncEventType,
@@ -135,6 +136,9 @@ def test_query_device_and_context_objects(daemons: Daemons) -> None:
             ctx.destroy_qp_hint(hint)
         with pytest.raises(ApiError, match="used by 1 QP"):
             cq.destroy()
+        default = ctx.create_qp(cq)  # no timeout given: the daemon's (see QpAttrs)
+        assert default.query().attr.timeout == QpAttrs().timeout == 10e-3
+        default.destroy()
         qp.destroy()
         cq.destroy()
         ctx.destroy_qp_hint(hint)

@@ -8,8 +8,9 @@ import random
 import socket
 
 import pytest
+import uvloop
 
-from daemons.mrcd.transport import Transport, open_plane_socket
+from daemons.mrcd.transport import READ_TURN, Transport, clock, open_plane_socket
 from mrcstack.core.cc import CCParams
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
@@ -132,3 +133,69 @@ def test_plane_socket_has_zero_checksum_options() -> None:
 def test_bind_failure_closes_the_socket() -> None:
     with pytest.raises(OSError):
         open_plane_socket(("2001:db8::1", 4791))  # not an address of this host
+
+
+def test_rtt_samples_have_sub_millisecond_resolution() -> None:
+    """The core's clock is time.monotonic, not uvloop's loop.time() (libuv's cached
+    millisecond clock, which made every RTT 0 or a whole number of milliseconds).  Runs
+    on uvloop, as mrcd does."""
+    uvloop.run(_rtt_samples())
+
+
+async def _rtt_samples() -> None:
+    pair = Pair(asyncio.get_running_loop())
+    samples: list[float] = []
+    pair.conns[0].sender.on_rtt = samples.append
+    try:
+        dst = bytearray(1 << 20)
+        mr = pair.mems[1].register(dst)
+        pair.conns[0].post_write(1, os.urandom(1 << 20), mr.va, mr.rkey, imm=1, now=clock())
+        pair.transports[0].kick(1)
+        await asyncio.wait_for(pair.done.wait(), 30)
+        assert len(samples) >= 10
+        assert all(s > 0 for s in samples)
+        off_grid = [s for s in samples if abs(s * 1e3 - round(s * 1e3)) > 0.01]
+        assert len(off_grid) > len(samples) // 2
+    finally:
+        pair.close()
+
+
+async def test_plane_sockets_are_read_in_turns() -> None:
+    """Datagrams waiting on several plane sockets reach the core in turns of READ_TURN per
+    socket, so a plane's acks are not fed long after another plane's later ones."""
+    pair = Pair(asyncio.get_running_loop())
+    seen: list[int] = []
+    conn = pair.conns[1]
+    receive = conn.receive_datagram
+
+    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
+        seen.append(port)
+        receive(data, now=now, port=port, ecn=ecn)
+
+    conn.receive_datagram = spy  # type: ignore[method-assign]
+    try:
+        per_plane = 3 * READ_TURN + 5
+        # A BTH for QP 2 (side 1's connection) and garbage after: the core rejects them
+        # (counted), which is all this test needs.
+        junk = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
+        loop = asyncio.get_running_loop()
+        for sock in pair.socks[1]:
+            loop.remove_reader(sock.fileno())  # hold reading until both are full
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            for plane in range(PLANES):
+                for _ in range(per_plane):
+                    s.sendto(junk, ("::1", pair.ports[1][plane]))
+        await asyncio.sleep(0.05)
+        pair.transports[1]._on_readable(0)
+        assert len(seen) == PLANES * per_plane
+        runs: list[int] = []
+        for i, port in enumerate(seen):
+            if i and seen[i - 1] == port:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        assert max(runs) <= READ_TURN
+        assert seen[: 2 * READ_TURN] == [0] * READ_TURN + [1] * READ_TURN
+        assert sum(conn.stats.rejected.values()) == PLANES * per_plane
+    finally:
+        pair.close()

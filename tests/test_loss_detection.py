@@ -1,0 +1,212 @@
+"""Loss detection must not mistake a software endpoint's delays for losses.
+
+Each test drives two connections by hand, so the order in which datagrams and ACKs are
+handed over is exactly the one a busy endpoint produces: a receiver reading one plane's
+socket before another's, acknowledgements waiting in a socket, a burst whose tail queues
+behind its head.  Every case also checks that a real loss is still found.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mrcstack.core.cc import CCParams
+from mrcstack.core.config import ConnectionConfig
+from mrcstack.core.connection import Connection, Datagram
+from mrcstack.core.events import SendCompleted, WcStatus
+from mrcstack.core.evs import EvEntry
+from mrcstack.core.memory import MemoryTable
+from mrcstack.core.psn import unwrap
+from mrcstack.wire import AckPacket, CrcIntegrity, decode
+
+MTU = 256
+PLANES = 2
+T0 = 1e-6  # a packet sent at time 0 carries no timestamp (0 means none), so no RTT sample
+
+
+def pair(
+    ack_coalesce: int = 1, timeout: float = 1e-3, **cfg: object
+) -> tuple[Connection, Connection, int, int]:
+    """Sender a, receiver b, and the va and rkey of a 1 MiB region at b."""
+    evs = tuple(EvEntry(p << 8 | i, p) for p in range(PLANES) for i in range(4))
+    mem = MemoryTable()
+    conns = [
+        Connection(
+            ConnectionConfig(
+                local_qpn=1 + i,
+                remote_qpn=2 - i,
+                planes=PLANES,
+                evs=evs,
+                cc="fixed",
+                cc_params=CCParams(max_cwnd=1024 * MTU),
+                mtu_payload=MTU,
+                timeout=timeout,
+                ack_coalesce=ack_coalesce if i == 1 else 1,
+                **cfg,  # type: ignore[arg-type]
+            ),
+            memory=MemoryTable() if i == 0 else mem,
+            rng=random.Random(i),
+            now=0.0,
+        )
+        for i in (0, 1)
+    ]
+    region = mem.register(bytearray(1 << 20))
+    return conns[0], conns[1], region.va, region.rkey
+
+
+def send_all(conn: Connection, now: float) -> list[Datagram]:
+    out: list[Datagram] = []
+    while batch := conn.datagrams_to_send(now):
+        out.extend(batch)
+    return out
+
+
+def deliver(to: Connection, datagrams: list[Datagram], now: float) -> list[Datagram]:
+    """Feed datagrams one by one, collecting what ``to`` sends after each (its ACKs)."""
+    replies: list[Datagram] = []
+    for d in datagrams:
+        to.receive_datagram(d.data, now=now, port=d.port)
+        replies.extend(to.datagrams_to_send(now))
+    return replies
+
+
+def feed(to: Connection, datagrams: list[Datagram], now: float) -> None:
+    """One receive batch: everything first, then the adapter asks what to send."""
+    for d in datagrams:
+        to.receive_datagram(d.data, now=now, port=d.port)
+
+
+def test_coalesced_acks_report_every_packet_they_stand_for() -> None:
+    """A receiver reading one plane's socket dry sees that plane's packets far ahead of its
+    cumulative PSN; a coalesced ACK whose 64-bit window cannot reach back over its group
+    must not stand for it, or the sender reads the group as lost on its paths."""
+    a, b, va, rkey = pair(ack_coalesce=16)
+    a.post_write(1, bytes(300 * MTU), va, rkey, imm=None, now=0.0)
+    data = send_all(a, 0.0)
+    assert len(data) == 300
+    first, rest = data[0], data[1:]
+    # Socket by socket, and on each the packets of two distant stretches of the window
+    # alternate, as when retransmissions of old PSNs share a plane with new ones.
+    order = []
+    for p in range(PLANES):
+        mine = [d for d in rest if d.port == p]
+        half = len(mine) // 2
+        order += [d for pair_ in zip(mine[:half], mine[half:], strict=False) for d in pair_]
+        order += mine[2 * half :]
+    feed(b, order, 1e-4)  # one receive batch, then the ACKs it produced
+    acks = send_all(b, 1e-4)
+    reported: set[int] = set()
+    for ack in acks:
+        pkt = decode(ack.data, CrcIntegrity())
+        assert isinstance(pkt, AckPacket)
+        base = unwrap(pkt.sack_base, 0)
+        reported.update(base + i for i in range(64) if pkt.sack_bitmap >> i & 1)
+    psn0 = unwrap(decode(first.data, CrcIntegrity()).psn, 0)  # type: ignore[union-attr]
+    assert reported == {psn0 + i for i in range(1, 300)}
+    feed(a, acks, 2e-4)
+    a.datagrams_to_send(2e-4)
+    # Only the packet that really is missing is declared lost (by its path's later packets).
+    assert a.stats.retransmissions == {"sack": 1}
+
+
+def test_rack_waits_for_the_whole_receive_batch() -> None:
+    """ACKs read from one plane's socket before another's must not make RACK declare the
+    other plane's earlier packets lost: it runs once the adapter has fed the batch."""
+    a, b, va, rkey = pair()
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)  # warm up: srtt = 19 us
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(4 * MTU), va, rkey, imm=None, now=1e-3)
+    early = send_all(a, 1e-3)
+    a.post_write(3, bytes(4 * MTU), va, rkey, imm=None, now=2e-3)
+    late = send_all(a, 2e-3)
+    # The receiver reads plane 1 (all of the late burst's plane-1 packets) before plane 0.
+    order = [d for d in late if d.port == 1] + [d for d in early + late if d.port == 0]
+    order += [d for d in early if d.port == 1]
+    acks = deliver(b, order, 2.01e-3)
+    feed(a, acks, 2.02e-3)
+    a.datagrams_to_send(2.02e-3)
+    assert a.stats.retransmissions == {}
+    assert not a.sender.txs
+    completions = []
+    while (event := a.next_event()) is not None:
+        if isinstance(event, SendCompleted):
+            completions.append(event.wr_id)
+    assert completions == [1, 2, 3]
+
+
+def test_rack_still_finds_a_loss_within_the_batch() -> None:
+    a, b, va, rkey = pair()
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(4 * MTU), va, rkey, imm=None, now=1e-3)
+    early = send_all(a, 1e-3)
+    a.post_write(3, bytes(4 * MTU), va, rkey, imm=None, now=2e-3)
+    late = send_all(a, 2e-3)
+    lost = [d for d in early if d.port == 1][-1]  # the last one on its EV: only RACK sees it
+    acks = deliver(b, [d for d in early + late if d is not lost], 2.01e-3)
+    feed(a, acks, 2.02e-3)
+    resent = a.datagrams_to_send(2.02e-3)
+    assert a.stats.retransmissions == {"rack": 1}
+    assert len(resent) == 1
+
+
+def test_rto_restarts_while_acks_keep_coming() -> None:
+    """A burst's tail may queue behind its head for longer than the RTO; while other
+    packets keep being acknowledged the connection is not stalled, so no timeout."""
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(2 * MTU), va, rkey, imm=None, now=0.0)
+    x, y = send_all(a, 0.0)
+    feed(a, deliver(b, [y], 0.9e-3), 0.9e-3)  # progress at 0.9 ms
+    a.datagrams_to_send(0.9e-3)
+    timer = a.sender.next_deadline()
+    assert timer is not None and timer <= 1e-3  # x's original deadline
+    a.handle_timer(1e-3)
+    assert a.stats.retransmissions == {}
+    restarted = a.sender.next_deadline()
+    assert restarted is not None and restarted > 1.5e-3  # from the last progress on
+    feed(a, deliver(b, [x], 1.2e-3), 1.2e-3)
+    a.datagrams_to_send(1.2e-3)
+    assert a.stats.retransmissions == {}
+    assert not a.sender.txs
+
+
+def test_rto_fires_when_the_connection_is_silent() -> None:
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(2 * MTU), va, rkey, imm=None, now=1e-3)
+    send_all(a, 1e-3)  # both lost
+    deadline = a.sender.next_deadline()
+    assert deadline is not None and deadline == 2e-3  # the 1 ms floor from its send time
+    a.handle_timer(deadline)
+    assert a.datagrams_to_send(deadline)  # resent at once
+    assert a.stats.retransmissions.get("timeout", 0) >= 1
+
+
+def test_initial_rto_holds_until_the_first_rtt_sample() -> None:
+    a, b, va, rkey = pair(timeout=1e-3, initial_rto=50e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    data = send_all(a, T0)
+    assert a.sender.next_deadline() == T0 + 50e-3
+    a.handle_timer(10e-3)
+    assert a.stats.retransmissions == {}
+    feed(a, deliver(b, data, 10e-3), 20e-3)
+    a.datagrams_to_send(20e-3)
+    a.post_write(2, bytes(MTU), va, rkey, imm=None, now=30e-3)
+    send_all(a, 30e-3)
+    srtt, rttvar = a.sender.srtt, a.sender.rttvar
+    assert srtt is not None
+    assert a.sender.next_deadline() == pytest.approx(30e-3 + srtt + 4 * rttvar)  # measured
+    assert [e for e in iter(a.next_event, None) if isinstance(e, SendCompleted)] == [
+        SendCompleted(1, WcStatus.SUCCESS, MTU)
+    ]
+
+
+def test_initial_rto_is_validated() -> None:
+    with pytest.raises(ValueError, match="initial_rto"):
+        ConnectionConfig(1, 2, 1, (EvEntry(0, 0),), timeout=1e-3, initial_rto=1e-4)
