@@ -8,14 +8,21 @@ APT_PACKAGES := tshark iproute2 nftables clang libbpf-dev prometheus systemd
 
 .PHONY: setup lint test bench demo clean-venv
 
-setup: .venv/.installed
-	@missing=""; for p in $(APT_PACKAGES); do \
+# The demo needs only the testbed's tools (and Prometheus with PROMETHEUS=1), so a fresh
+# machine runs it without waiting for clang or tshark.
+DEMO_PACKAGES := iproute2 nftables $(if $(PROMETHEUS),prometheus)
+
+# $(call apt-ensure,PACKAGES): install those of PACKAGES that are missing.
+apt-ensure = @missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+setup: .venv/.installed
+	$(call apt-ensure,$(APT_PACKAGES))
 	$(PY) -m netns.trim build >/dev/null
 
 .venv/.installed: pyproject.toml
@@ -36,7 +43,8 @@ bench: setup
 	$(PY) -m bench
 
 # The demo needs root (namespaces); PROMETHEUS=1 leaves Prometheus, the testbed and mrcd up.
-demo: setup
+demo: .venv/.installed
+	$(call apt-ensure,$(DEMO_PACKAGES))
 	$(PY) -m mrcstack demo $(if $(PROMETHEUS),--prometheus)
 
 clean-venv:
