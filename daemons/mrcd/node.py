@@ -25,12 +25,12 @@ from daemons.mrcd.control import (
     ConnectRejectedError,
     ConnectRequest,
     ControlClient,
-    ControlError,
     ControlServer,
     Reject,
 )
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.profiles import ProfileStore
+from daemons.mrcd.records import ControlError
 from daemons.mrcd.transport import PROBE_QPN, Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
 from mrcstack.core.config import ConnectionConfig

@@ -16,12 +16,14 @@ from daemons.mrcd.control import (
     ConnectRejectedError,
     ConnectRequest,
     ControlClient,
-    ControlError,
     ControlServer,
     LogLimit,
-    RecordLayer,
     Reject,
     Session,
+)
+from daemons.mrcd.records import (
+    ControlError,
+    RecordLayer,
     derive_qp_key,
     encode_frame,
     read_frame,
