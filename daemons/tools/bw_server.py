@@ -1,7 +1,11 @@
 """The server side of ``mrc-write-bw``: registers memory, accepts the client's QPs, follows
 the writes by their immediates, checks what landed (``--verify``), hands slots back with
 credit writes, and answers the client's END with its own counts.  See write_bw.py for the
-protocol and docs/tools.md for the output."""
+protocol and docs/tools.md for the output.
+
+It keeps its listener for the whole time: while the client's hello says another run follows
+(``-a``), it releases the run's QPs, CQ and memory and accepts the next run from the same
+host (for ``--timeout`` seconds), one table row or JSON document per run."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from daemons.tools.common import (
     align,
     crc31,
     delta31,
+    end_stop,
     wait_hello,
 )
 from daemons.tools.flags import Options
@@ -49,7 +54,17 @@ from daemons.tools.report import (
     header,
     say,
 )
-from mrcstack.api import Context, Device, QpCap, QueuePair, WcOpcode, WorkCompletion, WriteWr
+from mrcstack.api import (
+    ApiError,
+    Context,
+    Device,
+    Listener,
+    QpCap,
+    QueuePair,
+    WcOpcode,
+    WorkCompletion,
+    WriteWr,
+)
 
 PROG = BW_PROG
 
@@ -71,24 +86,37 @@ class _Peer:
     credits_out: int = 0
     recvs_left: int = RECVS
     ended: bool = False
+    stop: bool = False  # its END said no run follows after all
     result_done: bool = False
 
 
 class BwServer:
-    def __init__(self, opts: Options, ctx: Context, host: int) -> None:
+    """One run: its QPs, CQ and memory (:meth:`close` releases them for the next one)."""
+
+    def __init__(self, opts: Options, ctx: Context, host: int, listener: Listener) -> None:
         self.opts = opts
         self.ctx = ctx
         self.host = host
+        self.listener = listener
         self.events = Events(ctx, time.monotonic())
         self.peers: list[_Peer] = []
         self.by_qpn: dict[int, _Peer] = {}
 
-    def accept(self) -> Hello:
+    def accept(self, client_host: int | None = None, after: int = 0) -> Hello:
+        """The first run's client (waits for ever), or the next run of ``client_host``'s -a
+        (for --timeout seconds)."""
         o = self.opts
-        listener = self.ctx.listen(o.service)
-        if not o.json:
-            say(f" waiting for a client on service {o.service} (mrcd h{self.host})")
-        req, first = wait_hello(listener, KIND_BW, None)
+        listener = self.listener
+        if client_host is None:
+            req, first = wait_hello(listener, KIND_BW, None)
+        else:
+            req, first = wait_hello(
+                listener,
+                KIND_BW,
+                o.timeout,
+                host=client_host,
+                waiting_for=f"the client's next run (after size {after})",
+            )
         self.client_host = req.remote_host
         size, slots, qps = first.size, first.slots, first.qps
         slots_len = qps * slots * size
@@ -117,6 +145,18 @@ class BwServer:
             self.by_qpn[qp.qpn] = peer
         self.hello = first
         return first
+
+    @property
+    def more(self) -> bool:
+        """Another run follows (the hello said so and no END took it back)."""
+        return self.hello.more and not any(p.stop for p in self.peers)
+
+    def close(self) -> None:
+        """Release this run's QPs, CQ and memory (the context and listener stay)."""
+        for p in self.peers:
+            p.qp.destroy()
+        self.cq.destroy()
+        self.mr.dereg()
 
     def _arrivals(self, wcs: list[WorkCompletion], series: Series) -> int:
         h = self.hello
@@ -147,6 +187,7 @@ class BwServer:
                     p.received += n
                     placed += n
                 p.ended = True
+                p.stop = end_stop(self.buf, self.ctrl_base + p.index * CTRL_AREA)
                 self._send_result(p)
             elif h.verify:
                 k = p.received
@@ -272,46 +313,98 @@ def server_main(o: Options) -> int:
     with Device.open(o.socket_path()) as dev:
         attr = dev.query_device()
         with dev.create_context() as ctx:
-            server = BwServer(o, ctx, attr.host)
-            hello = server.accept()
+            listener = ctx.listen(o.service)
             if not o.json:
-                say(
-                    header(
-                        "RDMA_Write BW Test (MRC over mrcd): server",
-                        [
-                            ("Device", f"mrcd h{attr.host} ({dev.path})"),
-                            ("Client", f"h{server.client_host} service {o.service}"),
-                            ("Number of qps", hello.qps),
-                            ("TX depth", hello.tx_depth),
-                            ("Message size", f"{hello.size} [B]"),
-                            ("Verify", "ON (CRC-32 of what landed)" if hello.verify else "OFF"),
-                            ("QPNs", " ".join(f"{p.qp.qpn:#06x}" for p in server.peers)),
-                        ],
-                    )
-                )
+                say(f" waiting for a client on service {o.service} (mrcd h{attr.host})")
+            return _serve(o, ctx, attr.host, dev, listener)
+
+
+def _serve(o: Options, ctx: Context, host: int, dev: Device, listener: Listener) -> int:
+    """Runs until one without FLAG_MORE is over; a table row or JSON document each."""
+    docs: list[dict[str, Any]] = []
+    sweep = False
+    client_host: int | None = None
+    while True:
+        server = BwServer(o, ctx, host, listener)
+        hello = server.accept(client_host, docs[-1]["size"] if docs else 0)
+        try:
+            if not docs:
+                sweep = hello.more
+                client_host = server.client_host
+                if not o.json:
+                    _header(o, server, hello, dev, host, sweep)
             doc = server.run()
-    if o.json:
-        emit(doc)
-    else:
-        say(bw_columns(o.report_gbits))
-        say(
-            bw_row(
-                doc["size"],
-                doc["iterations"],
-                doc["bw_peak_MB_s"] * MB,
-                doc["bw_average_MB_s"] * MB,
-                doc["msg_rate_mpps"] * 1e6,
-                o.report_gbits,
+            more = server.more
+            server.close()
+        except (ToolError, ApiError) as exc:
+            if not sweep:
+                raise
+            raise ToolError(f"size {hello.size}: {exc}") from None
+        if sweep:
+            doc["run"] = len(docs)
+        docs.append(doc)
+        if o.json:
+            emit(doc)
+        else:
+            if len(docs) == 1:
+                say(bw_columns(o.report_gbits))
+            say(
+                bw_row(
+                    doc["size"],
+                    doc["iterations"],
+                    doc["bw_peak_MB_s"] * MB,
+                    doc["bw_average_MB_s"] * MB,
+                    doc["msg_rate_mpps"] * 1e6,
+                    o.report_gbits,
+                )
             )
+        if doc["mismatches"]:
+            _end(o, docs, sweep)
+            where = f"size {doc['size']}: " if sweep else ""
+            print(
+                f"{PROG}: error: {where}verify: {doc['mismatches']} writes did not land intact "
+                f"(first: {doc['first_mismatch']})",
+                file=sys.stderr,
+            )
+            return 1
+        if not more:
+            _end(o, docs, sweep)
+            return 0
+
+
+def _header(
+    o: Options, server: BwServer, hello: Hello, dev: Device, host: int, sweep: bool
+) -> None:
+    if sweep:
+        size = f"the client's: from {hello.size} [B], a connection each"
+        depth = f"the client's: {hello.tx_depth} at {hello.size} [B]"
+        qpns = "new for every size (in --json)"
+    else:
+        size = f"{hello.size} [B]"
+        depth = str(hello.tx_depth)
+        qpns = " ".join(f"{p.qp.qpn:#06x}" for p in server.peers)
+    say(
+        header(
+            "RDMA_Write BW Test (MRC over mrcd): server",
+            [
+                ("Device", f"mrcd h{host} ({dev.path})"),
+                ("Client", f"h{server.client_host} service {o.service}"),
+                ("Number of qps", hello.qps),
+                ("TX depth", depth),
+                ("Message size", size),
+                ("Verify", "ON (CRC-32 of what landed)" if hello.verify else "OFF"),
+                ("QPNs", qpns),
+            ],
         )
-        say(LINE)
-        if doc["verify"]:
-            say(f" verified: {doc['verified']} writes, {doc['mismatches']} mismatches")
-    if doc["mismatches"]:
-        print(
-            f"{PROG}: error: verify: {doc['mismatches']} writes did not land intact "
-            f"(first: {doc['first_mismatch']})",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    )
+
+
+def _end(o: Options, docs: list[dict[str, Any]], sweep: bool) -> None:
+    if o.json:
+        return
+    say(LINE)
+    if docs[0]["verify"]:
+        verified = sum(d["verified"] for d in docs)
+        mismatches = sum(d["mismatches"] for d in docs)
+        sizes = f" over {len(docs)} sizes" if sweep else ""
+        say(f" verified: {verified} writes{sizes}, {mismatches} mismatches")

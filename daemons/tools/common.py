@@ -9,7 +9,15 @@ MRC has no RDMA-CM and mrcd already exchanges QP numbers over its control channe
   rkey of this QP's slots in the server's registered memory, and of its control cell).
 
 Immediates are 32 bits: bit 31 (:data:`END`) marks the end of a run; the other 31 bits are
-a write count (bw), a checksum (bw --verify), or an iteration number (lat).
+a write count (bw), a checksum (bw --verify), or an iteration number (lat).  The END write's
+16 bytes (:func:`pack_end`) are the count again and flags: :data:`END_STOP` says that no run
+follows after all, although the hello announced one (``-a`` stopped early: Ctrl-C, or lat
+--verify found a bad echo).
+
+``-a`` (all sizes) is a series of runs, one per size, each a fresh connection to the same
+service: every hello but the last has :data:`FLAG_MORE`, and the server keeps its listener
+and accepts the next run until a run without it (or one whose END has :data:`END_STOP`) is
+over.
 """
 
 from __future__ import annotations
@@ -36,11 +44,17 @@ from mrcstack.api import (
 from mrcstack.api.types import ConnectRequest
 
 MAGIC = b"MRCT"
-VERSION = 1
+#: 2: FLAG_MORE (-a), the END write's flags, unknown hello flags rejected.  A version-1 server
+#: would take a FLAG_MORE hello for a single run and leave the client's next run waiting,
+#: so the version changed although the hello's layout did not.
+VERSION = 2
 KIND_BW, KIND_LAT = 1, 2
 BW_PROG, LAT_PROG = "mrc-write-bw", "mrc-write-lat"
 KIND_NAMES = {KIND_BW: BW_PROG, KIND_LAT: LAT_PROG}
 FLAG_VERIFY = 0x1
+FLAG_MORE = 0x2  # another run (the next size of -a) follows this one
+KNOWN_FLAGS = FLAG_VERIFY | FLAG_MORE
+END_STOP = 0x1  # END payload flag: no run follows after all
 END = 1 << 31  # immediate bit: the run is over (the other bits: the count)
 MASK31 = END - 1
 DEFAULT_SERVICE = 18515  # perftest's default port
@@ -48,10 +62,12 @@ MAX_SIZE = 1 << 31  # one work request (mrcd's limit)
 MAX_DEPTH = 16384
 MAX_QPS = 256
 MIB = 1 << 20
+MAX_ALL_SIZE = 8 * MIB  # -a: perftest's 2**23
 #: Per-QP reply area in the client's region: the credit cell (the server's credit writes
 #: land there), the result cell (the server's final counts) and the END write's source.
 REPLY_AREA = 128
 CREDIT_CELL, RESULT_CELL, END_CELL = 0, 64, 112
+END_LEN = 16  # the END write: count, flags (at END_CELL, into the server's control cell)
 CTRL_AREA = 64  # per QP in the server's region: where the END write lands
 POLL_N = 4096  # completions taken per poll
 END_WR = 1 << 62  # wr_id bit of the END and RESULT writes
@@ -63,6 +79,7 @@ REPOST = 1024  # repost in batches of this many (each post_recv is a round trip 
 _HELLO = struct.Struct("<4sBBHHHQIIIQIQ")
 _WELCOME = struct.Struct("<4sBBHQIQ")
 _RESULT = struct.Struct("<QQQQ")
+_END = struct.Struct("<QQ")
 
 
 class ToolError(Exception):
@@ -89,9 +106,10 @@ class Hello:
     reply_addr: int  # this QP's REPLY_AREA in the client's region
     reply_rkey: int
     data_addr: int = 0  # lat: the client's pong slots
+    more: bool = False  # -a: another run (the next size) follows this one
 
     def pack(self) -> bytes:
-        flags = FLAG_VERIFY if self.verify else 0
+        flags = (FLAG_VERIFY if self.verify else 0) | (FLAG_MORE if self.more else 0)
         return _HELLO.pack(
             MAGIC,
             VERSION,
@@ -134,6 +152,8 @@ class Hello:
             raise ValueError(f"hello version {version}, this tool speaks {VERSION}")
         if kind not in KIND_NAMES:
             raise ValueError(f"unknown test kind {kind}")
+        if flags & ~KNOWN_FLAGS:
+            raise ValueError(f"unknown hello flags {flags & ~KNOWN_FLAGS:#x}")
         if not (1 <= qps <= MAX_QPS and index < qps and 1 <= size <= MAX_SIZE):
             raise ValueError(f"bad hello: qps={qps} index={index} size={size}")
         if not (1 <= slots <= 2 * MAX_DEPTH and imm_every >= 1 and 1 <= tx_depth <= MAX_DEPTH):
@@ -150,15 +170,17 @@ class Hello:
             reply_addr,
             reply_rkey,
             data_addr,
+            bool(flags & FLAG_MORE),
         )
 
     def same_run(self, other: Hello) -> bool:
-        return (self.kind, self.verify, self.qps, self.size, self.slots) == (
+        return (self.kind, self.verify, self.qps, self.size, self.slots, self.more) == (
             other.kind,
             other.verify,
             other.qps,
             other.size,
             other.slots,
+            other.more,
         )
 
 
@@ -209,6 +231,21 @@ class Result:
 
 
 RESULT_SIZE = _RESULT.size
+
+
+def pack_end(buf: memoryview, offset: int, count: int, stop: bool) -> None:
+    """The END write's bytes: the write count and :data:`END_STOP`."""
+    _END.pack_into(buf, offset, count, END_STOP if stop else 0)
+
+
+def end_stop(buf: memoryview, offset: int) -> bool:
+    """Whether the END write that landed at ``offset`` says no run follows after all."""
+    return bool(_END.unpack_from(buf, offset)[1] & END_STOP)
+
+
+def all_sizes(max_size: int) -> list[int]:
+    """-a: 2, 4, 8, ... up to ``max_size`` (a power of two), like perftest's 2**1..2**23."""
+    return [1 << k for k in range(1, max_size.bit_length()) if 1 << k <= max_size]
 
 
 def delta31(new: int, old: int) -> int:
@@ -268,16 +305,23 @@ def connect(qp: QueuePair, host: int, service: int, hello: Hello, timeout: float
 
 
 def wait_hello(
-    listener: Listener, kind: int, timeout: float | None, like: Hello | None = None
+    listener: Listener,
+    kind: int,
+    timeout: float | None,
+    like: Hello | None = None,
+    host: int | None = None,
+    waiting_for: str = "",
 ) -> tuple[ConnectRequest, Hello]:
-    """The next request that is a client of this tool (others are rejected)."""
+    """The next request that is a client of this tool (others are rejected); with ``host``
+    (the next run of -a), only from that host, and a first QP."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         req = listener.get_request(timeout=left if left is not None else 1.0)
         if req is None:
             if deadline is not None and time.monotonic() >= deadline:
-                raise ToolError(f"the client's QP {like.index + 1 if like else 0} did not come")
+                what = waiting_for or f"the client's QP {like.index + 1 if like else 0}"
+                raise ToolError(f"{what} did not come within {timeout:g} s")
             continue
         try:
             hello = Hello.unpack(req.private_data)
@@ -285,6 +329,8 @@ def wait_hello(
                 raise ValueError(f"a {KIND_NAMES[hello.kind]} client, this is {KIND_NAMES[kind]}")
             if like is not None and not (hello.same_run(like) and hello.index == like.index + 1):
                 raise ValueError("a QP of another run")
+            if host is not None and (req.remote_host != host or hello.index != 0):
+                raise ValueError(f"not the next run of h{host}'s -a")
         except ValueError as exc:
             print(f"{KIND_NAMES[kind]}: rejected h{req.remote_host}: {exc}", file=sys.stderr)
             listener.reject(req)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -14,15 +15,24 @@ from typing import Any, NoReturn
 from daemons.tools.common import (
     DEFAULT_SERVICE,
     KIND_BW,
+    MAX_ALL_SIZE,
     MAX_DEPTH,
     MAX_QPS,
     MAX_SIZE,
     MIB,
     ToolError,
     UsageError,
+    all_sizes,
 )
 from mrcstack.api import ApiError, QpAttr, default_socket_path
-from mrcstack.fabric import parse_size
+from mrcstack.fabric import format_size, parse_size
+
+#: -a without -n or -D: writes per QP (bw) / round trips (lat) per size.  perftest keeps its
+#: usual count (5000 / 1000); here 8 MiB writes go at ~250 MB/s and take ~30 ms one way, so
+#: that would take minutes.  These keep the default sweep (2 B .. 8 MiB) at ~13 s (bw; 15 s
+#: with --verify) and ~16 s (lat) on the 2-core VM of docs/tools.md, well within 30 s.
+ALL_ITERS_BW = 200
+ALL_ITERS_LAT = 100
 
 
 # Flags --------------------------------------------------------------------------------------
@@ -39,6 +49,21 @@ def _size(text: str) -> int:
     if not 1 <= value <= MAX_SIZE:
         raise argparse.ArgumentTypeError(f"{text}: must be in 1..{MAX_SIZE} bytes")
     return value
+
+
+def _max_size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 2 <= value <= MAX_SIZE or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{text}: must be a power of two, 2..{MAX_SIZE} bytes")
+    return value
+
+
+def default_depth(size: int) -> int:
+    """bw's default --tx-depth: 128, fewer for big writes (at most 16 MiB outstanding)."""
+    return max(1, min(128, (16 * MIB) // size))
 
 
 def _positive_int(top: int) -> Callable[[str], int]:
@@ -102,10 +127,33 @@ class Options:
     cc_profile: int
     mtu: int | None
     timeout: float
+    kind: int = KIND_BW
+    all: bool = False  # -a: every size 2 .. max_size, a run each
+    max_size: int = MAX_ALL_SIZE
+    depth_flag: int | None = None  # -t as given (None: default_depth of each size)
 
     @property
     def client(self) -> bool:
         return self.server_host is not None
+
+    def sizes(self) -> list[int]:
+        """The sizes of the run(s): -a's series, else -s."""
+        return all_sizes(self.max_size) if self.all else [self.size]
+
+    def for_size(self, size: int) -> Options:
+        """The options of one run of -a (the default tx depth follows the size)."""
+        depth = self.tx_depth
+        if self.depth_flag is None and self.kind == KIND_BW:
+            depth = default_depth(size)
+        return dataclasses.replace(self, size=size, tx_depth=depth)
+
+    def size_text(self) -> str:
+        """The header's message size."""
+        if not self.all:
+            return f"{self.size} [B]"
+        short = format_size(self.max_size)
+        short = f" ({short})" if short != str(self.max_size) else ""
+        return f"all: 2 .. {self.max_size} [B]{short}, a connection each"
 
     def socket_path(self) -> Path:
         try:
@@ -151,19 +199,35 @@ def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
         default=DEFAULT_SERVICE,
         help=f"the service both sides agree on, like a port (default {DEFAULT_SERVICE})",
     )
-    p.add_argument(
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument(
         "-s",
         "--size",
         type=_size,
-        default=65536 if bw else 2,
         help=f"bytes per write (default {65536 if bw else 2}; 1MiB, 64KiB accepted)",
+    )
+    all_iters = ALL_ITERS_BW if bw else ALL_ITERS_LAT
+    sizes.add_argument(
+        "-a",
+        "--all",
+        action="store_true",
+        help="run every size 2, 4, 8, ... up to --max-size (perftest's -a), a table row or "
+        f"JSON document each, each for -n {'writes per QP' if bw else 'round trips'} "
+        f"(default with -a: {all_iters}) or -D seconds; the server takes the sizes from the "
+        "client (-a given there is ignored)",
+    )
+    p.add_argument(
+        "--max-size",
+        type=_max_size,
+        metavar="BYTES",
+        help=f"with -a: the largest size, a power of two (default {format_size(MAX_ALL_SIZE)})",
     )
     p.add_argument(
         "-n",
         "--iters",
         type=_positive_int(1 << 40),
-        default=5000 if bw else 1000,
-        help=f"writes per QP (default {5000 if bw else 1000})",
+        help=f"{'writes per QP' if bw else 'round trips'} (default {5000 if bw else 1000}; "
+        f"with -a, {all_iters} per size)",
     )
     p.add_argument(
         "-D",
@@ -235,20 +299,29 @@ def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
         help="seconds to wait for the server, a peer or progress (default 30)",
     )
     ns = p.parse_args(list(argv))
+    if ns.all and ns.run_infinitely:
+        p.error("argument -a/--all: not allowed with argument --run_infinitely")
+    if ns.max_size is not None and not ns.all:
+        p.error("argument --max-size: only with -a/--all")
+    size = ns.size if ns.size is not None else (65536 if bw else 2)
+    iters = ns.iters
+    if iters is None:
+        iters = all_iters if ns.all else (5000 if bw else 1000)
     duration = ns.duration
     if ns.run_infinitely and duration is None:
         duration = 5.0
     qps = getattr(ns, "qps", 1)
-    depth = getattr(ns, "tx_depth", None)
+    depth_flag = getattr(ns, "tx_depth", None)
+    depth = depth_flag
     if depth is None:
-        depth = max(1, min(128, (16 * MIB) // ns.size)) if bw else 1
+        depth = default_depth(size) if bw else 1
     return Options(
         prog=prog,
         socket=ns.socket,
         server_host=ns.server_host,
         service=ns.service,
-        size=ns.size,
-        iters=ns.iters,
+        size=size,
+        iters=iters,
         duration=duration,
         qps=qps,
         tx_depth=depth,
@@ -262,6 +335,10 @@ def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
         cc_profile=ns.cc_profile,
         mtu=ns.mtu,
         timeout=ns.timeout,
+        kind=kind,
+        all=ns.all,
+        max_size=ns.max_size if ns.max_size is not None else MAX_ALL_SIZE,
+        depth_flag=depth_flag,
     )
 
 

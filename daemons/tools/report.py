@@ -83,6 +83,49 @@ def bw_row(size: int, iters: int, peak_bps: float, avg_bps: float, rate: float, 
     return f" {size:<10} {iters:<14} {fmt(peak_bps):<18} {fmt(avg_bps):<21} {rate / 1e6:.6f}"
 
 
+BW_ALL_KEYS = (
+    "size",
+    "tx_depth",
+    "iterations",
+    "bytes",
+    "duration_s",
+    "bw_peak_MB_s",
+    "bw_average_MB_s",
+    "bw_peak_gbit_s",
+    "bw_average_gbit_s",
+    "msg_rate_mpps",
+)
+
+
+def bw_all_row(doc: dict[str, Any]) -> dict[str, Any]:
+    """One size of -a's summary document: the figures of that run's document."""
+    row = {k: doc[k] for k in BW_ALL_KEYS}
+    row["verified"] = doc["server"]["verified"]
+    row["mismatches"] = doc["server"]["mismatches"]
+    return row
+
+
+LAT_ALL_KEYS = (
+    "size",
+    "iterations",
+    "duration_s",
+    "t_min_us",
+    "t_max_us",
+    "t_typical_us",
+    "t_avg_us",
+    "t_stdev_us",
+    "t_99_us",
+    "t_99_9_us",
+    "mismatches",
+)
+
+
+def lat_all_row(doc: dict[str, Any]) -> dict[str, Any]:
+    row = {k: doc.get(k) for k in LAT_ALL_KEYS}
+    row["server_mismatches"] = doc["server"]["mismatches"]
+    return row
+
+
 LAT_COLUMNS = (
     f" {'#bytes':<7} {'#iterations':<12} {'t_min[usec]':<12} {'t_max[usec]':<12} "
     f"{'t_typical[usec]':<16} {'t_avg[usec]':<12} {'t_stdev[usec]':<14} "

@@ -17,11 +17,13 @@ what landed in its memory against it, and hands slots back with credit writes
 (write-with-immediate of the verified count) so none is overwritten before it was checked.
 At the end the client sends an END write to each QP's control cell and the server answers
 with its own counts (writes, bytes, verified, mismatches) in the client's result cell.
+
+With ``-a`` every size 2, 4, ... ``--max-size`` is such a run on a fresh context and
+connection; the hellos of all but the last say that another run follows (common.py).
 """
 
 from __future__ import annotations
 
-import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +35,7 @@ from daemons.tools.common import (
     BW_PROG,
     END,
     END_CELL,
+    END_LEN,
     END_WR,
     KIND_BW,
     MASK31,
@@ -51,6 +54,7 @@ from daemons.tools.common import (
     align,
     connect,
     delta31,
+    pack_end,
 )
 from daemons.tools.flags import (
     Options,
@@ -60,6 +64,7 @@ from daemons.tools.report import (
     LINE,
     MB,
     Series,
+    bw_all_row,
     bw_columns,
     bw_figures,
     bw_interval_line,
@@ -70,6 +75,7 @@ from daemons.tools.report import (
     say,
 )
 from mrcstack.api import (
+    ApiError,
     CompletionQueue,
     Context,
     Device,
@@ -102,8 +108,9 @@ class _Link:
 
 
 class BwClient:
-    def __init__(self, opts: Options, ctx: Context, host: int) -> None:
+    def __init__(self, opts: Options, ctx: Context, host: int, more: bool = False) -> None:
         self.opts = opts
+        self.more = more  # -a: another run follows this one
         self.ctx = ctx
         self.host = host
         self.slots = 2 * opts.tx_depth if opts.verify else 1
@@ -140,6 +147,7 @@ class BwClient:
                 o.tx_depth,
                 self.mr.addr + reply_off,
                 self.mr.rkey,
+                more=self.more,
             )
             welcome = connect(qp, server, o.service, hello, o.timeout)
             link = _Link(q, qp, welcome, reply_off)
@@ -313,19 +321,20 @@ class BwClient:
             say(bw_row(o.size, writes, peak, avg, fig["msg_rate_mpps"] * 1e6, o.report_gbits))
 
     def _finish(self) -> list[Result]:
-        """END to every QP's control cell; wait for the server's counts."""
+        """END to every QP's control cell; wait for the server's counts (they come only
+        after the END landed, so the END's own completion is not waited for)."""
         o = self.opts
         for link in self.links:
             off = link.reply_off + END_CELL
-            struct.pack_into("<Q", self.buf, off, link.posted)
+            pack_end(self.buf, off, link.posted, stop=self.more and self.stop.set)
             imm = END | (link.posted & MASK31)
             w = link.welcome
             link.qp.post_send(
-                WriteWr(END_WR | link.index, (self.mr, off, 8), w.ctrl_addr, w.rkey, imm)
+                WriteWr(END_WR | link.index, (self.mr, off, END_LEN), w.ctrl_addr, w.rkey, imm)
             )
         deadline = time.monotonic() + o.timeout
         scratch = Series(o.interval, time.monotonic())
-        while not all(link.end_done and link.result is not None for link in self.links):
+        while not all(link.result is not None for link in self.links):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ToolError(f"the server did not report its counts within {o.timeout:g} s")
@@ -346,63 +355,128 @@ def client_main(o: Options) -> int:
     server = o.server_host
     if server is None:
         raise ToolError("client without --server-host")
+    sizes = o.sizes()
+    docs: list[dict[str, Any]] = []
+    status = 0
+    began = time.monotonic()
     with Device.open(o.socket_path()) as dev:
         attr = dev.query_device()
-        with dev.create_context() as ctx:
-            client = BwClient(o, ctx, attr.host)
-            client.connect(server)
-            if not o.json:
-                say(
-                    header(
-                        "RDMA_Write BW Test (MRC over mrcd)",
-                        [
-                            ("Device", f"mrcd h{attr.host} ({dev.path})"),
-                            ("Remote", f"h{server} service {o.service}"),
-                            ("Number of qps", o.qps),
-                            ("Transport type", f"MRC, {attr.planes} planes"),
-                            ("TX depth", o.tx_depth),
-                            ("Message size", f"{o.size} [B]"),
-                            (
-                                "Verify",
-                                "ON (CRC-32 of every write, checked by the server)"
-                                if o.verify
-                                else "OFF",
-                            ),
-                            ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
-                            ("QPNs", " ".join(f"{link.qp.qpn:#06x}" for link in client.links)),
-                        ],
-                    )
-                )
-                if o.run_infinitely:
-                    say(bw_columns(o.report_gbits))
-            doc = client.run()
-    return _report(o, doc)
+        for i, size in enumerate(sizes):
+            ro = o.for_size(size)
+            try:
+                with dev.create_context() as ctx:
+                    client = BwClient(ro, ctx, attr.host, more=i + 1 < len(sizes))
+                    client.connect(server)
+                    if i == 0 and not o.json:
+                        _header(o, ro, dev, attr.host, attr.planes, server, client)
+                    doc = client.run()
+            except (ToolError, ApiError) as exc:
+                if not o.all:
+                    raise
+                raise ToolError(f"size {size}: {exc}") from None
+            if o.all:
+                doc["run"] = i
+            docs.append(doc)
+            status = _report(ro, doc)
+            if status or doc["interrupted"]:
+                break
+    _end(o, docs, time.monotonic() - began)
+    return status
+
+
+def _header(
+    o: Options,
+    ro: Options,
+    dev: Device,
+    host: int,
+    planes: int,
+    server: int,
+    client: BwClient,
+) -> None:
+    if o.all:
+        depth: object = o.depth_flag or "128, fewer from 256 KiB (at most 16 MiB outstanding)"
+        qpns = "new for every size (in --json)"
+    else:
+        depth = ro.tx_depth
+        qpns = " ".join(f"{link.qp.qpn:#06x}" for link in client.links)
+    say(
+        header(
+            "RDMA_Write BW Test (MRC over mrcd)",
+            [
+                ("Device", f"mrcd h{host} ({dev.path})"),
+                ("Remote", f"h{server} service {o.service}"),
+                ("Number of qps", o.qps),
+                ("Transport type", f"MRC, {planes} planes"),
+                ("TX depth", depth),
+                ("Message size", o.size_text()),
+                (
+                    "Verify",
+                    "ON (CRC-32 of every write, checked by the server)" if o.verify else "OFF",
+                ),
+                ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
+                ("QPNs", qpns),
+            ],
+        )
+    )
+    if o.run_infinitely or o.all:
+        say(bw_columns(o.report_gbits))
 
 
 def _report(o: Options, doc: dict[str, Any]) -> int:
+    """One run's JSON document or table row; 1 if the server found mismatches."""
     if o.json:
         emit(doc)
-    else:
+    elif not o.run_infinitely:
+        if not o.all:
+            say(bw_columns(o.report_gbits))
         peak = doc["bw_peak_MB_s"] * MB
         avg = doc["bw_average_MB_s"] * MB
-        if not o.run_infinitely:
-            say(bw_columns(o.report_gbits))
-            say(
-                bw_row(
-                    o.size, doc["iterations"], peak, avg, doc["msg_rate_mpps"] * 1e6, o.report_gbits
-                )
-            )
-        say(LINE)
-        srv = doc["server"]
-        if o.verify:
-            say(
-                f" verified by the server: {srv['verified']} writes, {srv['mismatches']} mismatches"
-            )
+        say(
+            bw_row(o.size, doc["iterations"], peak, avg, doc["msg_rate_mpps"] * 1e6, o.report_gbits)
+        )
     mismatches = doc["server"]["mismatches"]
     if mismatches:
-        print(f"{PROG}: error: verify: {mismatches} writes did not land intact", file=sys.stderr)
+        where = f"size {o.size}: " if o.all else ""
+        print(
+            f"{PROG}: error: {where}verify: {mismatches} writes did not land intact",
+            file=sys.stderr,
+        )
         return 1
     return 0
+
+
+def _end(o: Options, docs: list[dict[str, Any]], elapsed: float) -> None:
+    """After the last run: the table's end (text), -a's summary document (JSON)."""
+    if not docs:
+        return
+    srv = _sum_results([Result(**d["server"]) for d in docs])
+    if o.json:
+        if o.all:
+            emit(
+                {
+                    "tool": PROG,
+                    "role": "client",
+                    "report": "all",
+                    "host": docs[0]["host"],
+                    "server_host": o.server_host,
+                    "service": o.service,
+                    "qps": o.qps,
+                    "verify": o.verify,
+                    "sizes": [d["size"] for d in docs],
+                    "rows": [bw_all_row(d) for d in docs],
+                    "server": srv,
+                    "duration_s": round(elapsed, 6),
+                    "interrupted": docs[-1]["interrupted"],
+                }
+            )
+        return
+    say(LINE)
+    if o.verify:
+        sizes = f" over {len(docs)} sizes" if o.all else ""
+        say(
+            f" verified by the server: {srv['verified']} writes{sizes}, "
+            f"{srv['mismatches']} mismatches"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

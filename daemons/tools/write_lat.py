@@ -11,6 +11,9 @@ With ``--verify`` the client writes a fresh pattern every iteration, the server 
 iteration stamp in what landed, and the client compares the CRC-32 of the echo with what it
 sent.  Two alternating slots on each side keep a write's source unchanged while it may
 still be retransmitted.
+
+With ``-a`` every size 2, 4, ... ``--max-size`` is such a run on a fresh context and
+connection; the server keeps its listener and serves them one after the other (common.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from daemons.tools.common import (
     CTRL_AREA,
     END,
     END_CELL,
+    END_LEN,
     KIND_LAT,
     MASK31,
     RECVS,
@@ -43,6 +47,8 @@ from daemons.tools.common import (
     Welcome,
     align,
     connect,
+    end_stop,
+    pack_end,
     wait_hello,
 )
 from daemons.tools.flags import (
@@ -55,20 +61,24 @@ from daemons.tools.report import (
     Series,
     emit,
     header,
+    lat_all_row,
     lat_row,
     lat_stats,
     say,
 )
 from mrcstack.api import (
+    ApiError,
     CompletionQueue,
     Context,
     Device,
+    Listener,
     MemoryRegion,
     QpCap,
     QueuePair,
     WcOpcode,
     WriteWr,
 )
+from mrcstack.api.types import ConnectRequest
 
 PROG = "mrc-write-lat"
 END_WR = 1 << 62
@@ -96,6 +106,7 @@ class LatClient:
     opts: Options
     ctx: Context
     host: int
+    more: bool = False  # -a: another run follows this one
     samples: list[float] = field(default_factory=list)
     mismatches: int = 0
     recvs_left: int = RECVS
@@ -132,6 +143,7 @@ class LatClient:
             self.mr.addr + self.reply_off,
             self.mr.rkey,
             self.mr.addr + self.pong_base,
+            more=self.more,
         )
         self.welcome = connect(self.qp, server, o.service, hello, o.timeout)
 
@@ -265,11 +277,13 @@ class LatClient:
             say(lat_row(o.size, len(samples), st))
 
     def _finish(self, count: int) -> Result:
+        """END (with END_STOP if -a ends here after all: Ctrl-C, or a bad echo)."""
         off = self.reply_off + END_CELL
-        struct.pack_into("<Q", self.buf, off, count)
+        stop = self.more and (self.stop.set or self.mismatches > 0)
+        pack_end(self.buf, off, count, stop)
         w = self.welcome
         self.qp.post_send(
-            WriteWr(END_WR, (self.mr, off, 8), w.ctrl_addr, w.rkey, END | (count & MASK31))
+            WriteWr(END_WR, (self.mr, off, END_LEN), w.ctrl_addr, w.rkey, END | (count & MASK31))
         )
         self._wait_imm(0, end=True)
         return Result.unpack_from(self.buf, self.reply_off + RESULT_CELL)
@@ -279,48 +293,102 @@ def client_main(o: Options) -> int:
     server = o.server_host
     if server is None:
         raise ToolError("client without --server-host")
+    sizes = o.sizes()
+    docs: list[dict[str, Any]] = []
+    status = 0
+    began = time.monotonic()
     with Device.open(o.socket_path()) as dev:
         attr = dev.query_device()
-        with dev.create_context() as ctx:
-            client = LatClient(o, ctx, attr.host)
-            client.connect(server)
-            if not o.json:
-                say(
-                    header(
-                        "RDMA_Write Latency Test (MRC over mrcd)",
-                        [
-                            ("Device", f"mrcd h{attr.host} ({dev.path})"),
-                            ("Remote", f"h{server} service {o.service}"),
-                            ("Transport type", f"MRC, {attr.planes} planes"),
-                            ("Message size", f"{o.size} [B]"),
-                            ("Verify", "ON (CRC-32 of every echo)" if o.verify else "OFF"),
-                            ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
-                            ("QPN", f"{client.qp.qpn:#06x}"),
-                            ("Latency", "half the round trip, API calls included"),
-                        ],
-                    )
-                )
-                if o.run_infinitely:
-                    say(LAT_COLUMNS)
-            doc = client.run()
+        for i, size in enumerate(sizes):
+            ro = o.for_size(size)
+            try:
+                with dev.create_context() as ctx:
+                    client = LatClient(ro, ctx, attr.host, more=i + 1 < len(sizes))
+                    client.connect(server)
+                    if i == 0 and not o.json:
+                        qpn = "new for every size (in --json)" if o.all else f"{client.qp.qpn:#06x}"
+                        say(
+                            header(
+                                "RDMA_Write Latency Test (MRC over mrcd)",
+                                [
+                                    ("Device", f"mrcd h{attr.host} ({dev.path})"),
+                                    ("Remote", f"h{server} service {o.service}"),
+                                    ("Transport type", f"MRC, {attr.planes} planes"),
+                                    ("Message size", o.size_text()),
+                                    ("Verify", "ON (CRC-32 of every echo)" if o.verify else "OFF"),
+                                    ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
+                                    ("QPN", qpn),
+                                    ("Latency", "half the round trip, API calls included"),
+                                ],
+                            )
+                        )
+                        if o.run_infinitely or o.all:
+                            say(LAT_COLUMNS)
+                    doc = client.run()
+            except (ToolError, ApiError) as exc:
+                if not o.all:
+                    raise
+                raise ToolError(f"size {size}: {exc}") from None
+            if o.all:
+                doc["run"] = i
+            docs.append(doc)
+            status = _report(ro, doc)
+            if status or doc["interrupted"]:
+                break
+    _end(o, docs, time.monotonic() - began)
+    return status
+
+
+def _report(o: Options, doc: dict[str, Any]) -> int:
+    """One run's JSON document or table row; 1 if either side found mismatches."""
     if o.json:
         emit(doc)
-    else:
-        if not o.run_infinitely and doc["iterations"]:
+    elif not o.run_infinitely and doc["iterations"]:
+        if not o.all:
             say(LAT_COLUMNS)
-            say(lat_row(o.size, doc["iterations"], doc))
-        say(LINE)
-        if o.verify:
-            srv = doc["server"]
-            say(
-                f" verified: {doc['iterations'] - doc['mismatches']} echoes intact, "
-                f"{doc['mismatches']} mismatches; server: {srv['mismatches']} bad stamps"
-            )
+        say(lat_row(o.size, doc["iterations"], doc))
     bad = doc["mismatches"] + doc["server"]["mismatches"]
     if bad:
-        print(f"{PROG}: error: verify: {bad} mismatches", file=sys.stderr)
+        where = f"size {o.size}: " if o.all else ""
+        print(f"{PROG}: error: {where}verify: {bad} mismatches", file=sys.stderr)
         return 1
     return 0
+
+
+def _end(o: Options, docs: list[dict[str, Any]], elapsed: float) -> None:
+    """After the last run: the table's end (text), -a's summary document (JSON)."""
+    if not docs:
+        return
+    if o.json:
+        if o.all:
+            emit(
+                {
+                    "tool": PROG,
+                    "role": "client",
+                    "report": "all",
+                    "host": docs[0]["host"],
+                    "server_host": o.server_host,
+                    "service": o.service,
+                    "verify": o.verify,
+                    "sizes": [d["size"] for d in docs],
+                    "rows": [lat_all_row(d) for d in docs],
+                    "mismatches": sum(d["mismatches"] for d in docs),
+                    "server_mismatches": sum(d["server"]["mismatches"] for d in docs),
+                    "duration_s": round(elapsed, 6),
+                    "interrupted": docs[-1]["interrupted"],
+                }
+            )
+        return
+    say(LINE)
+    if o.verify:
+        iters = sum(d["iterations"] for d in docs)
+        mismatches = sum(d["mismatches"] for d in docs)
+        srv = sum(d["server"]["mismatches"] for d in docs)
+        sizes = f" over {len(docs)} sizes" if o.all else ""
+        say(
+            f" verified: {iters - mismatches} echoes intact{sizes}, "
+            f"{mismatches} mismatches; server: {srv} bad stamps"
+        )
 
 
 # Server -------------------------------------------------------------------------------------
@@ -328,29 +396,72 @@ def server_main(o: Options) -> int:
     with Device.open(o.socket_path()) as dev:
         attr = dev.query_device()
         with dev.create_context() as ctx:
-            doc = _serve(o, ctx, attr.host, dev)
-    if o.json:
-        emit(doc)
-    else:
-        say(
-            f" echoed {doc['iterations']} writes of {doc['size']} bytes"
-            + (f"; {doc['mismatches']} bad stamps" if doc["verify"] else "")
-        )
+            listener = ctx.listen(o.service)
+            if not o.json:
+                say(f" waiting for a client on service {o.service} (mrcd h{attr.host})")
+            docs: list[dict[str, Any]] = []
+            sweep = False
+            client_host: int | None = None
+            while True:
+                if client_host is None:
+                    req, hello = wait_hello(listener, KIND_LAT, None)
+                    sweep = hello.more
+                    client_host = req.remote_host
+                else:
+                    req, hello = wait_hello(
+                        listener,
+                        KIND_LAT,
+                        o.timeout,
+                        host=client_host,
+                        waiting_for=f"the client's next run (after size {docs[-1]['size']})",
+                    )
+                try:
+                    doc, more = _serve(o, ctx, attr.host, dev, listener, req, hello, sweep, docs)
+                except (ToolError, ApiError) as exc:
+                    if not sweep:
+                        raise
+                    raise ToolError(f"size {hello.size}: {exc}") from None
+                if sweep:
+                    doc["run"] = len(docs)
+                docs.append(doc)
+                if o.json:
+                    emit(doc)
+                elif not sweep:
+                    say(
+                        f" echoed {doc['iterations']} writes of {doc['size']} bytes"
+                        + (f"; {doc['mismatches']} bad stamps" if doc["verify"] else "")
+                    )
+                else:
+                    say(
+                        f" {doc['size']:<10} echoed {doc['iterations']} writes"
+                        + (f"; {doc['mismatches']} bad stamps" if doc["verify"] else "")
+                    )
+                if doc["mismatches"] or not more:
+                    break
+    if not o.json:
         say(LINE)
     if doc["mismatches"]:
+        where = f"size {doc['size']}: " if sweep else ""
         print(
-            f"{PROG}: error: verify: {doc['mismatches']} writes landed with a wrong stamp",
+            f"{PROG}: error: {where}verify: {doc['mismatches']} writes landed with a wrong stamp",
             file=sys.stderr,
         )
         return 1
     return 0
 
 
-def _serve(o: Options, ctx: Context, host: int, dev: Device) -> dict[str, Any]:
-    listener = ctx.listen(o.service)
-    if not o.json:
-        say(f" waiting for a client on service {o.service} (mrcd h{host})")
-    req, hello = wait_hello(listener, KIND_LAT, None)
+def _serve(
+    o: Options,
+    ctx: Context,
+    host: int,
+    dev: Device,
+    listener: Listener,
+    req: ConnectRequest,
+    hello: Hello,
+    sweep: bool,
+    docs: list[dict[str, Any]],
+) -> tuple[dict[str, Any], bool]:
+    """One run; its document and whether another follows.  Releases what it created."""
     size = hello.size
     ctrl = align(SLOTS * size)
     result_off = ctrl + CTRL_AREA
@@ -360,16 +471,21 @@ def _serve(o: Options, ctx: Context, host: int, dev: Device) -> dict[str, Any]:
     qp = ctx.create_qp(cq, attr=o.qp_attr(4), cap=QpCap(max_send_wr=16, max_recv_wr=RECVS))
     qp.post_recv(range(RECVS))
     listener.accept(req, qp, Welcome(mr.addr, mr.rkey, mr.addr + ctrl).pack(), timeout=o.timeout)
-    if not o.json:
+    if not o.json and not docs:
         say(
             header(
                 "RDMA_Write Latency Test (MRC over mrcd): server",
                 [
                     ("Device", f"mrcd h{host} ({dev.path})"),
                     ("Client", f"h{req.remote_host} service {o.service}"),
-                    ("Message size", f"{size} [B]"),
+                    (
+                        "Message size",
+                        f"the client's: from {size} [B], a connection each"
+                        if sweep
+                        else f"{size} [B]",
+                    ),
                     ("Verify", "ON (iteration stamps)" if hello.verify else "OFF"),
-                    ("QPN", f"{qp.qpn:#06x}"),
+                    ("QPN", "new for every size (in --json)" if sweep else f"{qp.qpn:#06x}"),
                 ],
             )
         )
@@ -379,6 +495,7 @@ def _serve(o: Options, ctx: Context, host: int, dev: Device) -> dict[str, Any]:
     recvs_left = RECVS
     last = time.monotonic()
     done = False
+    stop = False
     result_sent = False
     next_check = 0.0
     while not done:
@@ -399,6 +516,7 @@ def _serve(o: Options, ctx: Context, host: int, dev: Device) -> dict[str, Any]:
             if imm & END:
                 if delta := (imm & MASK31) - (count & MASK31):
                     mismatches += abs(delta)
+                stop = end_stop(buf, ctrl)
                 Result(count, count * size, count, mismatches).pack_into(buf, result_off)
                 qp.post_send(
                     WriteWr(
@@ -435,7 +553,11 @@ def _serve(o: Options, ctx: Context, host: int, dev: Device) -> dict[str, Any]:
             events.check()
             next_check = now + 0.1
     events.check()
-    return {
+    qp.destroy()
+    cq.destroy()
+    del buf
+    mr.dereg()
+    doc = {
         "tool": PROG,
         "role": "server",
         "host": host,
@@ -449,6 +571,7 @@ def _serve(o: Options, ctx: Context, host: int, dev: Device) -> dict[str, Any]:
         "qpns": [qp.qpn],
         "events": events.seen,
     }
+    return doc, hello.more and not stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

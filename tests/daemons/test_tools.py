@@ -3,7 +3,9 @@
 - Pure: the handshake structs, patterns, figures, flags (one line, exit 2), the demo's
   scenario and report.
 - Loopback (no root): two mrcds in this process (tests/daemons/apiharness.py), the tools as
-  subprocesses on their sockets; a hand-made client proves --verify catches a bad write.
+  subprocesses on their sockets; a hand-made client proves --verify catches a bad write
+  (and that a server in the middle of -a stops there, or when the next run does not come);
+  -a sweeps of both tools, every size verified.
 - Testbed (root): testbed ``tt`` (2 planes, 2 racks x 1 host, 2 T1 per plane) with mrcd on
   both hosts (daemons.cluster), the tools in the hosts' namespaces; and a 3 s demo
   (testbed ``tdm``).  Everything removed by exact name in ``finally``.
@@ -36,9 +38,12 @@ from daemons.tools.common import (
     Pattern,
     UsageError,
     Welcome,
+    all_sizes,
     delta31,
+    end_stop,
+    pack_end,
 )
-from daemons.tools.flags import parse_args
+from daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
 from daemons.tools.report import lat_stats
 from mrcstack import demo
 from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
@@ -90,6 +95,13 @@ def one_json(out: str) -> dict[str, Any]:
     return doc
 
 
+def json_lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+SWEEP_64K = [1 << k for k in range(1, 17)]  # -a --max-size 64KiB: 2 .. 65536
+
+
 # Pure ---------------------------------------------------------------------------------------
 def test_hello_and_welcome_round_trip() -> None:
     hello = Hello(KIND_BW, True, 4, 3, 1 << 20, 32, 1, 16, 0x1000, 0x77, 0)
@@ -100,6 +112,24 @@ def test_hello_and_welcome_round_trip() -> None:
             Hello.unpack(bad)
     with pytest.raises(ValueError, match="qps"):
         Hello.unpack(Hello(KIND_LAT, False, 1, 1, 2, 2, 1, 1, 0, 0).pack())  # index >= qps
+
+
+def test_hello_more_flag_version_and_end_flags() -> None:
+    more = Hello(KIND_BW, False, 1, 0, 2, 1, 32, 128, 0x1000, 0x77, 0, more=True)
+    packed = more.pack()
+    assert Hello.unpack(packed) == more and Hello.unpack(packed).more
+    assert not more.same_run(Hello(KIND_BW, False, 1, 0, 2, 1, 32, 128, 0x1000, 0x77))
+    with pytest.raises(ValueError, match="unknown hello flags 0x4"):
+        Hello.unpack(packed[:6] + bytes([packed[6] | 0x4]) + packed[7:])  # flags: bytes 6-7
+    with pytest.raises(ValueError, match=f"hello version 1, this tool speaks {common.VERSION}"):
+        Hello.unpack(packed[:4] + b"\x01" + packed[5:])  # a version-1 client
+    cell = memoryview(bytearray(common.END_LEN))
+    pack_end(cell, 0, 7, stop=True)
+    assert end_stop(cell, 0) and int.from_bytes(cell[:8], "little") == 7
+    pack_end(cell, 0, 7, stop=False)
+    assert not end_stop(cell, 0)
+    assert all_sizes(8 << 20) == [1 << k for k in range(1, 24)]  # perftest's 2**1 .. 2**23
+    assert all_sizes(65536) == SWEEP_64K and all_sizes(2) == [2]
 
 
 def test_counters_wrap_and_patterns_differ() -> None:
@@ -140,6 +170,27 @@ def test_flag_defaults_follow_perftest() -> None:
         parse_args("mrc-write-lat", KIND_LAT, ["-q", "2"])  # no such flag for latency
 
 
+def test_all_sizes_flags() -> None:
+    o = parse_args("mrc-write-bw", KIND_BW, ["--server-host", "3", "-a"])
+    assert o.all and o.max_size == 8 << 20 and o.iters == ALL_ITERS_BW and o.duration is None
+    assert o.sizes() == [1 << k for k in range(1, 24)]
+    # the default tx depth follows each size (at most 16 MiB outstanding); -t stays
+    assert [o.for_size(s).tx_depth for s in (2, 131072, 1 << 20, 8 << 20)] == [128, 128, 16, 2]
+    assert o.for_size(4096).size == 4096
+    fixed = parse_args("mrc-write-bw", KIND_BW, ["-a", "-t", "8", "--max-size", "1MiB"])
+    assert fixed.for_size(1 << 20).tx_depth == 8 and fixed.sizes()[-1] == 1 << 20
+    lat = parse_args("mrc-write-lat", KIND_LAT, ["-a", "--max-size", "64KiB", "-n", "7"])
+    assert (lat.sizes(), lat.iters) == (SWEEP_64K, 7)
+    assert parse_args("mrc-write-lat", KIND_LAT, ["-a"]).iters == ALL_ITERS_LAT
+    assert parse_args("mrc-write-lat", KIND_LAT, ["-a", "-D", "2"]).duration == 2.0
+    assert parse_args("mrc-write-bw", KIND_BW, ["-a", "--max-size", "2"]).sizes() == [2]
+    assert parse_args("mrc-write-bw", KIND_BW, ["-a", "--max-size", "2GiB"]).max_size == 1 << 31
+    assert parse_args("mrc-write-bw", KIND_BW, []).iters == 5000  # without -a: unchanged
+    for bad in (["-a", "--max-size", "3000"], ["-a", "--max-size", "1"], ["--max-size", "8"]):
+        with pytest.raises(UsageError, match="--max-size"):
+            parse_args("mrc-write-bw", KIND_BW, bad)
+
+
 @pytest.mark.parametrize(
     ("name", "args", "needle"),
     [
@@ -152,6 +203,13 @@ def test_flag_defaults_follow_perftest() -> None:
         ("write_bw", ["--bogus"], "unrecognized arguments"),
         ("write_lat", ["-t", "4"], "unrecognized arguments"),
         ("write_lat", ["--interval", "0"], "--interval"),
+        ("write_bw", ["-a", "-s", "4096"], "argument -s/--size: not allowed with argument -a"),
+        ("write_lat", ["-s", "4096", "-a"], "argument -a/--all: not allowed with argument -s"),
+        ("write_bw", ["-a", "--run_infinitely"], "not allowed with argument --run_infinitely"),
+        ("write_lat", ["--run_infinitely", "-a"], "not allowed with argument --run_infinitely"),
+        ("write_bw", ["-a", "--max-size", "100KiB"], "100KiB: must be a power of two"),
+        ("write_lat", ["-a", "--max-size", "4GiB"], "4GiB: must be a power of two"),
+        ("write_bw", ["--max-size", "64KiB"], "--max-size: only with -a/--all"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(name: str, args: list[str], needle: str) -> None:
@@ -355,32 +413,40 @@ def test_loopback_lat_json(loop_daemons: Daemons) -> None:
     assert c["t_99_us"] <= c["t_99_9_us"] <= c["t_max_us"]
 
 
-def test_verify_catches_a_write_that_did_not_land_as_sent(loop_daemons: Daemons) -> None:
-    """A hand-made client: write 0 is fine, write 1 claims a checksum its bytes do not have."""
+def _hand_made_bw_run(
+    daemons: Daemons, service: int, *, more: bool, bad: bool, server_args: Sequence[str] = ()
+) -> tuple[common.Result | None, subprocess.CompletedProcess[str], float]:
+    """A hand-made bw client: writes 0 and 1 with --verify checksums (write 1's is wrong if
+    ``bad``), END, the server's counts; its hello says another run follows if ``more``
+    (none does).  Returns the counts, the server's outcome, and how long it took to exit
+    after the counts came."""
     size = 4096
+    server = tool(
+        "write_bw", "--socket", str(daemons.sockets[3]), "--service", str(service), "--json"
+    )
     srv = subprocess.Popen(
-        tool("write_bw", "--socket", str(loop_daemons.sockets[3]), "--service", "703", "--json"),
+        [*server, *server_args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        with Device.open(loop_daemons.sockets[0]) as dev, dev.create_context() as ctx:
+        with Device.open(daemons.sockets[0]) as dev, dev.create_context() as ctx:
             mr = ctx.reg_mr(2 * size + common.REPLY_AREA)
             cq = ctx.create_cq()
             qp = ctx.create_qp(cq, cap=QpCap(max_recv_wr=64))
             qp.post_recv(range(64))
             reply = 2 * size
-            hello = Hello(KIND_BW, True, 1, 0, size, 2, 1, 1, mr.addr + reply, mr.rkey)
-            w = common.connect(qp, 3, 703, hello, 30)
+            hello = Hello(KIND_BW, True, 1, 0, size, 2, 1, 1, mr.addr + reply, mr.rkey, more=more)
+            w = common.connect(qp, 3, service, hello, 30)
             pattern = Pattern(size)
             good = pattern.fill(mr.buf[:size], 0, 0) & MASK31
-            bad = (pattern.fill(mr.buf[size : 2 * size], 0, 1) + 1) & MASK31
+            second = pattern.fill(mr.buf[size : 2 * size], 0, 1) & MASK31
             qp.post_send(
                 [
                     WriteWr(0, (mr, 0, size), w.slots_addr, w.rkey, good),
-                    WriteWr(1, (mr, size, size), w.slots_addr + size, w.rkey, bad),
+                    WriteWr(1, (mr, size, size), w.slots_addr + size, w.rkey, second + bad),
                 ]
             )
             qp.post_send(WriteWr(1 << 62, (mr, 0, 8), w.ctrl_addr, w.rkey, END | 2))
@@ -391,16 +457,169 @@ def test_verify_catches_a_write_that_did_not_land_as_sent(loop_daemons: Daemons)
                     assert wc.ok, wc
                     if wc.opcode is WcOpcode.RECV_RDMA_WITH_IMM and (wc.imm or 0) & END:
                         result = common.Result.unpack_from(mr.buf, reply + common.RESULT_CELL)
+        counted = time.monotonic()
         out, err = srv.communicate(timeout=WAIT)
+        waited = time.monotonic() - counted
     finally:
         if srv.poll() is None:
             srv.kill()
             srv.communicate()
-    assert result == common.Result(writes=2, bytes=2 * size, verified=2, mismatches=1)
+    return result, subprocess.CompletedProcess(server, srv.returncode, out, err), waited
+
+
+@pytest.mark.parametrize("more", [False, True])
+def test_verify_catches_a_write_that_did_not_land_as_sent(
+    loop_daemons: Daemons, more: bool
+) -> None:
+    """Write 0 is fine, write 1 claims a checksum its bytes do not have.  In the middle of
+    -a (``more``) the server stops there too, naming the size, without waiting for the
+    next run."""
+    result, srv, waited = _hand_made_bw_run(
+        loop_daemons, 703 + more, more=more, bad=True, server_args=["--timeout", "20"]
+    )
+    assert result == common.Result(writes=2, bytes=2 * 4096, verified=2, mismatches=1)
     assert srv.returncode == 1
-    doc = one_json(out)
+    doc = one_json(srv.stdout)
     assert doc["mismatches"] == 1 and doc["first_mismatch"] == {"qp": 0, "write": 1}
-    assert err.strip().splitlines()[-1].startswith("mrc-write-bw: error: verify: 1 writes")
+    assert ("run" in doc) is more
+    where = "size 4096: " if more else ""
+    last = srv.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"mrc-write-bw: error: {where}verify: 1 writes"), srv.stderr
+    assert waited < 10
+
+
+def test_all_sizes_server_gives_up_when_the_next_run_does_not_come(
+    loop_daemons: Daemons,
+) -> None:
+    result, srv, waited = _hand_made_bw_run(
+        loop_daemons, 705, more=True, bad=False, server_args=["--timeout", "1"]
+    )
+    assert result == common.Result(writes=2, bytes=2 * 4096, verified=2, mismatches=0)
+    assert srv.returncode == 1
+    assert json_lines(srv.stdout)[0]["run"] == 0  # the run itself was reported
+    assert srv.stderr.strip().splitlines() == [
+        "mrc-write-bw: error: the client's next run (after size 4096) did not come within 1 s"
+    ]
+    assert waited < 10
+
+
+def test_loopback_all_sizes_bw_verify_json(loop_daemons: Daemons) -> None:
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    n = 20
+    srv, cli = run_pair(
+        "write_bw",
+        # -a on the server too, as with perftest: accepted, ignored
+        tool("write_bw", "--socket", s3, "--service", "706", "-a", "--json"),
+        tool(
+            "write_bw",
+            "--socket",
+            s0,
+            "--server-host",
+            "3",
+            "--service",
+            "706",
+            "-a",
+            "--max-size",
+            "64KiB",
+            "-n",
+            str(n),
+            "--verify",
+            "--json",
+        ),
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    *runs, summary = json_lines(cli.stdout)
+    assert [d["size"] for d in runs] == SWEEP_64K
+    assert [d["run"] for d in runs] == list(range(len(SWEEP_64K)))
+    for d in runs:
+        size = d["size"]
+        assert (d["iterations"], d["bytes"], d["tx_depth"], d["verify"]) == (n, n * size, 128, True)
+        assert d["server"] == {"writes": n, "bytes": n * size, "verified": n, "mismatches": 0}
+        assert d["bw_average_MB_s"] > 0 and d["bw_peak_MB_s"] >= d["bw_average_MB_s"]
+        assert d["msg_rate_mpps"] > 0 and d["duration_s"] > 0 and not d["interrupted"]
+    assert summary["report"] == "all" and summary["sizes"] == SWEEP_64K
+    assert [r["size"] for r in summary["rows"]] == SWEEP_64K
+    assert [r["bw_average_MB_s"] for r in summary["rows"]] == [d["bw_average_MB_s"] for d in runs]
+    assert all(r["verified"] == n and r["mismatches"] == 0 for r in summary["rows"])
+    total = len(SWEEP_64K) * n
+    assert summary["server"] == {
+        "writes": total,
+        "bytes": n * sum(SWEEP_64K),
+        "verified": total,
+        "mismatches": 0,
+    }
+    assert not summary["interrupted"] and summary["duration_s"] > 0
+    served = json_lines(srv.stdout)
+    assert [d["size"] for d in served] == SWEEP_64K
+    assert all(d["verified"] == n and d["mismatches"] == 0 for d in served)
+    assert srv.stderr == ""
+
+
+def test_loopback_all_sizes_lat_verify_json(loop_daemons: Daemons) -> None:
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    n = 10
+    srv, cli = run_pair(
+        "write_lat",
+        tool("write_lat", "--socket", s3, "--service", "707", "--json"),
+        tool(
+            "write_lat",
+            "--socket",
+            s0,
+            "--server-host",
+            "3",
+            "--service",
+            "707",
+            "-a",
+            "--max-size",
+            "64KiB",
+            "-n",
+            str(n),
+            "--verify",
+            "--json",
+        ),
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    *runs, summary = json_lines(cli.stdout)
+    assert [d["size"] for d in runs] == SWEEP_64K
+    for d in runs:
+        assert d["iterations"] == n and d["mismatches"] == 0 and d["verify"]
+        assert d["server"] == {"writes": n, "bytes": n * d["size"], "verified": n, "mismatches": 0}
+        assert 0 < d["t_min_us"] <= d["t_typical_us"] <= d["t_max_us"]
+        assert d["t_min_us"] <= d["t_avg_us"] <= d["t_max_us"]
+    assert summary["report"] == "all" and summary["sizes"] == SWEEP_64K
+    assert [r["t_typical_us"] for r in summary["rows"]] == [d["t_typical_us"] for d in runs]
+    assert summary["mismatches"] == 0 == summary["server_mismatches"]
+    served = json_lines(srv.stdout)
+    assert [d["size"] for d in served] == SWEEP_64K
+    assert all(d["iterations"] == n and d["mismatches"] == 0 for d in served)
+
+
+def test_loopback_all_sizes_text_table(loop_daemons: Daemons) -> None:
+    """Text: the header once, one column line, a row per size in order, one table end."""
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    for name, service in (("write_bw", "708"), ("write_lat", "709")):
+        srv, cli = run_pair(
+            name,
+            tool(name, "--socket", s3, "--service", service),
+            tool(
+                name,
+                *("--socket", s0, "--server-host", "3", "--service", service),
+                *("-a", "--max-size", "16", "-n", "5", "--verify"),
+            ),
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert srv.returncode == 0, srv.stderr
+        lines = cli.stdout.splitlines()
+        assert sum("RDMA_Write" in x for x in lines) == 1
+        assert sum("#bytes" in x for x in lines) == 1
+        assert ": all: 2 .. 16 [B], a connection each" in cli.stdout
+        head = next(i for i, x in enumerate(lines) if "#bytes" in x)
+        rows = [x.split() for x in lines[head + 1 : head + 5]]
+        assert [(r[0], r[1]) for r in rows] == [(str(s), "5") for s in (2, 4, 8, 16)]
+        assert lines[head + 5].startswith("-----") and " over 4 sizes, 0 mismatches" in cli.stdout
+        assert sum("RDMA_Write" in x for x in srv.stdout.splitlines()) == 1
 
 
 # Testbed ------------------------------------------------------------------------------------
