@@ -26,6 +26,12 @@ setup: .venv/.installed
 	$(PY) -m netns.trim build >/dev/null
 
 .venv/.installed: pyproject.toml
+	@# A fresh Debian/Ubuntu may lack python3 or its venv module (package python3-venv).
+	@command -v python3 >/dev/null && python3 -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "installing Debian packages: python3 python3-venv"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null; }
+	@python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "mrcstack needs Python >= 3.11; python3 here is $$(python3 --version 2>&1)"; exit 1; }
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
