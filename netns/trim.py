@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrcstack.core.errors import LocalError
 from mrcstack.fabric import parse_rate, parse_size
-from netns.run import CommandError, one_line, run
+from netns.run import CommandError, TestbedError, one_line, run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -80,8 +79,11 @@ _STATS = struct.Struct("=" + "Q" * len(STAT_NAMES))
 _MAPS = {"trim_cfg": _CFG.size, "trim_queue": _QUEUE.size, "trim_stats": _STATS.size}
 
 
-class TrimError(LocalError):
-    """Trimming cannot be set up or read: the one-line message says what and why."""
+class TrimError(TestbedError):
+    """Trimming cannot be set up or read: the one-line message says what and why.
+
+    A :class:`TestbedError`, so the fault harness treats a failing attach or detach like
+    any other failing operation on the testbed (and ``restore_all`` goes on past it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from netns.faultplan import (
     resolve_switch,
     routes_avoiding,
 )
-from netns.faults import Faults
+from netns.faults import Faults, locked_records
 from netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
 from netns.state import LinkEnd, LinkRecord, TestbedState, exists, faults_path, load
 from netns.topology import plan
@@ -203,6 +203,52 @@ def test_fault_records_round_trip_through_json() -> None:
 def test_a_half_built_testbed_is_refused() -> None:
     with pytest.raises(FaultError, match="not completely built"):
         Faults(plan(FABRIC, "tc").state())
+
+
+UNBUILT = "tu"  # a testbed that is planned, never built: its namespaces do not exist
+
+
+def test_restore_all_goes_on_past_a_failing_trim_detach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trim whose detach fails (its namespace is gone) is reported, forgotten, and does
+    not stop restore_all from undoing the fault recorded before it."""
+    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    detach = {"op": "trim_detach", "netns": f"{UNBUILT}-gone", "ifname": "h2", "tier": "host"}
+    with locked_records(UNBUILT) as records:
+        records.faults = [
+            Fault(1, "shape", "shape a", "a", {}, (), ({"op": "settle", "ports": []},)),
+            Fault(2, "trim", "trim b", "b", {}, (), (detach,)),
+        ]
+        records.next_id = 3
+    lines: list[str] = []
+    faults = Faults(plan(FABRIC, UNBUILT).state(complete=True), log=lines.append)
+    with pytest.raises(FaultError, match=r"1 fault\(s\) not undone: #2: restore #2 trim b") as info:
+        faults.restore_all()
+    assert f"{UNBUILT}-gone" in str(info.value) and "\n" not in str(info.value)
+    assert faults.active() == []
+    assert [line.split("] ", 1)[1].split(":")[0] for line in lines] == [
+        "restore #2 trim b", "restore #1 shape a"
+    ]  # fmt: skip
+    assert "FAILED" in lines[0] and "FAILED" not in lines[1]
+
+
+def test_a_trim_that_fails_to_attach_is_undone_and_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apply fails (no such namespace), so does the undo's detach: the error reported is
+    the attach's, and the fault is not left in the record."""
+    if (reason := trim.unavailable_reason()) is not None:
+        pytest.skip(reason)
+    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    lines: list[str] = []
+    faults = Faults(plan(FABRIC, UNBUILT).state(complete=True), log=lines.append)
+    with pytest.raises(trim.TrimError, match=f"tc -n {UNBUILT}-p0-t0b -j qdisc show dev h2 root"):
+        faults.trim("p0:h2-t0b", None, threshold_bytes=65536, ecn_threshold_bytes=None,
+                    rate_bps=1e9)  # fmt: skip
+    assert faults.active() == []
+    assert len(lines) == 1 and "restore #1 trim p0:h2-t0b p0-t0b>h2" in lines[0]
+    assert "FAILED" in lines[0]
 
 
 # Scenarios -----------------------------------------------------------------------------------
