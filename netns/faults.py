@@ -29,6 +29,8 @@ How each fault is made (docs/faults.md explains the choices):
   forward, before its uN shift (in ``forward`` the address is already shifted).
 - ``shape``/``trim``: the sending end's egress port, through the testbed's shaper and the
   trim program (switch egress only).
+
+This module plans, records and undoes; :mod:`netns.faultops` runs the recorded operations.
 """
 
 from __future__ import annotations
@@ -37,19 +39,17 @@ import fcntl
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from mrcstack.addrplan import parse_node
 from mrcstack.fabric import Fabric
-from netns import testbed, trim
+from netns import faultops
 from netns.faultplan import (
     Fault,
     FaultError,
     Records,
-    as_replace,
     directions,
     is_host,
     loss_site,
@@ -61,14 +61,11 @@ from netns.faultplan import (
     path_loss_rule,
     resolve_link,
     resolve_switch,
-    routes_avoiding,
 )
-from netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
+from netns.run import TestbedError
 from netns.state import LinkRecord, TestbedState, faults_path
 
 FAULTS_VERSION = 1
-SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
-SETTLE_POLL_S = 0.005
 __all__ = ["Fault", "FaultError", "Faults", "load_records", "locked_records"]
 
 
@@ -407,14 +404,14 @@ class Faults:
         failures: list[str] = []
         for op in fault.undo:
             try:
-                self._execute(op, records, fault)
+                faultops.execute(self.state, op, fault, self.log)
             except TestbedError as exc:
                 failures.append(str(exc))
         records.faults = [f for f in records.faults if f.id != fault.id]
         if failures:
             self.log(f"restore {fault.describe()}: FAILED: {'; '.join(failures)}")
             raise FaultError(f"restore {fault.describe()}: {failures[0]}")
-        self.log(f"restore {fault.describe()}: {_summary(fault.undo)}")
+        self.log(f"restore {fault.describe()}: {faultops.summary(fault.undo)}")
 
     def _commit(self, records: Records, fault: Fault) -> Fault:
         """Record, then apply; on failure undo what was done and forget the fault."""
@@ -424,12 +421,12 @@ class Faults:
         save_records(records)
         try:
             for op in fault.apply:
-                self._execute(op, records, fault)
+                faultops.execute(self.state, op, fault, self.log)
         except BaseException:
             with suppress(TestbedError):  # the original failure is the one to report
                 self._undo(records, fault)
             raise
-        self.log(f"apply {fault.describe()}: {_summary(fault.apply)}")
+        self.log(f"apply {fault.describe()}: {faultops.summary(fault.apply)}")
         return fault
 
     def _down(
@@ -457,7 +454,7 @@ class Faults:
             for netns, ifname in free:
                 apply_ops.append({"op": "down", "netns": netns, "ifname": ifname})
                 undo_ups.append({"op": "up", "netns": netns, "ifname": ifname,
-                                 "addrs": _addresses(netns, ifname)})  # fmt: skip
+                                 "addrs": faultops.addresses(netns, ifname)})  # fmt: skip
             settle = {"op": "settle", "ports": [[n, i] for n, i in free]}
             undo_routes = [
                 {"op": "routes", "netns": ns} for ns in dict.fromkeys(n for n, _ in free)
@@ -511,141 +508,3 @@ class Faults:
                           apply=tuple(apply_ops))  # fmt: skip
             records.next_id += 1
             return [self._commit(records, fault)]
-
-    def _execute(self, op: dict[str, Any], records: Records, fault: Fault) -> None:
-        """One recorded operation (``apply`` or ``undo``)."""
-        kind, netns = op["op"], op.get("netns", "")
-        if kind == "down":
-            ip("link", "set", "dev", op["ifname"], "down", netns=netns)
-        elif kind == "up":
-            ip("link", "set", "dev", op["ifname"], "up", netns=netns)
-            lines = [
-                f"address replace {a['local']}/{a['prefixlen']} dev {op['ifname']}"
-                + (" nodad" if a.get("nodad") else "")
-                for a in op["addrs"]
-            ]
-            ip_batch(lines, netns)
-        elif kind == "routes":
-            self._reinstall(netns, records, fault)
-        elif kind == "settle":
-            self._settle([(str(n), str(i)) for n, i in op["ports"]])
-        elif kind == "nft":
-            ns_exec(netns, ["nft", "-f", "-"], input=op["script"])
-        elif kind == "nft_delete":
-            result = ns_exec(netns, ["nft", "delete", "table", "inet", op["table"]], check=False)
-            if result.returncode and "No such file" not in result.stderr:
-                raise FaultError(f"nft delete table {op['table']} in {netns}: "
-                                 f"{one_line(result.stderr)}")  # fmt: skip
-        elif kind in ("shape", "unshape", "trim_attach", "trim_detach"):
-            _port_operation(self.state, op)
-        else:
-            raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
-
-    def _settle(self, ports: Sequence[tuple[str, str]]) -> None:
-        """Wait until both ends of every link just brought back are operational, then
-        forget their neighbour entries.
-
-        A port whose peer went down kept its routes (no carrier, ``linkdown``), so traffic
-        meanwhile left an INCOMPLETE neighbour entry there whose next solicitation is due
-        only at the ND retransmit timer (1 s): without the flush the path would stay dead
-        for up to a second after ``up``.  The peer's qdisc and operstate come back through
-        the kernel's linkwatch work, a little after the carrier: hence the wait."""
-        ends = {(n, i) for n, i in ports}
-        links = [
-            rec
-            for rec in self.state.links.values()
-            if (rec.a.netns, rec.a.ifname) in ends or (rec.b.netns, rec.b.ifname) in ends
-        ]
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while True:
-            shown = {ns: {d["ifname"]: d for d in _links_json(ns)} for ns in _namespaces(links)}
-            waiting = [rec.name for rec in links if not _operational(rec, shown)]
-            if not waiting:
-                break
-            if time.monotonic() > deadline:
-                self.log(f"warning: not operational after {SETTLE_TIMEOUT_S:g} s: "
-                         f"{', '.join(waiting)}")  # fmt: skip
-                break
-            time.sleep(SETTLE_POLL_S)
-        for rec in links:
-            for end in (rec.a, rec.b):
-                if "UP" in shown[end.netns].get(end.ifname, {}).get("flags", []):
-                    ip("neigh", "flush", "dev", end.ifname, netns=end.netns)
-
-    def _reinstall(self, netns: str, records: Records, fault: Fault) -> None:
-        """The namespace's recorded routes, minus those through ports still down."""
-        down = {i for i in _admin_down(netns)}
-        if not down:
-            self.state.reinstall_routes(netns)
-            return
-        lines = [as_replace(line) for line in routes_avoiding(self.state.routes[netns], down)]
-        ip_batch(lines, netns, force=True)
-
-
-def _summary(ops: Sequence[dict[str, Any]]) -> str:
-    parts = []
-    for op in ops:
-        where = f"{op.get('netns', '')}/{op['ifname']}" if "ifname" in op else op.get("netns", "")
-        parts.append(f"{op['op']} {where}".strip())
-    return ", ".join(parts) or "nothing to do"
-
-
-def _links_json(netns: str) -> list[dict[str, Any]]:
-    out = ip("-j", "link", "show", netns=netns)
-    data: list[dict[str, Any]] = json.loads(out or "[]")
-    return data
-
-
-def _namespaces(links: Sequence[LinkRecord]) -> list[str]:
-    return list(dict.fromkeys(ns for rec in links for ns in (rec.a.netns, rec.b.netns)))
-
-
-def _operational(rec: LinkRecord, shown: dict[str, dict[str, dict[str, Any]]]) -> bool:
-    """Both ends up and running, or one of them held down on purpose (nothing to wait for)."""
-    ends = [shown[end.netns].get(end.ifname, {}) for end in (rec.a, rec.b)]
-    if any("UP" not in end.get("flags", []) for end in ends):
-        return True
-    return all(end.get("operstate") == "UP" for end in ends)
-
-
-def _admin_down(netns: str) -> list[str]:
-    return [d["ifname"] for d in _links_json(netns) if "UP" not in d.get("flags", [])]
-
-
-def _addresses(netns: str, ifname: str) -> list[dict[str, Any]]:
-    """The IPv6 addresses a port loses when it goes down and must get back: global ones and
-    the static link-local ones (``nodad``); the kernel regenerates its own link-local."""
-    data = json.loads(ip("-j", "-6", "address", "show", "dev", ifname, netns=netns) or "[]")
-    kept = []
-    for dev in data:
-        for addr in dev.get("addr_info", []):
-            if addr.get("family") != "inet6":
-                continue
-            if addr.get("scope") == "global" or addr.get("nodad"):
-                kept.append({"local": addr["local"], "prefixlen": addr["prefixlen"],
-                             "nodad": bool(addr.get("nodad"))})  # fmt: skip
-    return kept
-
-
-def _port_operation(state: TestbedState, op: dict[str, Any]) -> None:
-    """Shaping (the testbed's tbf) and trimming (engineer B's program) of one port.  Undoing
-    either puts back the testbed's own shaping of that tier, if the fabric has one."""
-    netns, ifname, kind = op["netns"], op["ifname"], op["op"]
-    if kind == "shape":
-        queue = op.get("queue_bytes") or state.fabric.queue_bytes
-        testbed.shape_port(netns, ifname, op["rate_bps"], queue)
-        return
-    if kind in ("trim_attach", "trim_detach"):
-        if kind == "trim_attach":
-            trim.attach(netns, ifname, rate_bps=op["rate_bps"],
-                        trim_threshold_bytes=op["trim_threshold_bytes"],
-                        ecn_threshold_bytes=op["ecn_threshold_bytes"], last_hop=op["last_hop"],
-                        probability=op["probability"], queue_bytes=op["queue_bytes"])  # fmt: skip
-            return
-        trim.detach(netns, ifname)
-    fabric = state.fabric
-    rate = fabric.host_link_bps if op.get("tier") == "host" else fabric.fabric_link_bps
-    if rate is None:
-        testbed.unshape_port(netns, ifname)
-    else:
-        testbed.shape_port(netns, ifname, rate, fabric.queue_bytes)

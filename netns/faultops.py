@@ -1,0 +1,182 @@
+"""Running a fault's recorded operations: the kernel side of the fault harness.
+
+:class:`netns.faults.Faults` plans every fault as data, a :class:`netns.faultplan.Fault` whose
+``apply`` and ``undo`` are lists of operations such as ``{"op": "down", "netns": ...,
+"ifname": ...}``.  :func:`execute` runs one of them with ``ip``, ``nft``, ``tc`` or the trim
+program.  Also here: what a fault reads from the system before it is applied (a port's
+addresses), the wait for links brought back up, and the up-front checks that what a fault
+kind needs is there (:func:`require_nft`, :func:`require_trim`).
+
+The operations:
+
+- ``down``/``up``: ``ip link set``; ``up`` also re-adds the addresses recorded before
+  ``down`` (the kernel flushed them, even the static link-local ones: linux-facts trap 1).
+- ``routes``: re-install a namespace's recorded routes, minus those through ports still
+  held down by other faults.
+- ``settle``: wait until both ends of the links brought back are operational, then flush
+  their neighbour entries.
+- ``nft``/``nft_delete``: load or delete one fault's nftables table in a namespace.
+- ``shape``/``unshape``/``trim_attach``/``trim_detach``: a port's root qdisc (the
+  testbed's tbf, or the trim program with its htb); undoing either puts back the testbed's
+  own shaping of that tier, if the fabric has one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from netns import testbed, trim
+from netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
+from netns.run import ip, ip_batch, ns_exec, one_line
+from netns.state import LinkRecord, TestbedState
+
+SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
+SETTLE_POLL_S = 0.005
+PORT_OPS = ("shape", "unshape", "trim_attach", "trim_detach")
+Log = Callable[[str], object]
+
+
+def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> None:
+    """One recorded operation (of ``fault.apply`` or ``fault.undo``)."""
+    kind, netns = op["op"], op.get("netns", "")
+    if kind == "down":
+        ip("link", "set", "dev", op["ifname"], "down", netns=netns)
+    elif kind == "up":
+        ip("link", "set", "dev", op["ifname"], "up", netns=netns)
+        lines = [
+            f"address replace {a['local']}/{a['prefixlen']} dev {op['ifname']}"
+            + (" nodad" if a.get("nodad") else "")
+            for a in op["addrs"]
+        ]
+        ip_batch(lines, netns)
+    elif kind == "routes":
+        reinstall(state, netns)
+    elif kind == "settle":
+        settle(state, [(str(n), str(i)) for n, i in op["ports"]], log)
+    elif kind == "nft":
+        ns_exec(netns, ["nft", "-f", "-"], input=op["script"])
+    elif kind == "nft_delete":
+        result = ns_exec(netns, ["nft", "delete", "table", "inet", op["table"]], check=False)
+        if result.returncode and "No such file" not in result.stderr:
+            raise FaultError(f"nft delete table {op['table']} in {netns}: "
+                             f"{one_line(result.stderr)}")  # fmt: skip
+    elif kind in PORT_OPS:
+        port_operation(state, op)
+    else:
+        raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
+
+
+def summary(ops: Sequence[dict[str, Any]]) -> str:
+    """What a list of operations does, for the log: ``down mrc-p0-t0a/t1c, up ...``."""
+    parts = []
+    for op in ops:
+        where = f"{op.get('netns', '')}/{op['ifname']}" if "ifname" in op else op.get("netns", "")
+        parts.append(f"{op['op']} {where}".strip())
+    return ", ".join(parts) or "nothing to do"
+
+
+# Links brought back ---------------------------------------------------------------------
+def settle(state: TestbedState, ports: Sequence[tuple[str, str]], log: Log) -> None:
+    """Wait until both ends of every link just brought back are operational, then forget
+    their neighbour entries.
+
+    A port whose peer went down kept its routes (no carrier, ``linkdown``), so traffic
+    meanwhile left an INCOMPLETE neighbour entry there whose next solicitation is due only
+    at the ND retransmit timer (1 s): without the flush the path would stay dead for up to
+    a second after ``up``.  The peer's qdisc and operstate come back through the kernel's
+    linkwatch work, a little after the carrier: hence the wait."""
+    ends = {(n, i) for n, i in ports}
+    links = [
+        rec
+        for rec in state.links.values()
+        if (rec.a.netns, rec.a.ifname) in ends or (rec.b.netns, rec.b.ifname) in ends
+    ]
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        shown = {ns: {d["ifname"]: d for d in _links_json(ns)} for ns in _namespaces(links)}
+        waiting = [rec.name for rec in links if not _operational(rec, shown)]
+        if not waiting:
+            break
+        if time.monotonic() > deadline:
+            log(f"warning: not operational after {SETTLE_TIMEOUT_S:g} s: {', '.join(waiting)}")
+            break
+        time.sleep(SETTLE_POLL_S)
+    for rec in links:
+        for end in (rec.a, rec.b):
+            if "UP" in shown[end.netns].get(end.ifname, {}).get("flags", []):
+                ip("neigh", "flush", "dev", end.ifname, netns=end.netns)
+
+
+def reinstall(state: TestbedState, netns: str) -> None:
+    """The namespace's recorded routes, minus those through ports still down."""
+    down = set(_admin_down(netns))
+    if not down:
+        state.reinstall_routes(netns)
+        return
+    lines = [as_replace(line) for line in routes_avoiding(state.routes[netns], down)]
+    ip_batch(lines, netns, force=True)
+
+
+def addresses(netns: str, ifname: str) -> list[dict[str, Any]]:
+    """The IPv6 addresses a port loses when it goes down and must get back: global ones and
+    the static link-local ones (``nodad``); the kernel regenerates its own link-local."""
+    data = json.loads(ip("-j", "-6", "address", "show", "dev", ifname, netns=netns) or "[]")
+    kept = []
+    for dev in data:
+        for addr in dev.get("addr_info", []):
+            if addr.get("family") != "inet6":
+                continue
+            if addr.get("scope") == "global" or addr.get("nodad"):
+                kept.append({"local": addr["local"], "prefixlen": addr["prefixlen"],
+                             "nodad": bool(addr.get("nodad"))})  # fmt: skip
+    return kept
+
+
+def _links_json(netns: str) -> list[dict[str, Any]]:
+    out = ip("-j", "link", "show", netns=netns)
+    data: list[dict[str, Any]] = json.loads(out or "[]")
+    return data
+
+
+def _namespaces(links: Sequence[LinkRecord]) -> list[str]:
+    return list(dict.fromkeys(ns for rec in links for ns in (rec.a.netns, rec.b.netns)))
+
+
+def _operational(rec: LinkRecord, shown: dict[str, dict[str, dict[str, Any]]]) -> bool:
+    """Both ends up and running, or one of them held down on purpose (nothing to wait for)."""
+    ends = [shown[end.netns].get(end.ifname, {}) for end in (rec.a, rec.b)]
+    if any("UP" not in end.get("flags", []) for end in ends):
+        return True
+    return all(end.get("operstate") == "UP" for end in ends)
+
+
+def _admin_down(netns: str) -> list[str]:
+    return [d["ifname"] for d in _links_json(netns) if "UP" not in d.get("flags", [])]
+
+
+# Ports: shaping and trimming ------------------------------------------------------------
+def port_operation(state: TestbedState, op: dict[str, Any]) -> None:
+    """Shaping (the testbed's tbf) and trimming (the trim program) of one port.  Undoing
+    either puts back the testbed's own shaping of that tier, if the fabric has one."""
+    netns, ifname, kind = op["netns"], op["ifname"], op["op"]
+    if kind == "shape":
+        queue = op.get("queue_bytes") or state.fabric.queue_bytes
+        testbed.shape_port(netns, ifname, op["rate_bps"], queue)
+        return
+    if kind == "trim_attach":
+        trim.attach(netns, ifname, rate_bps=op["rate_bps"],
+                    trim_threshold_bytes=op["trim_threshold_bytes"],
+                    ecn_threshold_bytes=op["ecn_threshold_bytes"], last_hop=op["last_hop"],
+                    probability=op["probability"], queue_bytes=op["queue_bytes"])  # fmt: skip
+        return
+    if kind == "trim_detach":
+        trim.detach(netns, ifname)
+    fabric = state.fabric
+    rate = fabric.host_link_bps if op.get("tier") == "host" else fabric.fabric_link_bps
+    if rate is None:
+        testbed.unshape_port(netns, ifname)
+    else:
+        testbed.shape_port(netns, ifname, rate, fabric.queue_bytes)
