@@ -63,7 +63,7 @@ from netns.faultplan import (
     resolve_switch,
 )
 from netns.run import TestbedError
-from netns.state import LinkRecord, TestbedState, faults_path
+from netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
 
 FAULTS_VERSION = 1
 __all__ = ["Fault", "FaultError", "Faults", "load_records", "locked_records"]
@@ -151,7 +151,7 @@ class Faults:
             )
         self.state = state
         self._log = stderr_log if log is None else log
-        self.log_path = faults_path(state.name).with_suffix(".log")
+        self.log_path = faults_log_path(state.name)
 
     # Logging --------------------------------------------------------------------------
     def log(self, message: str) -> str:

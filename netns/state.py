@@ -48,6 +48,11 @@ def faults_path(name: str) -> Path:
     return STATE_DIR / f"{check_name(name)}.faults.json"
 
 
+def faults_log_path(name: str) -> Path:
+    """Where the fault harness logs what it applied and restored on a testbed."""
+    return STATE_DIR / f"{check_name(name)}.faults.log"
+
+
 @dataclass(frozen=True, slots=True)
 class LinkEnd:
     node: str  # fabric node name: "h0", "p0-t0a"
@@ -253,8 +258,9 @@ def load(name: str = DEFAULT_NAME) -> TestbedState:
 
 
 def remove(name: str) -> None:
-    """Delete the state file (and the fault record) of ``name``, if present."""
-    for path in (state_path(name), faults_path(name)):
+    """Delete the state file, the fault record and the fault log of ``name``, if present
+    (by exact name)."""
+    for path in (state_path(name), faults_path(name), faults_log_path(name)):
         path.unlink(missing_ok=True)
 
 

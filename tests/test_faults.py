@@ -46,7 +46,15 @@ from netns.faultplan import (
 )
 from netns.faults import Faults, locked_records
 from netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
-from netns.state import LinkEnd, LinkRecord, TestbedState, exists, faults_path, load
+from netns.state import (
+    LinkEnd,
+    LinkRecord,
+    TestbedState,
+    exists,
+    faults_log_path,
+    faults_path,
+    load,
+)
 from netns.topology import plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -580,8 +588,8 @@ def live() -> Iterator[Live]:
         yield Live(state, Faults(state, log=log.append), log)
     finally:
         testbed.clean(TESTBED)
-        faults_path(TESTBED).with_suffix(".log").unlink(missing_ok=True)
     assert not faults_path(TESTBED).exists()
+    assert not faults_log_path(TESTBED).exists()  # clean removes the log too
     left = subprocess.run(
         ["ip", "netns", "list"], capture_output=True, text=True, check=True
     ).stdout

@@ -38,7 +38,16 @@ from mrcstack.fabric import Fabric
 from mrcstack.wire import CrcIntegrity, DataPacket, Opcode, encode
 from netns import testbed
 from netns.run import TestbedError, call_in_netns, ip, ip_batch, run
-from netns.state import TestbedState, exists, load
+from netns.state import (
+    TestbedState,
+    exists,
+    faults_log_path,
+    faults_path,
+    load,
+    save,
+    state_path,
+)
+from netns.topology import plan
 from netns.traffic import (
     DEFAULT_PORT,
     HEADER,
@@ -468,6 +477,23 @@ def test_two_named_testbeds_do_not_interfere() -> None:
         for name in names:
             testbed.clean(name)
     assert _leftovers(names[1]) == []
+
+
+@pytest.mark.parametrize("command", ["down", "clean"])
+def test_down_and_clean_remove_the_fault_record_and_log_by_exact_name(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing of testbed ``tq`` exists in the kernel, so this needs no root: only its
+    files in the state directory go, not those of ``tq2`` or anything else."""
+    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    save(plan(Fabric(planes=1), "tq").state())
+    mine = [state_path("tq"), faults_path("tq"), faults_log_path("tq")]
+    others = [faults_log_path("tq2"), faults_path("tq2"), tmp_path / "tq.log"]
+    for file in [*mine[1:], *others]:
+        file.write_text("x\n")
+    getattr(testbed, command)("tq")
+    assert [p for p in mine if p.exists()] == []
+    assert [p for p in others if p.exists()] == others
 
 
 def test_payload_header_is_what_receivers_parse() -> None:
