@@ -18,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -56,6 +57,8 @@ PAUSE_SECONDS = 600.0  # ...for this long (a test SIGKILLs the build meanwhile)
 STEPS = ("recorded", "root", "config", "sysctl", "shape")
 KILL_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
 NEXT_CSID_HELP = "kernel lacks SRv6 NEXT-C-SID (needs Linux >= 6.1 with CONFIG_IPV6_SEG6_LWTUNNEL)"
+IPROUTE2_NEXT_CSID = (6, 1)  # the first iproute2 that knows `flavors next-csid`
+IPROUTE2_HELP = "`ip` does not know seg6local flavors next-csid (needs iproute2 >= 6.1)"
 PROBE_SID = "fcbb:bb00:ffff::/48"
 T = TypeVar("T")
 
@@ -70,14 +73,42 @@ def check_features(name: str, *, shaping: bool = False) -> None:
     for tool, package in (("ip", "iproute2"), *((("tc", "iproute2"),) if shaping else ())):
         if shutil.which(tool) is None:
             raise TestbedError(f"`{tool}` not found: install {package}")
+    _check_iproute2_version()
+    with probe_namespace(name) as ns:
+        _probe(ns, shaping)
+
+
+@contextlib.contextmanager
+def probe_namespace(name: str) -> Iterator[str]:
+    """A throwaway namespace ``{name}-probe`` to try kernel features in, deleted afterwards
+    (``clean`` removes it too, should a probe be killed halfway)."""
     probe = probe_netns(name)
     if probe in _netns_present():
         ip("netns", "del", probe)
     ip("netns", "add", probe)
     try:
-        _probe(probe, shaping)
+        yield probe
     finally:
         ip("netns", "del", probe, check=False)
+
+
+def probe_step(argv: Sequence[str], reason: str) -> None:
+    """Run one feature probe; TestbedError ``reason: <what it printed>`` if it fails."""
+    try:
+        run(argv)
+    except CommandError as exc:
+        raise TestbedError(f"{reason}: {one_line(exc.stderr)}") from None
+
+
+def _check_iproute2_version() -> None:
+    """Refuse an iproute2 older than 6.1 by ``ip -V`` (``ip utility, iproute2-6.1.0``; before
+    5.0 date-based, ``iproute2-ss190107``); a version it cannot read is let through."""
+    shown = ip("-V", check=False)
+    if (dated := re.search(r"iproute2-ss\d+", shown)) is not None:
+        raise TestbedError(f"{dated[0]}: {IPROUTE2_HELP}")
+    match = re.search(r"iproute2-(\d+)\.(\d+)", shown)
+    if match is not None and (int(match[1]), int(match[2])) < IPROUTE2_NEXT_CSID:
+        raise TestbedError(f"iproute2 {match[1]}.{match[2]}: {IPROUTE2_HELP}")
 
 
 def _probe(ns: str, shaping: bool) -> None:
@@ -93,35 +124,24 @@ def _probe(ns: str, shaping: bool) -> None:
         ),
         (("link", "set", "dev", "sid", "up"), "cannot bring an ifb device up"),
     ):
-        _probe_step(ns, args, reason)
+        probe_step(["ip", "-n", ns, *args], reason)
     end = "encap seg6local action End flavors next-csid lblen 32 nflen 16 count dev sid"
     try:
         ip("-6", "route", "add", PROBE_SID, *end.split(), netns=ns)
     except CommandError as exc:
-        if "is wrong" in exc.stderr or "Unknown" in exc.stderr or "unknown" in exc.stderr:
-            raise TestbedError(
-                "iproute2 `ip` does not know seg6local flavors next-csid (needs iproute2 >= 6.1): "
-                + one_line(exc.stderr)
-            ) from None
+        # An ip without the keyword stops parsing the encap there and takes "flavors" for a
+        # second destination ('either "to" is duplicate, or "flavors" is a garbage').
+        if '"flavors" is a garbage' in exc.stderr or "is wrong" in exc.stderr:
+            raise TestbedError(f"iproute2 {IPROUTE2_HELP}: {one_line(exc.stderr)}") from None
         raise TestbedError(f"{NEXT_CSID_HELP}: {one_line(exc.stderr)}") from None
     shown = ip("-6", "route", "show", PROBE_SID, netns=ns)
     if "next-csid" not in shown:  # the kernel took the route but dropped the flavour
         raise TestbedError(NEXT_CSID_HELP)
     if shaping:
-        try:
-            run(["tc", "-n", ns, *tbf_line("v0", 1e6, 10**5, 1500).split()])
-        except CommandError as exc:
-            raise TestbedError(
-                "kernel lacks the tbf qdisc (CONFIG_NET_SCH_TBF) needed for link rates: "
-                + one_line(exc.stderr)
-            ) from None
-
-
-def _probe_step(ns: str, args: tuple[str, ...], reason: str) -> None:
-    try:
-        ip(*args, netns=ns)
-    except CommandError as exc:
-        raise TestbedError(f"{reason}: {one_line(exc.stderr)}") from None
+        probe_step(
+            ["tc", "-n", ns, *tbf_line("v0", 1e6, 10**5, 1500).split()],
+            "kernel lacks the tbf qdisc (CONFIG_NET_SCH_TBF) needed for link rates",
+        )
 
 
 # Build --------------------------------------------------------------------------------

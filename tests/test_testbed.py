@@ -380,6 +380,125 @@ def test_bad_arguments_fail_with_one_line(bed: TestbedState) -> None:
     assert not exists("tax") and not _leftovers("tax")
 
 
+# Feature detection, without root: a fake `ip` and `tc` on PATH ------------------------------
+FAKE_TOOL = """#!/bin/sh
+# A stand-in for iproute2's ip and tc: logs its arguments, fails when they contain $FAKE_FAIL.
+line="${0##*/} $*"
+printf '%s\\n' "$line" >> "$FAKE_LOG"
+if [ -n "$FAKE_FAIL" ]; then
+  case "$line" in *"$FAKE_FAIL"*) printf '%s\\n' "$FAKE_STDERR" >&2; exit 2 ;; esac
+fi
+case "$line" in
+  "ip -V") printf '%s\\n' "$FAKE_IP_VERSION" ;;
+  *"route show"*) printf '%s\\n' "$FAKE_ROUTE" ;;
+esac
+"""
+GOOD_ROUTE = (
+    "fcbb:bb00:ffff::/48  encap seg6local action End flavors next-csid lblen 32 nflen 16 "
+    "count dev sid metric 1024 pref medium"
+)
+
+
+class FakeTools:
+    """``ip`` and ``tc`` on an otherwise empty PATH, as root (``os.geteuid`` says 0): they
+    succeed, print what ``check_features`` reads, and fail when asked to."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bin, self.log = tmp_path / "bin", tmp_path / "calls"
+        self.bin.mkdir()
+        for tool in ("ip", "tc"):
+            (self.bin / tool).write_text(FAKE_TOOL)
+            (self.bin / tool).chmod(0o755)
+        self.monkeypatch = monkeypatch
+        monkeypatch.setenv("PATH", str(self.bin))
+        monkeypatch.setenv("FAKE_LOG", str(self.log))
+        monkeypatch.setenv("FAKE_IP_VERSION", "ip utility, iproute2-6.1.0, libbpf 1.1.2")
+        monkeypatch.setenv("FAKE_ROUTE", GOOD_ROUTE)
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+
+    def fail(self, words: str, stderr: str) -> None:
+        """Calls whose command line contains ``words`` fail, printing ``stderr``."""
+        self.monkeypatch.setenv("FAKE_FAIL", words)
+        self.monkeypatch.setenv("FAKE_STDERR", stderr)
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+GARBAGE = 'Error: either "to" is duplicate, or "flavors" is a garbage.'
+FEATURES = {  # case: (fail on, its stderr, environment, the one-line reason expected)
+    "no ifb": ("type ifb", "Error: Unknown device type.", {},
+               "kernel lacks ifb devices (CONFIG_IFB): Error: Unknown device type."),
+    "no veth": ("type veth", "Error: Unknown device type.", {}, "kernel lacks veth pairs"),
+    "no bridge": ("type bridge", "Error: Unknown device type.", {}, "kernel lacks bridges"),
+    "old ip": ("", "", {"FAKE_IP_VERSION": "ip utility, iproute2-5.10.0"},
+               "iproute2 5.10: `ip` does not know seg6local flavors next-csid "
+               "(needs iproute2 >= 6.1)"),
+    "dated ip": ("", "", {"FAKE_IP_VERSION": "ip utility, iproute2-ss190107"},
+                 "iproute2-ss190107: `ip` does not know"),
+    "ip without the keyword": ("flavors next-csid", GARBAGE, {"FAKE_IP_VERSION": "ip utility"},
+                               f"needs iproute2 >= 6.1): {GARBAGE}"),
+    "kernel refuses": ("flavors next-csid", "Error: lwt encapsulation type not supported.", {},
+                       "kernel lacks SRv6 NEXT-C-SID (needs Linux >= 6.1 with "
+                       "CONFIG_IPV6_SEG6_LWTUNNEL): Error: lwt encapsulation type"),
+    "kernel drops the flavour": ("", "", {"FAKE_ROUTE": GOOD_ROUTE.replace("flavors next-csid "
+                                 "lblen 32 nflen 16 ", "")}, "kernel lacks SRv6 NEXT-C-SID"),
+    "no tbf": ("root tbf", "Error: Specified qdisc kind is unknown.", {},
+               "kernel lacks the tbf qdisc (CONFIG_NET_SCH_TBF)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FEATURES))
+def test_feature_detection_names_what_is_missing_in_one_line(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_on, stderr, env, reason = FEATURES[case]
+    tools = FakeTools(tmp_path, monkeypatch)
+    tools.fail(fail_on, stderr)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(TestbedError) as info:
+        testbed.check_features("tq", shaping=True)
+    assert reason in str(info.value) and "\n" not in str(info.value)
+    calls = tools.calls()
+    if "ip netns add tq-probe" in calls:  # the throwaway namespace never outlives the check
+        assert calls[-1] == "ip netns del tq-probe"
+
+
+def test_feature_detection_passes_and_probes_in_a_throwaway_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = FakeTools(tmp_path, monkeypatch)
+    testbed.check_features("tq", shaping=True)
+    calls = tools.calls()
+    assert calls[:2] == ["ip -V", "ip netns add tq-probe"] and calls[-1] == "ip netns del tq-probe"
+    assert any("seg6local action End flavors next-csid" in c for c in calls)
+    assert any(c.startswith("tc -n tq-probe qdisc replace dev v0 root tbf") for c in calls)
+    testbed.check_features("tq")
+    assert not any(c.startswith("tc") for c in tools.calls()[len(calls) :])  # unshaped: no tc
+
+
+@pytest.mark.parametrize(
+    ("missing", "shaping", "reason"),
+    [
+        ("ip", False, "`ip` not found: install iproute2"),
+        ("tc", True, "`tc` not found: install iproute2"),
+        ("root", False, "must run as root"),
+    ],
+)
+def test_feature_detection_needs_root_ip_and_tc(
+    missing: str, shaping: bool, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = FakeTools(tmp_path, monkeypatch)
+    if missing == "root":
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    else:
+        (tools.bin / missing).unlink()
+    with pytest.raises(TestbedError, match=reason):
+        testbed.check_features("tq", shaping=shaping)
+    assert tools.calls() == []  # said before anything ran
+
+
 # Crash recovery and coexistence --------------------------------------------------------------
 def _steps_done(name: str) -> list[str]:
     """The build steps (testbed.STEPS) whose effects show in testbed ``name``, judged on
