@@ -20,10 +20,9 @@ from mrcstack.core.errors import LocalError
 from mrcstack.fabric import Fabric, FabricConfigError, parse_rate, parse_size
 from netns import testbed
 from netns.run import TestbedError
-from netns.state import DEFAULT_NAME, check_name, load, recorded
+from netns.state import NAME_ENV, check_name, default_name, load, recorded
 
 PROG = "mrcstack testbed"
-NAME_ENV = "MRC_TESTBED"  # default --name
 T = TypeVar("T")
 
 
@@ -54,11 +53,11 @@ def _int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Multi-plane SRv6 (uSID) testbeds in network namespaces.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    default_name = os.environ.get(NAME_ENV, DEFAULT_NAME)
+    name = default_name()
 
     def named(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
         parser.add_argument(
-            "--name", type=_arg(check_name), default=default_name, help="testbed name (mrc)"
+            "--name", type=_arg(check_name), default=name, help=f"${NAME_ENV} or mrc: {name}"
         )
         if json_flag:
             parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -7,12 +7,14 @@
     mrcstack fault loss --path SID --rate P               (SID: p0-t1c, 2002 or its /48)
     mrcstack fault loss clear A [B] [--from NODE] | loss clear --path SID
     mrcstack fault shape A [B] --rate R [--queue BYTES] [--from NODE] | shape clear A [B]
-    mrcstack fault trim A [B] --threshold BYTES --rate R [--ecn-threshold BYTES]
+    mrcstack fault trim A [B] --threshold BYTES [--rate R] [--ecn-threshold BYTES]
                         [--probability P] [--queue BYTES] [--from NODE] | trim clear A [B]
     mrcstack fault scenario FILE [--check]
     mrcstack fault restore-all | clear ID | list [--json]
 
 A and B are node names (``p0-t0a``, ``h0``) or A alone is a link name (``p0:t0a-t1c``).
+``--name`` defaults to ``$MRC_TESTBED``, else ``mrc`` (as for ``mrcstack testbed``).  A
+trim's rate and queue default to the testbed's shaping of the link and its queue size.
 Every change is logged with an ISO timestamp on stderr and in
 ``<STATE_DIR>/<name>.faults.log``; stdout gets the faults applied or removed (JSON with
 ``--json``).  ``scenario --check`` validates against the testbed's fabric (the default
@@ -34,10 +36,9 @@ from mrcstack.fabric import Fabric, parse_rate, parse_size
 from netns.faultplan import Fault, FaultError, parse_probability
 from netns.faults import Faults, load_records
 from netns.scenario import LogEntry, ScenarioError, load_scenario, run_scenario
-from netns.state import check_name, exists, load
+from netns.state import NAME_ENV, check_name, default_name, exists, load
 
 PROG = "mrcstack fault"
-DEFAULT_NAME = "mrc"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +62,7 @@ def _arg(convert: Callable[[str], Any], what: str) -> Callable[[str], Any]:
 _PROB = _arg(parse_probability, "probability")
 _RATE = _arg(parse_rate, "rate")
 _SIZE = _arg(parse_size, "size")
+_NAME = _arg(check_name, "name")
 
 
 def _ends(sub: argparse.ArgumentParser) -> None:
@@ -75,10 +77,11 @@ def _from(sub: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Inject and undo faults on a running testbed.")
-    parser.add_argument("--name", default=DEFAULT_NAME, help="testbed name (default mrc)")
+    name_help = f"testbed name (${NAME_ENV} or mrc: {default_name()})"
+    parser.add_argument("--name", type=_NAME, default=default_name(), help=name_help)
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     common = _Parser(add_help=False)  # the same options, after the command
-    common.add_argument("--name", default=argparse.SUPPRESS, help="testbed name (default mrc)")
+    common.add_argument("--name", type=_NAME, default=argparse.SUPPRESS, help=name_help)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="JSON on stdout")  # fmt: skip
     cmds = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -110,13 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--queue", type=_SIZE, help="queue bytes: 64KiB")
     _from(shape)
 
-    trim = add("trim", help="trim A [B] --threshold BYTES --rate R ... | clear")
+    trim = add("trim", help="trim A [B] --threshold BYTES [--rate R] ... | clear")
     trim.add_argument("ends", metavar="[clear] A [B]", nargs="+")
     trim.add_argument("--threshold", type=_SIZE, help="trim above this queue (bytes)")
     trim.add_argument("--ecn-threshold", type=_SIZE, help="ECN-mark above this queue (bytes)")
-    trim.add_argument("--rate", type=_RATE, help="port rate (the queue model and shaper)")
+    trim.add_argument("--rate", type=_RATE, help="port rate (default: the link's shaping)")
     trim.add_argument("--probability", type=_PROB, help="fixed-probability trim mode")
-    trim.add_argument("--queue", type=_SIZE, help="data queue bytes")
+    trim.add_argument("--queue", type=_SIZE, help="data queue bytes (default: the fabric's)")
     _from(trim)
 
     scenario = add("scenario", help="scenario FILE [--check]: replay a timeline")
@@ -188,7 +191,7 @@ def _action(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Action
         return lambda f: f.shape(a, b, args.rate, args.queue, from_node=source)
     if clearing:
         return lambda f: f.untrim(a, b, from_node=source)
-    _need(parser, args, "threshold", "rate")
+    _need(parser, args, "threshold")
     return lambda f: f.trim(a, b, threshold_bytes=args.threshold,
                             ecn_threshold_bytes=args.ecn_threshold, rate_bps=args.rate,
                             probability=args.probability, queue_bytes=args.queue,

@@ -24,13 +24,15 @@ The operations:
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from netns import testbed, trim
 from netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
-from netns.run import ip, ip_batch, ns_exec, one_line
+from netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
 from netns.state import LinkRecord, TestbedState
 
 SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
@@ -180,3 +182,49 @@ def port_operation(state: TestbedState, op: dict[str, Any]) -> None:
         testbed.unshape_port(netns, ifname)
     else:
         testbed.shape_port(netns, ifname, rate, fabric.queue_bytes)
+
+
+# What a fault kind needs, checked up front ------------------------------------------------
+def require_nft() -> None:
+    """Loss and blackhole faults are nftables rules."""
+    if shutil.which("nft") is None:
+        raise FaultError("`nft` not found: install nftables (loss and blackhole faults use it)")
+
+
+def require_trim(name: str) -> None:
+    """Trim faults need ``tc``, the compiled trim program (or clang to build it) and the
+    kernel's clsact qdisc, cls_bpf classifier and htb qdisc, tried in testbed ``name``'s
+    throwaway probe namespace."""
+    if shutil.which("tc") is None:
+        raise FaultError("trim: `tc` not found: install iproute2")
+    if (problem := trim_object_problem()) is not None:
+        raise FaultError(f"trim: {problem}")
+    try:
+        obj = trim.build()  # nothing to do unless trim.c changed since `make setup`
+        with testbed.probe_namespace(name) as ns:
+            probe_trim_kernel(ns, obj)
+    except TestbedError as exc:
+        raise FaultError(f"trim: {exc}") from None
+
+
+def trim_object_problem(obj: Path = trim.OBJECT) -> str | None:
+    """Why the compiled trim program cannot be had (None when it is built or can be)."""
+    if trim.is_built(obj) or (problem := trim.build_problem()) is None:
+        return None
+    state = "out of date" if obj.is_file() else "missing"
+    return f"the compiled trim program {obj} is {state} and cannot be built: {problem}"
+
+
+def probe_trim_kernel(ns: str, obj: Path) -> None:
+    """Attach ``obj`` the way :func:`netns.trim.attach` does, on a veth in namespace ``ns``."""
+    for tool, args, reason in (
+        ("ip", "link add v0 type veth peer name v1", "kernel lacks veth pairs (CONFIG_VETH)"),
+        ("tc", "qdisc add dev v0 clsact",
+         "kernel lacks the clsact qdisc (CONFIG_NET_SCH_INGRESS) the trim program hangs on"),
+        ("tc", "filter add dev v0 egress bpf da",
+         "cannot load the trim program with cls_bpf (CONFIG_NET_CLS_BPF, CONFIG_BPF_SYSCALL)"),
+        ("tc", "qdisc add dev v0 root handle 1: htb",
+         "kernel lacks the htb qdisc (CONFIG_NET_SCH_HTB), the trim program's shaper"),
+    ):  # fmt: skip
+        program = ["obj", str(obj), "sec", "tc"] if "bpf" in args else []
+        testbed.probe_step([tool, "-n", ns, *args.split(), *program], reason)

@@ -134,6 +134,51 @@ def is_host(node: str) -> bool:
     return parse_node(node).kind == HOST
 
 
+def tier_rate(fabric: Fabric, link: str) -> float | None:
+    """The rate the testbed shapes a link with: the fabric's host or fabric tier rate (None
+    when that tier is unshaped)."""
+    a, _ = link_ends(link)
+    return fabric.host_link_bps if is_host(a) else fabric.fabric_link_bps
+
+
+def trim_settings(
+    fabric: Fabric,
+    link: str,
+    receiver: str,
+    *,
+    threshold_bytes: int,
+    ecn_threshold_bytes: int | None,
+    rate_bps: float | None,
+    probability: float | None,
+    queue_bytes: int | None,
+) -> dict[str, Any]:
+    """The trim program's settings (:func:`netns.trim.attach` keywords) for the egress port
+    of ``link`` toward ``receiver``.  The rate defaults to the link's tier rate (an unshaped
+    link needs one given), the queue to ``fabric.queue_bytes``; last hop when the port faces
+    a host.  In congestion mode on a shaped port the threshold must be below the queue, or
+    the queue would tail-drop before anything is trimmed."""
+    if rate_bps is None:
+        rate_bps = tier_rate(fabric, link)
+        if rate_bps is None:
+            raise FaultError(f"trim {link}: the link is unshaped, give its rate (--rate)")
+    if not rate_bps >= 0:
+        raise FaultError(f"trim {link}: bad rate {rate_bps!r}")
+    queue = fabric.queue_bytes if queue_bytes is None else int(queue_bytes)
+    if probability is None and rate_bps and not threshold_bytes < queue:
+        raise FaultError(
+            f"trim {link}: threshold {threshold_bytes} bytes is not below the queue "
+            f"({queue} bytes): nothing would ever be trimmed"
+        )
+    return {
+        "rate_bps": int(rate_bps),
+        "trim_threshold_bytes": int(threshold_bytes),
+        "ecn_threshold_bytes": ecn_threshold_bytes,
+        "last_hop": is_host(receiver),
+        "probability": probability,
+        "queue_bytes": queue,
+    }
+
+
 # nftables rules (pure) ----------------------------------------------------------------------
 def nft_table_name(fault_id: int) -> str:
     return f"{NFT_TABLE_PREFIX}{fault_id}"

@@ -61,6 +61,7 @@ from netns.faultplan import (
     path_loss_rule,
     resolve_link,
     resolve_switch,
+    trim_settings,
 )
 from netns.run import TestbedError
 from netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
@@ -102,22 +103,29 @@ def save_records(records: Records) -> None:
 
 
 @contextmanager
-def locked_records(name: str) -> Iterator[Records]:
-    """Exclusive access to a testbed's fault record (flock on the state directory, which
-    every harness process shares and nobody replaces); written back when the block ends,
-    even on an exception."""
-    path = faults_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+def harness_lock(name: str) -> Iterator[None]:
+    """Exclusive among harness processes: flock on the state directory, which every harness
+    process shares and nobody replaces."""
+    directory = faults_path(name).parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def locked_records(name: str) -> Iterator[Records]:
+    """Exclusive access to a testbed's fault record (:func:`harness_lock`); written back
+    when the block ends, even on an exception."""
+    with harness_lock(name):
         records = load_records(name)
         try:
             yield records
         finally:
             save_records(records)
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def stderr_log(line: str) -> None:
@@ -152,6 +160,7 @@ class Faults:
         self.state = state
         self._log = stderr_log if log is None else log
         self.log_path = faults_log_path(state.name)
+        self._trim_checked = False  # the kernel probe for trim runs once per harness
 
     # Logging --------------------------------------------------------------------------
     def log(self, message: str) -> str:
@@ -217,6 +226,7 @@ class Faults:
     def switch_blackhole(self, switch: str) -> list[Fault]:
         """Links stay up, the switch silently drops everything it would forward."""
         name = resolve_switch(self.state.fabric, switch)
+        faultops.require_nft()
         return self._nft("blackhole", f"blackhole {name}", name, {},
                          [(self.state.ns(name), "forward", ["counter drop"])])  # fmt: skip
 
@@ -233,6 +243,7 @@ class Faults:
         """Random loss on a link, each direction (or only from ``from_node``) its own fault."""
         record = self.link(a, b)
         probability = parse_probability(rate)
+        faultops.require_nft()
         faults: list[Fault] = []
         for sender, receiver in directions(record.name, from_node):
             netns, match = loss_site(record, sender)
@@ -250,6 +261,7 @@ class Faults:
         name = resolve_switch(self.state.fabric, sid_or_switch)
         probability = parse_probability(rate)
         rule = path_loss_rule(self.state.fabric, name, probability)
+        faultops.require_nft()
         return self._nft("loss_path", f"loss_path {name}", name, {"rate": probability},
                          [(self.state.ns(name), "prerouting", [rule])])  # fmt: skip
 
@@ -311,30 +323,30 @@ class Faults:
         *,
         threshold_bytes: int,
         ecn_threshold_bytes: int | None,
-        rate_bps: float,
+        rate_bps: float | None = None,
         probability: float | None = None,
         queue_bytes: int | None = None,
         from_node: str | None = None,
     ) -> list[Fault]:
-        """Trimming/ECN (engineer B's program) on the link's switch egress ports; a host's
-        port is never trimmed.  Last hop when the port faces a host."""
+        """Trimming/ECN (the trim program) on the link's switch egress ports; a host's port
+        is never trimmed.  Last hop when the port faces a host.  ``rate_bps`` and
+        ``queue_bytes`` default to the testbed's shaping of the link's tier and
+        ``fabric.queue_bytes`` (an unshaped link needs a rate)."""
         record = self.link(a, b)
-        pairs = directions(record.name, from_node)
         if from_node is not None and is_host(from_node):
             raise FaultError(f"trim: {from_node} is a host; only switch ports trim")
+        ports = [
+            (sender, receiver, trim_settings(
+                self.state.fabric, record.name, receiver, threshold_bytes=threshold_bytes,
+                ecn_threshold_bytes=ecn_threshold_bytes, rate_bps=rate_bps,
+                probability=probability, queue_bytes=queue_bytes))
+            for sender, receiver in directions(record.name, from_node)
+            if not is_host(sender)
+        ]  # fmt: skip
+        self._require_trim()
         faults: list[Fault] = []
-        for sender, receiver in pairs:
-            if is_host(sender):
-                continue
+        for sender, receiver, params in ports:
             end = record.end(sender)
-            params: dict[str, Any] = {
-                "rate_bps": int(rate_bps),
-                "trim_threshold_bytes": int(threshold_bytes),
-                "ecn_threshold_bytes": ecn_threshold_bytes,
-                "last_hop": is_host(receiver),
-                "probability": probability,
-                "queue_bytes": queue_bytes,
-            }
             do = {"op": "trim_attach", "netns": end.netns, "ifname": end.ifname, **params}
             undo = {"op": "trim_detach", "netns": end.netns, "ifname": end.ifname,
                     "tier": "host" if record.host_facing else "fabric"}  # fmt: skip
@@ -343,6 +355,14 @@ class Faults:
                                     f"{record.name} {sender}>{receiver}", shown,
                                     (_qdisc(end.netns, end.ifname),), [do], [undo])  # fmt: skip
         return faults
+
+    def _require_trim(self) -> None:
+        """The up-front check for trim faults, once per harness (it builds and loads the
+        program in the testbed's probe namespace, one harness process at a time)."""
+        if not self._trim_checked:
+            with harness_lock(self.state.name):
+                faultops.require_trim(self.state.name)
+            self._trim_checked = True
 
     def untrim(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
         record = self.link(a, b)

@@ -48,6 +48,7 @@ from netns.faultplan import (
     parse_probability,
     resolve_link,
     resolve_switch,
+    tier_rate,
 )
 
 _TIME = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]{1,3})?)\s*([a-zµ]*)\s*")
@@ -86,8 +87,8 @@ ACTIONS: dict[str, _Action] = {
     "unshape": _Action("link", frozenset(), frozenset({"from"}), None),
     "trim": _Action(
         "link",
-        frozenset({"threshold", "rate"}),
-        frozenset({"ecn_threshold", "probability", "queue", "from"}),
+        frozenset({"threshold"}),
+        frozenset({"rate", "ecn_threshold", "probability", "queue", "from"}),
         "untrim",
     ),
     "untrim": _Action("link", frozenset(), frozenset({"from"}), None),
@@ -372,7 +373,7 @@ def _calls(
                 "ecn_threshold_bytes": (
                     _get(step, "ecn_threshold", raw, _size) if "ecn_threshold" in raw else None
                 ),
-                "rate_bps": _get(step, "rate", raw, _rate),
+                "rate_bps": _get(step, "rate", raw, _rate) if "rate" in raw else None,
                 "probability": (
                     _get(step, "probability", raw, parse_probability)
                     if "probability" in raw
@@ -380,6 +381,8 @@ def _calls(
                 ),
                 "queue_bytes": _get(step, "queue", raw, _size) if "queue" in raw else None,
             }
+            if kwargs["rate_bps"] is None and tier_rate(fabric, link) is None:
+                raise _fail(step, "rate", f"missing (link {link} is unshaped in this fabric)")
         if action not in ("link_down", "link_up"):
             kwargs["from_node"] = source
         calls.append((action, tuple(kwargs.items())))

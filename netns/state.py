@@ -26,6 +26,7 @@ from netns.run import TestbedError, ip_batch
 STATE_DIR = Path(os.environ.get("MRC_STATE_DIR", "/run/mrcstack"))
 STATE_VERSION = 1
 DEFAULT_NAME = "mrc"
+NAME_ENV = "MRC_TESTBED"  # the testbed the CLIs act on when no --name is given
 NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 
 
@@ -37,6 +38,11 @@ def check_name(name: str) -> str:
             "lowercase letters or digits, like mrc or tb2"
         )
     return name
+
+
+def default_name() -> str:
+    """``$MRC_TESTBED`` if set, else ``mrc``: what ``--name`` defaults to in every CLI."""
+    return os.environ.get(NAME_ENV) or DEFAULT_NAME
 
 
 def state_path(name: str) -> Path:

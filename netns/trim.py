@@ -187,12 +187,24 @@ def _include_dirs() -> list[str]:
     return [f"-I/usr/include/{n}" for n in names if n and Path("/usr/include", n).is_dir()]
 
 
-def unavailable_reason() -> str | None:
-    """Why trimming cannot work on this machine (None when it can): for skips and errors."""
+def build_problem() -> str | None:
+    """Why trim.c cannot be compiled on this machine (None when it can)."""
     if shutil.which("clang") is None:
         return "clang not found: apt-get install -y clang libbpf-dev"
     if not Path("/usr/include/bpf/bpf_helpers.h").is_file():
         return "libbpf headers not found: apt-get install -y libbpf-dev"
+    return None
+
+
+def is_built(obj: Path = OBJECT) -> bool:
+    """The compiled object exists and is not older than trim.c."""
+    return obj.is_file() and obj.stat().st_mtime >= SOURCE.stat().st_mtime
+
+
+def unavailable_reason() -> str | None:
+    """Why trimming cannot work on this machine (None when it can): for skips and errors."""
+    if (problem := build_problem()) is not None:
+        return problem
     if shutil.which("tc") is None:
         return "tc not found: apt-get install -y iproute2"
     if platform.machine() not in _NR_BPF:
@@ -204,7 +216,7 @@ def unavailable_reason() -> str | None:
 
 def build(force: bool = False) -> Path:
     """Compile trim.c to ``build/bpf/trim.o`` (only when missing or older than the source)."""
-    if not force and OBJECT.is_file() and OBJECT.stat().st_mtime >= SOURCE.stat().st_mtime:
+    if not force and is_built():
         return OBJECT
     clang = shutil.which("clang")
     if clang is None:
@@ -450,18 +462,8 @@ def detach(netns: str, ifname: str) -> None:
     qdiscs = _tc_json(netns, "qdisc", "show", *dev)  # fails on a missing netns or device
     if any(q.get("kind") == "clsact" for q in qdiscs):
         if _prog_id(netns, ifname) is not None:
-            _tc(
-                netns,
-                "filter",
-                "del",
-                *dev,
-                "egress",
-                "pref",
-                str(FILTER_PREF),
-                "handle",
-                str(FILTER_HANDLE),
-                "bpf",
-            )
+            ours = f"egress pref {FILTER_PREF} handle {FILTER_HANDLE} bpf"
+            _tc(netns, "filter", "del", *dev, *ours.split())
         others = [
             f
             for hook in ("ingress", "egress")

@@ -28,7 +28,8 @@ from mrcstack.addrplan import Path as FabricPath
 from mrcstack.addrplan import paths, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
 from mrcstack.wire import CrcIntegrity, DataPacket, encode, encode_trimmed, trimmed_length
-from netns import fault_cli, testbed, traffic, trim
+from netns import cli as testbed_cli
+from netns import fault_cli, faultops, testbed, traffic, trim
 from netns.faultplan import (
     Fault,
     FaultError,
@@ -43,8 +44,10 @@ from netns.faultplan import (
     resolve_link,
     resolve_switch,
     routes_avoiding,
+    trim_settings,
 )
 from netns.faults import Faults, locked_records
+from netns.run import TestbedError
 from netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
 from netns.state import (
     LinkEnd,
@@ -56,6 +59,7 @@ from netns.state import (
     load,
 )
 from netns.topology import plan
+from tests.test_testbed import FakeTools
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC = Fabric()
@@ -259,6 +263,88 @@ def test_a_trim_that_fails_to_attach_is_undone_and_forgotten(
     assert "FAILED" in lines[0]
 
 
+def test_trim_rate_and_queue_default_to_the_links_shaping_and_the_fabric_queue() -> None:
+    shaped = Fabric(host_link_bps=100e6, fabric_link_bps=400e6, queue_bytes=300_000)
+    given: dict[str, Any] = {"threshold_bytes": 65536, "ecn_threshold_bytes": 16384,
+                             "probability": None}  # fmt: skip
+    to_t0 = trim_settings(shaped, "p0:t0b-t1a", "p0-t0b", rate_bps=None, queue_bytes=None, **given)
+    assert to_t0 == {"rate_bps": 400_000_000, "trim_threshold_bytes": 65536,
+                     "ecn_threshold_bytes": 16384, "last_hop": False, "probability": None,
+                     "queue_bytes": 300_000}  # fmt: skip
+    to_host = trim_settings(shaped, "p0:h2-t0b", "h2", rate_bps=None, queue_bytes=None, **given)
+    assert (to_host["rate_bps"], to_host["last_hop"]) == (100_000_000, True)
+    mine = trim_settings(shaped, "p0:h2-t0b", "h2", rate_bps=1e6, queue_bytes=70_000, **given)
+    assert (mine["rate_bps"], mine["queue_bytes"]) == (1_000_000, 70_000)
+    unshaped = r"^trim p0:t0b-t1a: the link is unshaped, give its rate \(--rate\)$"
+    with pytest.raises(FaultError, match=unshaped):
+        trim_settings(FABRIC, "p0:t0b-t1a", "p0-t0b", rate_bps=None, queue_bytes=None, **given)
+    with pytest.raises(FaultError, match=r"threshold 300000 bytes is not below the queue"):
+        trim_settings(shaped, "p0:t0b-t1a", "p0-t0b", rate_bps=None, queue_bytes=None,
+                      **given | {"threshold_bytes": 300_000})  # fmt: skip
+
+
+def test_up_front_checks_come_before_anything_is_recorded_or_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No nft: loss and blackhole say so; no tc: trim says so; an unshaped link without a
+    rate: trim says so.  One line each, and nothing ran, was recorded or logged."""
+    tools = FakeTools(tmp_path, monkeypatch)  # PATH: a fake ip and tc, no nft
+    (tools.bin / "tc").unlink()
+    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path / "state")
+    lines: list[str] = []
+    faults = Faults(plan(FABRIC, UNBUILT).state(complete=True), log=lines.append)
+    no_nft = r"^`nft` not found: install nftables \(loss and blackhole faults use it\)$"
+    for apply in (
+        lambda: faults.loss("p0:t0a-t1a", None, 0.1),
+        lambda: faults.loss_path("p0-t1a", 0.1),
+        lambda: faults.switch_blackhole("p0-t1a"),
+    ):
+        with pytest.raises(FaultError, match=no_nft):
+            apply()
+    with pytest.raises(FaultError, match=r"^trim: `tc` not found: install iproute2$"):
+        faults.trim("p0:h2-t0b", None, threshold_bytes=65536, ecn_threshold_bytes=None,
+                    rate_bps=1e9)  # fmt: skip
+    with pytest.raises(FaultError, match=r"^trim p0:h2-t0b: the link is unshaped"):
+        faults.trim("p0:h2-t0b", None, threshold_bytes=65536, ecn_threshold_bytes=None)
+    assert faults.active() == [] and lines == [] and tools.calls() == []
+
+
+def test_a_missing_or_stale_trim_program_without_clang_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    FakeTools(tmp_path, monkeypatch)  # PATH without clang
+    obj = tmp_path / "trim.o"
+    problem = faultops.trim_object_problem(obj)
+    assert problem == (f"the compiled trim program {obj} is missing and cannot be built: "
+                       "clang not found: apt-get install -y clang libbpf-dev")  # fmt: skip
+    obj.write_bytes(b"\x7fELF")
+    assert faultops.trim_object_problem(obj) is None  # built after trim.c: usable as is
+    os.utime(obj, (0, 0))
+    assert "is out of date and cannot be built" in str(faultops.trim_object_problem(obj))
+
+
+@pytest.mark.parametrize(
+    ("fail_on", "reason"),
+    [
+        ("clsact", "kernel lacks the clsact qdisc (CONFIG_NET_SCH_INGRESS)"),
+        ("egress bpf da obj", "cannot load the trim program with cls_bpf (CONFIG_NET_CLS_BPF"),
+        ("handle 1: htb", "kernel lacks the htb qdisc (CONFIG_NET_SCH_HTB)"),
+    ],
+)
+def test_the_trim_kernel_probe_names_what_the_kernel_lacks(
+    fail_on: str, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = FakeTools(tmp_path, monkeypatch)
+    tools.fail(fail_on, "Error: Specified qdisc kind is unknown.")
+    with pytest.raises(TestbedError) as info, testbed.probe_namespace(UNBUILT) as ns:
+        faultops.probe_trim_kernel(ns, tmp_path / "trim.o")
+    assert reason in str(info.value) and "\n" not in str(info.value)
+    add, *probes, delete = tools.calls()
+    assert (add, delete) == (f"ip netns add {UNBUILT}-probe", f"ip netns del {UNBUILT}-probe")
+    assert fail_on in probes[-1]  # stops at the first thing missing
+    assert probes[0] == f"ip -n {UNBUILT}-probe link add v0 type veth peer name v1"
+
+
 # Scenarios -----------------------------------------------------------------------------------
 def test_example_scenario_flaps_eight_t0_t1_links_for_three_seconds() -> None:
     text = (REPO / "examples" / "scenario-flap.toml").read_text()
@@ -326,12 +412,24 @@ def test_restores_run_before_new_steps_at_the_same_time() -> None:
             "step 1: rate: bad rate",
         ),
         ('at = "1s"\naction = "loss"\nlink = "p0:h0-t0a"\nrate = 0.1\nfrom = "h1"', "not an end"),
+        (
+            'at = "1s"\naction = "trim"\nlink = "p0:t0a-t1a"\nthreshold = "64KiB"',
+            r"step 1: rate: missing \(link p0:t0a-t1a is unshaped in this fabric\)",
+        ),
     ],
 )
 def test_scenario_errors_name_the_step_and_key(body: str, message: str) -> None:
     with pytest.raises(ScenarioError, match=message) as info:
         parse_scenario("[[step]]\n" + body, FABRIC)
     assert "\n" not in str(info.value)
+
+
+def test_scenario_trim_takes_the_rate_of_a_shaped_link_by_default() -> None:
+    step = '[[step]]\nat = "1s"\naction = "trim"\nlink = "p0:t0a-t1a"\nthreshold = "64KiB"\n'
+    shaped = Fabric(fabric_link_bps=200e6)
+    [event] = parse_scenario(step, shaped).events
+    assert dict(event.kwargs)["rate_bps"] is None  # Faults.trim then uses 200 Mbit/s
+    assert dict(event.kwargs)["threshold_bytes"] == 65536
 
 
 def test_scenario_refuses_taking_a_link_down_twice_and_unknown_tables() -> None:
@@ -461,6 +559,26 @@ def test_cli_bad_arguments_exit_2_with_one_line(
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_both_clis_act_on_mrc_testbed_unless_given_a_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    monkeypatch.setenv("MRC_TESTBED", "tenv")
+    for main, argv in ((fault_cli.main, ["link", "down", "p0:t0a-t1a"]),
+                       (testbed_cli.main, ["down"])):  # fmt: skip
+        assert main(argv) == 1
+        assert "no testbed named 'tenv'" in capsys.readouterr().err
+        assert main([*argv, "--name", "tflag"]) == 1
+        assert "no testbed named 'tflag'" in capsys.readouterr().err
+    monkeypatch.setenv("MRC_TESTBED", "Not-a-name")
+    with pytest.raises(SystemExit) as info:
+        fault_cli.main(["list"])
+    assert info.value.code == 2
+    assert testbed_cli.main(["status"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all("bad testbed name 'Not-a-name'" in e for e in errors)
 
 
 def test_cli_missing_testbed_and_bad_scenario(
