@@ -9,6 +9,7 @@ so sending and receiving costs no ``ip netns exec`` process at all.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -287,16 +288,47 @@ def test_capture_on_a_switch_port_decodes_srv6_and_rocev2(bed: TestbedState) -> 
     assert int(row["infiniband.reth.dmalen"]) == len(pkt.payload)
 
 
-def _tx_packets(netns: str, ifname: str) -> int:
+def _proc_net(netns: str, name: str) -> str:
+    """``/proc/net/<name>`` as seen inside ``netns`` (read from a thread that joins it)."""
+
     def read() -> str:
-        with open("/proc/thread-self/net/dev", encoding="ascii") as handle:
+        with open(f"/proc/thread-self/net/{name}", encoding="ascii") as handle:
             return handle.read()
 
-    for line in call_in_netns(netns, read).splitlines()[2:]:
+    return call_in_netns(netns, read)
+
+
+def _tx_packets(netns: str, ifname: str) -> int:
+    for line in _proc_net(netns, "dev").splitlines()[2:]:
         name, _, numbers = line.partition(":")
         if name.strip() == ifname:
             return int(numbers.split()[9])
     raise AssertionError(f"{netns} has no {ifname}")
+
+
+def _snmp6(netns: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (line.split() for line in _proc_net(netns, "snmp6").splitlines())}
+
+
+def test_mtu_9000_frames_cross_a_path_unfragmented(bed: TestbedState) -> None:
+    """An 8,900-byte UDP payload (an 8,948-byte IPv6 packet) sent with IPV6_DONTFRAG along
+    a cross-rack uSID path arrives whole, and neither end fragmented or reassembled
+    anything; one byte over the 9000 MTU is refused at the sender (EMSGSIZE)."""
+    p = path(bed.fabric, 0, 2, 1, ev_value(1, 3))
+    payload = bytes(range(256)) * 34 + bytes(196)
+    before = {h: _snmp6(bed.ns(h)) for h in ("h0", "h2")}
+    with udp_receiver(bed.ns("h2"), PORT) as rx, udp_sender(bed.ns("h0")) as tx:
+        tx.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_DONTFRAG, 1)
+        tx.sendto(payload, (str(p.address), PORT))
+        dgram = receive(rx, WAIT_S)
+        with pytest.raises(OSError) as info:  # 9000 - 40 (IPv6) - 8 (UDP) + 1
+            tx.sendto(bytes(bed.fabric.mtu - 48 + 1), (str(p.address), PORT))
+        assert info.value.errno == errno.EMSGSIZE
+    assert dgram is not None and len(payload) == 8900 and dgram.data == payload
+    after = {h: _snmp6(bed.ns(h)) for h in ("h0", "h2")}
+    assert after["h0"]["Ip6FragCreates"] == before["h0"]["Ip6FragCreates"]
+    assert after["h2"]["Ip6ReasmReqds"] == before["h2"]["Ip6ReasmReqds"]
+    assert after["h2"]["Udp6InDatagrams"] > before["h2"]["Udp6InDatagrams"]
 
 
 def test_plain_ipv6_tcp_over_every_plane(bed: TestbedState) -> None:
