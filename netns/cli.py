@@ -3,7 +3,8 @@
 Exit status: 0 on success; 1 when the operation failed (not root, a kernel feature missing,
 an ``ip`` command failing, no such testbed); 2 on bad arguments.  Every error is one line on
 stderr naming the problem.  ``exec`` replaces itself with the command, so its exit status
-is the command's.  ``--json`` output is documented in docs/testbed.md.
+is the command's; ``exec --json`` runs it, captures its output and exits with its status
+too.  ``--json`` output is documented in docs/testbed.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -55,12 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     name = default_name()
 
-    def named(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    def named(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--name", type=_arg(check_name), default=name, help=f"${NAME_ENV} or mrc: {name}"
         )
-        if json_flag:
-            parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     u = sub.add_parser("up", help="build a testbed")
     named(u)
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("exec", help="run a command inside a node's namespace")
     e.add_argument("node", help="host (h0) or switch (p0-t1a)")
     e.add_argument("cmd", nargs="*", help="-- COMMAND [ARGS...]")
-    named(e, json_flag=False)
+    named(e)
     c = sub.add_parser("clean", help="remove what a crashed run left, from its state file")
     named(c)
     c.add_argument("--all-recorded", action="store_true", help="every recorded testbed")
@@ -202,8 +203,17 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     state = load(args.name)
     node = args.node if args.node in state.netns or not args.node.isdigit() else f"h{args.node}"
     netns = state.ns(node)
-    sys.stdout.flush()
-    os.execvp("ip", ["ip", "netns", "exec", netns, *cmd])
+    argv = ["ip", "netns", "exec", netns, *cmd]
+    if not args.json:
+        sys.stdout.flush()
+        os.execvp("ip", argv)
+    done = subprocess.run(argv, capture_output=True, check=False)
+    status = done.returncode if done.returncode >= 0 else 128 - done.returncode  # as sh says
+    data = {"name": state.name, "node": node, "netns": netns, "argv": cmd, "returncode": status,
+            "stdout": done.stdout.decode(errors="replace"),
+            "stderr": done.stderr.decode(errors="replace")}  # fmt: skip
+    _emit(args, data, "")
+    return status
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -384,6 +384,17 @@ def test_exec_runs_in_the_host_and_passes_the_exit_code(bed: TestbedState) -> No
     assert result.stdout.startswith("nic3")
 
 
+def test_exec_json_captures_a_switch_commands_output_and_status(bed: TestbedState) -> None:
+    script = ["sh", "-c", "ip -br link show t0b; echo oops >&2; exit 7"]
+    result = _cli("exec", "p0-t1a", "--name", NAME, "--json", "--", *script)
+    assert result.returncode == 7 and result.stderr == ""
+    data = json.loads(result.stdout)
+    assert data.keys() == {"name", "node", "netns", "argv", "returncode", "stdout", "stderr"}
+    assert (data["name"], data["node"], data["netns"]) == (NAME, "p0-t1a", f"{NAME}-p0-t1a")
+    assert (data["argv"], data["returncode"], data["stderr"]) == (script, 7, "oops\n")
+    assert data["stdout"].startswith("t0b@")  # the switch's port toward p0-t0b
+
+
 def test_shape_port_and_unshape_port(bed: TestbedState) -> None:
     port = bed.port("p3-t1d", "p3-t0a")
     testbed.shape_port(port.netns, port.ifname, 100e6, 100_000)
