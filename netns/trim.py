@@ -566,29 +566,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "build":
             print(build(force=args.force))
-        elif args.cmd == "attach":
-            cfg = attach(
-                args.netns,
-                args.ifname,
-                rate_bps=int(args.rate),
-                trim_threshold_bytes=args.trim_threshold,
-                ecn_threshold_bytes=args.ecn_threshold,
-                last_hop=bool(args.last_hop),
-                probability=args.probability,
-                queue_bytes=args.queue,
-            )
-            print(json.dumps(dataclasses.asdict(cfg)))
-        elif args.cmd == "configure":
-            changes = {
-                field: getattr(args, arg)
-                for arg, field in _CLI_FIELDS.items()
-                if getattr(args, arg) is not None
-            }
-            if args.congestion:
-                changes["probability"] = None
+        elif args.cmd in ("attach", "configure"):
+            given = {field: getattr(args, arg, None) for arg, field in _CLI_FIELDS.items()}
+            changes = {field: value for field, value in given.items() if value is not None}
             if "rate_bps" in changes:
                 changes["rate_bps"] = int(changes["rate_bps"])
-            cfg = configure(args.netns, args.ifname, **changes)
+            if args.cmd == "attach":
+                defaults = {"ecn_threshold_bytes": None, "last_hop": False}
+                cfg = attach(args.netns, args.ifname, **(defaults | changes))
+            else:
+                if args.congestion:
+                    changes["probability"] = None
+                cfg = configure(args.netns, args.ifname, **changes)
             print(json.dumps(dataclasses.asdict(cfg)))
         elif args.cmd == "show":
             print(json.dumps(dataclasses.asdict(config(args.netns, args.ifname))))
