@@ -18,6 +18,7 @@ from daemons.mrcd import apiargs as a
 from daemons.mrcd.node import IncomingConnect, QpAttrs, QpState
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import MAX_PRIVATE_DATA, U16, U32, U64
 from mrcstack.api.types import SUPPORTED_OPCODES, AsyncEventType, Opcode, WcOpcode, WcStatus
 from mrcstack.core import events as ev
 from mrcstack.core.errors import LocalError
@@ -25,12 +26,8 @@ from mrcstack.core.errors import LocalError
 if TYPE_CHECKING:
     from daemons.mrcd.appsession import Cq, Session
 
-U16 = 0xFFFF
-U32 = 0xFFFF_FFFF
-U64 = (1 << 64) - 1
 MAX_QPS = 4096
 MAX_WR = 1 << 20
-MAX_PRIVATE_DATA = 1024
 MAX_LENGTH = 1 << 31  # bytes one work request may write (verbs' message limit)
 #: mrc.h: exp_cnt 25 means retry forever; the core counts, so "forever" is this many.
 EXP_CNT_INFINITE = 25
@@ -148,8 +145,7 @@ class QpTable:
         qp.attrs, rec.hint = self._attrs(args.get("attr", {}), qp.attrs, rec.hint)
         return self._attr_json(qp.attrs, rec.hint)
 
-    @staticmethod
-    def _attr_json(attrs: QpAttrs, hint: int | None) -> dict[str, Any]:
+    def _attr_json(self, attrs: QpAttrs, hint: int | None) -> dict[str, Any]:
         return {
             "max_wimm": attrs.max_wimm,
             "max_wimm_dest": attrs.max_wimm_dest,

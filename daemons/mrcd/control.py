@@ -35,7 +35,6 @@ from daemons.mrcd.auth import (
 from daemons.mrcd.config import AuthConfig
 from daemons.mrcd.records import (
     MAX_MESSAGE,
-    QPN_LIMIT,
     ControlError,
     Message,
     RecordLayer,
@@ -43,13 +42,13 @@ from daemons.mrcd.records import (
     encode_frame,
     read_frame,
 )
+from mrcstack.api.limits import MAX_PRIVATE_DATA, QPN_LIMIT
 from mrcstack.core.errors import LocalError, PeerError
 
 log = logging.getLogger("mrcd.control")
 
 Address = tuple[str, int]
 
-MAX_PRIVATE_DATA = 4096
 HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from accept: slow peers are cut off
 FRAME_TIMEOUT = 30.0  # the rest of a frame once its length has arrived
 REQUEST_TIMEOUT = 10.0
@@ -131,7 +130,7 @@ def _field_data(msg: Message, key: str) -> bytes:
     except ValueError:
         raise _BadRequestError(f"{key}: not base64") from None
     if len(data) > MAX_PRIVATE_DATA:
-        raise _BadRequestError(f"{key}: more than {MAX_PRIVATE_DATA} bytes")
+        raise _BadRequestError(f"{key}: at most {MAX_PRIVATE_DATA} bytes, got {len(data)}")
     return data
 
 

@@ -33,6 +33,7 @@ from daemons.mrcd.profiles import ProfileStore
 from daemons.mrcd.records import ControlError
 from daemons.mrcd.transport import PROBE_QPN, Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
+from mrcstack.api.limits import QPN_LIMIT
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.errors import LocalError
@@ -66,7 +67,6 @@ PORT_STRIDE = 16
 #: first window of a software endpoint queues behind its own sending and the peer's
 #: first touches of the region, which takes several times its steady RTT.
 INITIAL_RTO = 0.05
-QPN_LIMIT = 1 << 24
 
 
 class QpState(enum.Enum):

@@ -22,6 +22,7 @@ from typing import Any
 
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError
+from mrcstack.api.limits import U32
 
 RECV_SIZE = 1 << 18
 #: How often a thread waiting for another thread's read re-checks its own condition (s).
@@ -84,7 +85,7 @@ class Connection:
 
     # Sending -----------------------------------------------------------------------------
     def next_id(self) -> int:
-        self._ids = (self._ids + 1) & wire.U32 or 1
+        self._ids = (self._ids + 1) & U32 or 1
         return self._ids
 
     def send(self, data: bytes, fds: Sequence[int] = ()) -> None:

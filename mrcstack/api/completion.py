@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import U32
 from mrcstack.api.types import WorkCompletion
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _set_done(fut: asyncio.Future[None]) -> None:
 
 def _behind(count: int, target: int) -> bool:
     """``count`` has not reached ``target`` yet (u32 counters that wrap)."""
-    return 0 < (target - count) & wire.U32 < HALF_U32
+    return 0 < (target - count) & U32 < HALF_U32
 
 
 class CompletionChannel:
@@ -141,7 +142,7 @@ class CompletionQueue:
 
     def _deliver(self, wc: WorkCompletion) -> None:
         self._entries.append(wc)
-        self._received = (self._received + 1) & wire.U32
+        self._received = (self._received + 1) & U32
 
     def poll(self, num_entries: int = 1) -> list[WorkCompletion]:
         """``mrc_poll_cq``: up to ``num_entries`` completions, oldest first; never blocks."""

@@ -20,6 +20,7 @@ from mrcstack.api import shm, wire
 from mrcstack.api.client import Connection
 from mrcstack.api.completion import CompletionChannel, CompletionQueue
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import check_private_data
 from mrcstack.api.types import (
     QP_ATTR_FIELDS,
     Access,
@@ -194,7 +195,7 @@ class QueuePair:
             "qpn": self.qpn,
             "remote_host": remote_host,
             "service": service,
-            "private_data": bytes(private_data).hex(),
+            "private_data": check_private_data(bytes(private_data)).hex(),
         }
 
     def modify(self, **changes: Any) -> QpAttr:
@@ -285,22 +286,12 @@ class Listener:
         timeout: float | None = None,
     ) -> None:
         """Accept with ``qp`` (RESET); returns once the QP is connected (RTS)."""
-        args = {
-            "request_id": request.request_id,
-            "qpn": qp.qpn,
-            "private_data": bytes(private_data).hex(),
-        }
-        self.context.conn.call("accept", args, timeout=timeout)
+        self.context.conn.call("accept", _accept_args(request, qp, private_data), timeout=timeout)
 
     async def accept_async(
         self, request: ConnectRequest, qp: QueuePair, private_data: bytes = b""
     ) -> None:
-        args = {
-            "request_id": request.request_id,
-            "qpn": qp.qpn,
-            "private_data": bytes(private_data).hex(),
-        }
-        await self.context.conn.call_async("accept", args)
+        await self.context.conn.call_async("accept", _accept_args(request, qp, private_data))
 
     def reject(self, request: ConnectRequest) -> None:
         self.context.conn.call("reject", {"request_id": request.request_id})
@@ -474,6 +465,14 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _accept_args(request: ConnectRequest, qp: QueuePair, private_data: bytes) -> dict[str, Any]:
+    return {
+        "request_id": request.request_id,
+        "qpn": qp.qpn,
+        "private_data": check_private_data(bytes(private_data)).hex(),
+    }
 
 
 def _hint_json(hint: QpHint) -> dict[str, int]:

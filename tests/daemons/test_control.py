@@ -28,6 +28,7 @@ from daemons.mrcd.records import (
     encode_frame,
     read_frame,
 )
+from mrcstack.api.limits import MAX_PRIVATE_DATA
 from mrcstack.core.errors import LocalError
 
 PSK = bytes(range(32))
@@ -267,6 +268,33 @@ async def test_bad_requests_get_error_and_keep_the_session(
     assert await sess.ping() >= 0
     with pytest.raises(LocalError):  # too big to send: refused locally
         await sess.request({"type": "PING", "pad": "x" * 70000})
+
+
+async def test_private_data_limit_both_ways(
+    server: ControlServer, client: ControlClient, hooks: Hooks
+) -> None:
+    """MAX_PRIVATE_DATA (the API's limit too) bounds a CONNECT and its ACCEPT."""
+    sess = await session(server, client)
+
+    async def connect_with(data: bytes) -> Accept:
+        return await sess.connect(src_host=0, src_qpn=5, src_psn=9, service=1, planes=4,
+                                  mtu_payload=4096, private_data=data)  # fmt: skip
+
+    accepted = await connect_with(bytes(MAX_PRIVATE_DATA - 4))  # the hooks add "srv:"
+    assert accepted.private_data == b"srv:" + bytes(MAX_PRIVATE_DATA - 4)
+    # Exactly the limit reaches the node; its answer, 4 bytes longer, is refused here.
+    with pytest.raises(
+        ControlError, match=f"private_data: at most {MAX_PRIVATE_DATA} bytes, got 260"
+    ) as err:
+        await connect_with(bytes(MAX_PRIVATE_DATA))
+    assert err.value.reason == "bad_message"
+    assert len(hooks.requests[-1].private_data) == MAX_PRIVATE_DATA
+    # One byte more never reaches the node: the server answers ERROR, the session stays.
+    seen = len(hooks.requests)
+    with pytest.raises(ControlError, match=f"at most {MAX_PRIVATE_DATA} bytes, got 257") as err:
+        await connect_with(bytes(MAX_PRIVATE_DATA + 1))
+    assert err.value.reason == "error" and len(hooks.requests) == seen
+    assert await sess.ping() >= 0
 
 
 async def test_answers_may_come_out_of_order(server: ControlServer, client: ControlClient) -> None:
