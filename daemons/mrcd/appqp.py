@@ -22,6 +22,7 @@ from mrcstack.api.limits import MAX_PRIVATE_DATA, U16, U32, U64
 from mrcstack.api.types import SUPPORTED_OPCODES, AsyncEventType, Opcode, WcOpcode, WcStatus
 from mrcstack.core import events as ev
 from mrcstack.core.errors import LocalError
+from mrcstack.core.receiver import SACK_BITS
 
 if TYPE_CHECKING:
     from daemons.mrcd.appsession import Cq, Session
@@ -87,7 +88,7 @@ class QpTable:
         """Validated node attributes from an API ``QpAttr`` document (missing keys: base)."""
         if not isinstance(doc, dict):
             raise invalid("attr: must be an object")
-        unknown = set(doc) - {*QpAttrs.__dataclass_fields__, "hint"} - {"ack_coalesce"}
+        unknown = set(doc) - {*QpAttrs.__dataclass_fields__, "hint"}
         if unknown:
             raise invalid(f"attr.{sorted(unknown)[0]}: unknown QP attribute")
         exp_cnt = a.get_int(doc, "exp_cnt", 0, EXP_CNT_INFINITE, _api_exp(base.exp_cnt))
@@ -102,7 +103,11 @@ class QpTable:
             mtu_payload=a.get_int(
                 doc, "mtu_payload", 256, self.s.max_mtu_payload(), base.mtu_payload
             ),
-            ack_coalesce=base.ack_coalesce,
+            ack_coalesce=(
+                a.get_opt_int(doc, "ack_coalesce", 1, SACK_BITS)
+                if "ack_coalesce" in doc
+                else base.ack_coalesce
+            ),
         )
         self.s.server.controller.profiles.check_ids(attrs.ev_profile_id, attrs.cc_profile_id)
         hint = a.get_opt_int(doc, "hint", 0, U32) if "hint" in doc else base_hint
@@ -155,6 +160,8 @@ class QpTable:
             "ev_profile_id": attrs.ev_profile_id,
             "cc_profile_id": attrs.cc_profile_id,
             "mtu_payload": attrs.mtu_payload,
+            # The one in force: the QP's own, else the daemon's (mrcd.ack_coalesce).
+            "ack_coalesce": attrs.ack_coalesce or self.node.cfg.ack_coalesce,
             "hint": hint,
         }
 

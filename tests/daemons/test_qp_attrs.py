@@ -1,19 +1,23 @@
-"""QP attributes and connection setup limits, seen from the application API.
+"""QP attributes that change what a connection does, seen from the application API.
 
-Two mrcds in loopback data mode (tests/daemons/apiharness.py).
+Two mrcds in loopback data mode (tests/daemons/apiharness.py).  Each test shows the
+behaviour an attribute is for by counting what the daemons did (ACKs sent), never by timing
+it: ``ack_coalesce`` (how many data packets one ACK stands for); and the private-data limit
+of connect and accept.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mrcstack.api import ApiError
+from mrcstack.api import ApiError, QpAttr, WcStatus, WriteWr
 from mrcstack.api.limits import MAX_PRIVATE_DATA
-from tests.daemons.apiharness import WAIT, Daemons, connect, end
+from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
 MTU = 4096
 
@@ -25,6 +29,59 @@ def daemons(tmp_path: Path) -> Iterator[Daemons]:
         yield d.start()
     finally:
         d.stop()
+
+
+def stats(d: Daemons, host: int, qpn: int) -> dict[str, int]:
+    """One QP's packets sent and received (all planes) and retransmissions by timeout,
+    read on the daemons' loop."""
+
+    def read() -> dict[str, int]:
+        conn = d.nodes[host].qp(qpn).conn
+        assert conn is not None
+        st = conn.stats
+        return {
+            "sent": sum(st.packets_sent),
+            "received": sum(st.packets_received),
+            "timeout": st.retransmissions.get("timeout", 0),
+        }
+
+    return d.on_loop(read)
+
+
+# ack_coalesce -------------------------------------------------------------------------------
+def _acks_for(d: Daemons, coalesce: int | None, service: int) -> tuple[int, int]:
+    """(data packets h3's QP received, packets it sent back) for one 64-packet write."""
+    a = end(d, 0, 64 * MTU, attr=QpAttr(mtu_payload=MTU))
+    b = end(d, 3, 64 * MTU, attr=QpAttr(mtu_payload=MTU, ack_coalesce=coalesce))
+    connect(d, service=service, ends=(a, b))
+    a.mr.buf[:] = os.urandom(64 * MTU)
+    a.qp.post_send(WriteWr(1, (a.mr, 0, 64 * MTU), b.mr.addr, b.mr.rkey, imm=1))
+    assert [wc.status for wc in drain(a.cq, 1)] == [WcStatus.SUCCESS]
+    assert drain(b.cq, 1)[0].imm == 1 and b.mr.buf == a.mr.buf
+    st = stats(d, 3, b.qp.qpn)
+    return st["received"], st["sent"]
+
+
+def test_ack_coalesce_sets_how_many_packets_one_ack_stands_for(daemons: Daemons) -> None:
+    # ack_coalesce=1: every data packet gets its own ACK (the daemon's 16 would not).
+    data, acks = _acks_for(daemons, 1, service=21)
+    assert data >= 64 and acks >= data, (data, acks)
+    # 64: one ACK may stand for a whole batch of packets that arrived together.
+    data, acks = _acks_for(daemons, 64, service=22)
+    assert data >= 64 and acks < data // 2, (data, acks)
+
+
+def test_ack_coalesce_is_checked_and_reported(daemons: Daemons) -> None:
+    a = end(daemons, 0, 4096)
+    assert a.qp.query().attr.ack_coalesce == daemons.nodes[0].cfg.ack_coalesce == 16
+    assert a.qp.modify(ack_coalesce=64).ack_coalesce == 64
+    assert a.qp.modify(ack_coalesce=None).ack_coalesce == 16  # back to mrcd's setting
+    for bad in (0, 65, "8"):
+        with pytest.raises(ApiError, match=r"ack_coalesce: must be") as err:
+            a.qp.modify(ack_coalesce=bad)
+        assert err.value.errno == errno.EINVAL
+    with pytest.raises(ApiError, match=r"attr\.ack_coalescing: unknown QP attribute"):
+        a.ctx.conn.call("modify_qp", {"qpn": a.qp.qpn, "attr": {"ack_coalescing": 2}})
 
 
 # Private data -------------------------------------------------------------------------------
