@@ -1,21 +1,24 @@
 """QP attributes that change what a connection does, seen from the application API.
 
 Two mrcds in loopback data mode (tests/daemons/apiharness.py).  Each test shows the
-behaviour an attribute is for by counting what the daemons did (ACKs sent), never by timing
-it: ``ack_coalesce`` (how many data packets one ACK stands for); and the private-data limit
-of connect and accept.
+behaviour an attribute is for, by counting what the daemons did (ACKs sent, packets
+retransmitted), never by timing it: ``ack_coalesce`` (how many data packets one ACK stands
+for), the private-data limit of connect and accept, and ``timeout``/``linear_cnt``/``exp_cnt``
+(how many retransmissions a QP makes to a peer that stopped answering before it fails with
+RETRY_EXC_ERR).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mrcstack.api import ApiError, QpAttr, WcStatus, WriteWr
+from mrcstack.api import ApiError, AsyncEventType, QpAttr, WcStatus, WriteWr
 from mrcstack.api.limits import MAX_PRIVATE_DATA
 from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
@@ -105,3 +108,51 @@ def test_private_data_limit_is_one_constant_both_ways(daemons: Daemons) -> None:
         ) as err:
             side.ctx.conn.call(op, args, timeout=WAIT)
         assert err.value.errno == errno.EINVAL
+
+
+# Retries: a peer that stops answering -------------------------------------------------------
+def _fail_against_silent_peer(d: Daemons, attr: QpAttr, service: int) -> tuple[int, str, float]:
+    """Connect with ``attr``, prove the path works, then the peer's application destroys its
+    QP (mrcd drops whatever comes for it: nothing answers any more); post one write.  Returns
+    the retransmissions by timeout the write got, the QP_FATAL reason, and the seconds from
+    the post to the failed completion."""
+    a = end(d, 0, MTU, attr=attr)
+    b = end(d, 3, MTU)
+    connect(d, service=service, ends=(a, b))
+    a.qp.post_send(WriteWr(1, (a.mr, 0, 64), b.mr.addr, b.mr.rkey))
+    assert drain(a.cq, 1)[0].status is WcStatus.SUCCESS  # an RTT sample, the path is good
+    before = stats(d, 0, a.qp.qpn)["timeout"]
+    b.qp.destroy()
+    posted = time.monotonic()
+    a.qp.post_send(WriteWr(2, (a.mr, 0, 64), b.mr.addr, b.mr.rkey))
+    (wc,) = drain(a.cq, 1)
+    took = time.monotonic() - posted
+    assert (wc.wr_id, wc.status) == (2, WcStatus.RETRY_EXC_ERR)
+    event = a.ctx.get_async_event(timeout=WAIT)
+    assert event is not None and event.type is AsyncEventType.QP_FATAL and event.qpn == a.qp.qpn
+    after = stats(d, 0, a.qp.qpn)["timeout"]
+    return after - before, event.reason, took
+
+
+def test_retry_counts_decide_when_a_silent_peer_fails(daemons: Daemons) -> None:
+    """linear_cnt + exp_cnt retransmissions, then RETRY_EXC_ERR: more retries, more of them."""
+    few, reason, _ = _fail_against_silent_peer(
+        daemons, QpAttr(timeout=2e-3, linear_cnt=1, exp_cnt=1), service=41
+    )
+    assert few == 2, reason
+    assert "retry limit exhausted" in reason and "timed out 3 times" in reason
+    more, reason, _ = _fail_against_silent_peer(
+        daemons, QpAttr(timeout=2e-3, linear_cnt=3, exp_cnt=2), service=42
+    )
+    assert more == 5 and "timed out 6 times" in reason, reason
+
+
+def test_timeout_is_the_least_a_silent_peer_is_waited_for(daemons: Daemons) -> None:
+    """Each retry waits at least ``timeout`` (then twice that, once exp_cnt starts), so the
+    failure cannot come before timeout x (1 + 1 + 2): a lower bound no load can break."""
+    timeout = 0.05
+    retx, reason, took = _fail_against_silent_peer(
+        daemons, QpAttr(timeout=timeout, linear_cnt=1, exp_cnt=1), service=43
+    )
+    assert retx == 2 and "timed out 3 times" in reason
+    assert took >= timeout * (1 + 1 + 2), took
