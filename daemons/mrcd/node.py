@@ -25,9 +25,9 @@ from daemons.mrcd.control import (
     ConnectRejectedError,
     ConnectRequest,
     ControlClient,
-    ControlServer,
     Reject,
 )
+from daemons.mrcd.controlserver import ControlServer
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.profiles import ProfileStore
 from daemons.mrcd.records import ControlError

@@ -16,11 +16,10 @@ from daemons.mrcd.control import (
     ConnectRejectedError,
     ConnectRequest,
     ControlClient,
-    ControlServer,
-    LogLimit,
     Reject,
     Session,
 )
+from daemons.mrcd.controlserver import ControlServer, LogLimit
 from daemons.mrcd.records import (
     ControlError,
     RecordLayer,
