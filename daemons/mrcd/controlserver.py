@@ -3,8 +3,8 @@
 It listens on the control address, authenticates every peer (``auth.py``'s handshake, within
 ``handshake_timeout``), then answers its requests (``control.py`` has the messages).  Bad
 input never takes the server down: the connection is closed, the reason counted in
-:attr:`ControlServer.stats` and logged in one line.  A peer that has not authenticated
-gets no byte back.
+:attr:`ControlServer.stats` (authentication failures apart from other rejections) and logged
+in one line.  A peer that has not authenticated gets no byte back.
 """
 
 from __future__ import annotations
@@ -54,6 +54,22 @@ log = logging.getLogger("mrcd.control")
 MAX_INFLIGHT = 64  # requests one session may have outstanding at the server
 MAX_HANDSHAKES = 128  # concurrent unauthenticated connections; more are closed at once
 LOG_BURST = 20  # rejection log lines per second; the rest are counted, then summarized
+#: Why a connection was closed, other than failed authentication (auth.CREDENTIAL_FAILURES).
+#: A bounded set: metrics export each one (zero until it happens); anything else is a bug.
+REJECT_REASONS = (
+    "busy",  # MAX_HANDSHAKES handshakes already in progress
+    "timeout",  # no handshake within handshake_timeout, or a frame left unfinished
+    "eof",  # closed during the handshake
+    "malformed",  # not an mrcd handshake, or a record too short to be one
+    "version",  # another handshake version
+    "reset",  # a socket error during the handshake
+    "truncated",  # the stream ended inside a frame
+    "oversized",  # a frame over the limit
+    "sequence",  # a record out of order (replayed, reordered or dropped)
+    "decrypt",  # a record whose AES-GCM tag fails
+    "bad_message",  # a record that is not a JSON request
+    "internal",  # a bug in mrcd: one connection lost, the server kept
+)
 
 
 @dataclass(slots=True)
@@ -65,7 +81,13 @@ class ControlStats:
     active: int = 0  # sessions open now
     requests: dict[str, int] = field(default_factory=dict)
     bad_requests: int = 0  # answered with ERROR
-    rejected: dict[str, int] = field(default_factory=dict)  # connections closed, by reason
+    #: Peers that failed mutual authentication, by reason (auth.CREDENTIAL_FAILURES).
+    auth_failures: dict[str, int] = field(default_factory=dict)
+    #: Other connections closed, by reason (REJECT_REASONS).
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def auth_failed(self, reason: str) -> None:
+        self.auth_failures[reason] = self.auth_failures.get(reason, 0) + 1
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -149,13 +171,18 @@ class ControlServer:
         if server is not None:
             await server.wait_closed()
 
-    def _reject(self, peer: str, reason: str, detail: str) -> None:
-        """Count, and log one line (rate-limited: a flood stays readable)."""
-        self.stats.reject(reason)
+    def _reject(self, peer: str, reason: str, detail: str, *, auth: bool = False) -> None:
+        """Count (an authentication failure, or a rejection by ``reason``), and log one line
+        (rate-limited: a flood stays readable)."""
+        if auth:
+            self.stats.auth_failed(reason)
+        else:
+            self.stats.reject(reason)
         suppressed = self._log_limit.allow(asyncio.get_running_loop().time())
         if suppressed is not None:
             log.warning(
-                "event=control_rejected peer=%s reason=%s detail=%r%s",
+                "event=%s peer=%s reason=%s detail=%r%s",
+                "control_auth_failed" if auth else "control_rejected",
                 peer,
                 reason,
                 detail,
@@ -177,7 +204,7 @@ class ControlServer:
             try:
                 keys = await self._handshake(reader, writer)
             except AuthError as exc:
-                self._reject(peer, exc.reason, exc.detail)
+                self._reject(peer, exc.reason, exc.detail, auth=exc.credentials)
                 return
             except ControlError as exc:
                 self._reject(peer, exc.reason, exc.detail)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
+from types import MappingProxyType
 
 from daemons.mrcd.config import MrcdConfig
 from daemons.mrcd.control import (
@@ -27,7 +28,7 @@ from daemons.mrcd.control import (
     ControlClient,
     Reject,
 )
-from daemons.mrcd.controlserver import ControlServer
+from daemons.mrcd.controlserver import ControlServer, ControlStats
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.profiles import ProfileStore
 from daemons.mrcd.records import ControlError
@@ -184,7 +185,7 @@ class Node:
         self.write_completion = Buckets()
         self._posted: dict[tuple[int, int], float] = {}  # (qpn, wr_id) -> post time
         self.started_at = time.time()
-        self.control_auth_failures: Callable[[], int] = lambda: 0
+        self.control_stats = ControlStats()  # the control server's, once it runs
 
     # Lifecycle --------------------------------------------------------------------------
     async def start(self, *, start_control: bool = True) -> None:
@@ -215,7 +216,7 @@ class Node:
                     f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
                 ) from None
             self.control_server = server
-            self.control_auth_failures = lambda: sum(server.stats.rejected.values())
+            self.control_stats = server.stats
         log.info("event=started host=%s planes=%d", cfg.host_name, self.fabric.planes)
 
     async def stop(self, drain_timeout: float = 2.0) -> None:
@@ -668,5 +669,6 @@ class Node:
             traffic=totals.freeze(),
             rtt=self.rtt.snapshot(),
             write_completion=self.write_completion.snapshot(),
-            control_auth_failures=self.control_auth_failures(),
+            control_auth_failures=sum(self.control_stats.auth_failures.values()),
+            control_rejections=MappingProxyType(dict(self.control_stats.rejected)),
         )

@@ -367,7 +367,7 @@ async def refused(server: ControlServer, cli: ControlClient, peer: str = SERVER)
 
 async def test_wrong_psk(server: ControlServer) -> None:
     await refused(server, ControlClient("h0", psk("h0", bytes(32))))
-    assert server.stats.rejected == {"bad_mac": 1} and server.stats.sessions == 0
+    assert server.stats.auth_failures == {"bad_mac": 1} and server.stats.sessions == 0
     await still_serves(server)
 
 
@@ -381,7 +381,7 @@ async def test_unknown_peer_key() -> None:
     try:
         stranger = Credentials.from_keypair("h2", keys["h2"][0], {"h1": keys["h1"][1]})
         await refused(srv, ControlClient("h2", stranger))
-        assert srv.stats.rejected == {"unknown_peer": 1}
+        assert srv.stats.auth_failures == {"unknown_peer": 1}
         good = Credentials.from_keypair("h0", keys["h0"][0], {"h1": keys["h1"][1]})
         cli = ControlClient("h0", good)
         try:
@@ -395,7 +395,7 @@ async def test_unknown_peer_key() -> None:
 async def test_wrong_claimed_host(server: ControlServer) -> None:
     """h0 asks for h2 at h1's address."""
     await refused(server, ControlClient("h0", psk("h0")), peer="h2")
-    assert server.stats.rejected == {"identity": 1}
+    assert server.stats.auth_failures == {"identity": 1}
     await still_serves(server)
 
 
@@ -404,7 +404,7 @@ async def test_replayed_handshake(server: ControlServer) -> None:
     writer.close()
     # Message 1 again: refused before anything is sent.
     assert await send_raw(server, encode_frame(msg1)) == b""
-    assert server.stats.rejected == {"replay": 1}
+    assert server.stats.auth_failures == {"replay": 1}
     await still_serves(server)
 
 
@@ -427,7 +427,7 @@ async def test_replayed_handshake_to_a_restarted_server(hooks: Hooks) -> None:
         writer.write(encode_frame(msg3))
         assert await closed_by_server(reader) == b""
         writer.close()
-        assert second.stats.rejected == {"bad_mac": 1} and second.stats.sessions == 0
+        assert second.stats.auth_failures == {"bad_mac": 1} and second.stats.sessions == 0
         await still_serves(second)
     finally:
         await second.stop()
@@ -569,5 +569,6 @@ async def test_flood_of_garbage_connections(server: ControlServer) -> None:
     replies = await asyncio.gather(*(send_raw(server, p) for p in payloads))
     assert set(replies) == {b""}
     assert sum(server.stats.rejected.values()) == len(payloads)
+    assert not server.stats.auth_failures  # junk fails the handshake, not authentication
     assert server.stats.sessions == 0
     await still_serves(server)
