@@ -203,13 +203,8 @@ class QpTable:
         if remote == self.node.host:
             raise invalid(f"remote_host {remote} is this host")
         self._require_reset(rec)
-        connector = self.s.server.connector
-        if connector is None:
-            raise ApiError(
-                errno.EOPNOTSUPP, "connect needs mrcd's control channel, which is not running"
-            )
         try:
-            peer_data = await connector(rec.qpn, remote, service, private)
+            peer_data = await self.s.server.connector(rec.qpn, remote, service, private)
         except LocalError as exc:  # rejected, unreachable, no listener: the connect failed
             raise ApiError(errno.ECONNREFUSED, str(exc)) from None
         self._connected(rec)
@@ -255,20 +250,22 @@ class QpTable:
             raise ApiError(errno.ENOENT, f"no pending connection request {request_id}")
         self._require_reset(rec)
         del self.pending[request_id]
-        self.node.accept(request_id, rec.qpn, private)
-        deadline = self.s.loop.time() + ACCEPT_READY_TIMEOUT
-        while (state := self.node.qp(rec.qpn).state) is QpState.RESET:
-            if self.s.loop.time() > deadline:
-                raise ApiError(
-                    errno.ETIMEDOUT,
-                    f"QP {rec.qpn} accepted but not connected after {ACCEPT_READY_TIMEOUT} s",
-                )
-            await asyncio.sleep(0.001)
-        if state is not QpState.RTS:
-            raise ApiError(
-                errno.ECONNABORTED,
-                f"QP {rec.qpn} failed while connecting: {self.node.qp(rec.qpn).failure}",
+        accepted = self.node.accept(request_id, rec.qpn, private)
+        try:
+            # shield: a timeout here must not cancel the node's future under its feet.
+            failure = await asyncio.wait_for(
+                asyncio.shield(accepted.connected), ACCEPT_READY_TIMEOUT
             )
+        except TimeoutError:
+            raise ApiError(
+                errno.ETIMEDOUT,
+                f"QP {rec.qpn} accepted but not connected after {ACCEPT_READY_TIMEOUT} s",
+            ) from None
+        qp = self.node.qps.get(rec.qpn)
+        if failure is None and (qp is None or qp.state is not QpState.RTS):
+            failure = "gone" if qp is None else (qp.failure or qp.state.value)
+        if failure is not None:
+            raise ApiError(errno.ECONNABORTED, f"QP {rec.qpn} failed while connecting: {failure}")
         self._connected(rec)
         return {}
 
@@ -276,9 +273,7 @@ class QpTable:
         request_id = a.get_int(args, "request_id", 0, U64)
         if self.pending.pop(request_id, None) is None:
             raise ApiError(errno.ENOENT, f"no pending connection request {request_id}")
-        node_reject = getattr(self.node, "reject", None)
-        if node_reject is not None:
-            node_reject(request_id)
+        self.node.reject(request_id)
         return {}
 
     # Posting --------------------------------------------------------------------------------

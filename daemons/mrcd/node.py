@@ -113,6 +113,8 @@ class Accepted:
     qpn: int
     psn: int
     private_data: bytes
+    #: Set once the peer's CONNECT is answered: None if the QP is in RTS, else why not.
+    connected: asyncio.Future[str | None] = field(compare=False, repr=False)
 
 
 class Context:
@@ -438,11 +440,13 @@ class Node:
         accepted = await self.offer(incoming)
         if accepted is None:
             return Reject(f"nothing accepted service {req.service}")
-        key = req.derive_qp_key(self.host, accepted.qpn)
         try:
+            key = req.derive_qp_key(self.host, accepted.qpn)
             self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key)
         except LocalError as exc:
+            accepted.connected.set_result(str(exc))
             return Reject(str(exc))
+        accepted.connected.set_result(None)
         return Accept(accepted.qpn, accepted.psn, accepted.private_data)
 
     def on_port_status(self, host: int, bitmap: int) -> None:
@@ -481,7 +485,7 @@ class Node:
         if fut is None or fut.done():
             raise LocalError(f"no pending connection request {request_id}")
         qp = self.qp(qpn)
-        accepted = Accepted(qpn, qp.psn, private_data)
+        accepted = Accepted(qpn, qp.psn, private_data, self.loop.create_future())
         fut.set_result(accepted)
         return accepted
 

@@ -112,8 +112,7 @@ class Connection:
         """A JSON request; returns its result or raises the daemon's ApiError."""
         req_id = self.next_id()
         self.send(wire.request(req_id, op, args or {}, len(fds)), fds)
-        kind, body = self._wait_reply(req_id, timeout, op)
-        return self._result(kind, body)
+        return self.reply(req_id, timeout, op)
 
     async def call_async(
         self, op: str, args: dict[str, Any] | None = None, fds: Sequence[int] = ()
@@ -127,8 +126,15 @@ class Connection:
     def post(self, data: bytes, req_id: int) -> None:
         """A POST_SEND / POST_RECV frame; raises ApiError naming the bad request's index."""
         self.send(data)
-        kind, body = self._wait_reply(req_id, None, "post")
-        self._result(kind, body)
+        self.reply(req_id, None, "post")
+
+    def reply(self, req_id: int, timeout: float | None = None, what: str = "request") -> Any:
+        """The result of request ``req_id`` (sent with :meth:`send`), or its ApiError.
+
+        ``send`` and ``reply`` are the two halves of :meth:`call`: several requests may be
+        sent in one write and their replies collected afterwards."""
+        kind, body = self._wait_reply(req_id, timeout, what)
+        return self._result(kind, body)
 
     @staticmethod
     def _result(kind: int, body: bytes) -> Any:

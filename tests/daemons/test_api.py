@@ -262,7 +262,9 @@ def test_completion_channel_fd_works_with_select(daemons: Daemons) -> None:
     assert got is cq and got.cq_context == "mine"
     (wc,) = cq.poll(4)  # already here: get_cq_event read up to the event
     assert wc.imm == 0xFEED
+    assert channel.unacked_events(cq) == 1
     channel.ack_cq_events(cq, 1)
+    assert channel.unacked_events(cq) == 0
     assert channel.get_cq_event(timeout=0) is None  # one event per arm
     other.post_send(WriteWr(2, (a.mr, 0, 16), b.mr.addr, b.mr.rkey, imm=2))
     assert cq.poll_wait(1, timeout=WAIT)[0].imm == 2

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mrcstack.api import ApiError, AsyncEventType, QpAttr, WcStatus, WriteWr
+from mrcstack.api import ApiError, AsyncEventType, QpAttr, QpState, WcStatus, WriteWr, wire
 from mrcstack.api.limits import MAX_PRIVATE_DATA
 from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
@@ -108,6 +109,55 @@ def test_private_data_limit_is_one_constant_both_ways(daemons: Daemons) -> None:
         ) as err:
             side.ctx.conn.call(op, args, timeout=WAIT)
         assert err.value.errno == errno.EINVAL
+
+
+def test_one_qp_accepted_for_two_requests_connects_once(daemons: Daemons) -> None:
+    """Two of h0's QPs ask for the same service; h3 accepts both with one QP.  Exactly one
+    accept returns (the QP is connected to that peer); the other fails at once, and its
+    peer's connect is refused, because a connected QP cannot be set up again."""
+    b = end(daemons, 3, 4096)
+    listener = b.ctx.listen(51)
+    askers = [end(daemons, 0, 4096) for _ in range(2)]
+    results: dict[int, BaseException | bytes] = {}
+
+    def ask(i: int) -> None:
+        try:
+            results[i] = askers[i].qp.connect(3, 51, timeout=WAIT)
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    requests = [listener.get_request(timeout=WAIT) for _ in range(2)]
+    assert None not in requests
+
+    # Both accepts in one write: mrcd takes them up together, before either connects.
+    conn = b.ctx.conn
+    ids = [conn.next_id() for _ in requests]
+    conn.send(b"".join(
+        wire.request(i, "accept", {"request_id": r.request_id, "qpn": b.qp.qpn})
+        for i, r in zip(ids, requests, strict=True) if r is not None
+    ))  # fmt: skip
+    accepted: list[ApiError | None] = []
+    for i in ids:
+        try:
+            conn.reply(i, WAIT)
+            accepted.append(None)
+        except ApiError as exc:
+            accepted.append(exc)
+    for t in threads:
+        t.join(WAIT)
+    assert accepted[0] is None, accepted  # the first connects the QP...
+    failed = accepted[1]  # ...so the second cannot: it fails at once, the peer is refused
+    assert failed is not None and failed.errno == errno.ECONNABORTED, failed
+    assert "not reset" in failed.message
+    refused = [r for r in results.values() if isinstance(r, BaseException)]
+    assert len(results) == 2 and len(refused) == 1, results
+    assert isinstance(refused[0], ApiError) and refused[0].errno == errno.ECONNREFUSED
+    info = b.qp.query()
+    winner = next(x for i, x in enumerate(askers) if not isinstance(results[i], BaseException))
+    assert info.state is QpState.RTS and info.remote_qpn == winner.qp.qpn
 
 
 # Retries: a peer that stops answering -------------------------------------------------------
