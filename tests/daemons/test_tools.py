@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -381,6 +384,63 @@ def test_loopback_bw_verify_json(loop_daemons: Daemons) -> None:
     assert c["bw_average_MB_s"] > 0 and c["bw_peak_MB_s"] >= c["bw_average_MB_s"]
     assert len(c["qpns"]) == 2 and (c["qps"], c["tx_depth"], c["verify"]) == (2, 8, True)
     assert sum(e["bytes"] for e in c["series"]) <= c["bytes"]
+
+
+def test_loopback_bw_run_infinitely_until_ctrl_c(loop_daemons: Daemons) -> None:
+    """--run_infinitely -D 0.5: a JSON line per period until SIGINT, then the run's report
+    (interrupted) with the server's verified counts; both tools exit 0."""
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    size = 65536
+    srv = subprocess.Popen(
+        tool("write_bw", "--socket", s3, "--service", "711", "--json"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    cli = subprocess.Popen(
+        tool("write_bw", "--socket", s0, "--server-host", "3", "--service", "711",
+             "-s", str(size), "--verify", "--run_infinitely", "-D", "0.5", "--json"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            lines.put(line)
+        lines.put("")  # end of output
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        periods = []
+        while len(periods) < 2:  # two periods of 0.5 s, then Ctrl-C
+            line = lines.get(timeout=WAIT)
+            assert line, f"the client ended early: {cli.wait(WAIT)} {cli.stderr.read()}"  # type: ignore[union-attr]
+            periods.append(json.loads(line))
+        cli.send_signal(signal.SIGINT)
+        assert cli.wait(WAIT) == 0, cli.stderr.read()  # type: ignore[union-attr]
+        reader.join(WAIT)
+        rest = []
+        while (line := lines.get_nowait()) != "":
+            rest.append(json.loads(line))
+        s_out, s_err = srv.communicate(timeout=WAIT)
+    finally:
+        for proc in (cli, srv):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert srv.returncode == 0, s_err
+    *more_periods, final = rest
+    for p in periods + more_periods:
+        assert p["report"] == "period" and p["role"] == "client" and p["size"] == size
+        assert p["iterations"] > 0 and p["bytes"] == p["iterations"] * size
+        assert p["bw_average_MB_s"] > 0 and p["bw_peak_MB_s"] >= p["bw_average_MB_s"]
+    assert "report" not in final and final["interrupted"] is True
+    assert final["iterations"] >= sum(p["iterations"] for p in periods + more_periods)
+    assert final["bytes"] == final["iterations"] * size
+    assert final["server"]["verified"] == final["iterations"]
+    assert final["server"]["mismatches"] == 0
+    s = one_json(s_out)
+    assert s["verified"] == final["iterations"] and s["mismatches"] == 0
 
 
 def test_loopback_lat_json(loop_daemons: Daemons) -> None:
