@@ -20,17 +20,21 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from daemons.cluster import Cluster
+from daemons.cluster import METRICS_PORT, Cluster
+from daemons.mrcd.promserver import free_tcp_port
 from daemons.tools import common
 from daemons.tools.common import (
     END,
@@ -55,14 +59,17 @@ from netns import testbed
 from netns.run import TestbedError
 from netns.scenario import parse_scenario
 from netns.state import TestbedState, exists, faults_path, load
+from netns.topology import mgmt_address
 from tests.daemons.apiharness import Daemons
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-TESTBED = "tt"
-DEMO_BED = "tdm"
+# Testbed names unique to this test process (other runs may share the machine).
+TESTBED = f"tt{os.getpid() % 10000:04d}"
+DEMO_BED = f"td{os.getpid() % 10000:04d}"
 ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
 WAIT = 120.0
+TARGET_H0 = f"[{mgmt_address(DEMO_BED, 0)}]:{METRICS_PORT}"
 
 
 def tool(name: str, *args: str, netns: str | None = None) -> list[str]:
@@ -310,6 +317,15 @@ def test_demo_report_and_render() -> None:
     assert "link down p0:t0a-t1a, p1:t0b-t1b" in text
     assert "h0 retransmissions by reason: timeout 7, sack 3" in text
     json.dumps(doc)
+
+
+def test_example_prometheus_config_is_the_demos() -> None:
+    """examples/prometheus.yml is what the demo runs on its default testbed: the scrape
+    targets are the management addresses that testbed's daemons listen on."""
+    assert (ROOT / "examples" / "prometheus.yml").read_text() == demo.prometheus_yml()
+    targets = demo.prometheus_targets(demo.DEFAULT_NAME, Fabric().hosts)
+    assert targets == [f"[{mgmt_address('demo', h)}]:9464" for h in range(4)]
+    assert all(f'"{t}"' in demo.prometheus_yml() for t in targets)
 
 
 def test_demo_without_root_is_one_line() -> None:
@@ -817,28 +833,86 @@ def test_unknown_profile_is_one_line(bed: tuple[TestbedState, Cluster]) -> None:
     assert len(lines) == 1 and lines[0].startswith("mrc-write-bw: error: ") and "77" in lines[0]
 
 
-def test_demo_short_run() -> None:
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (an exact path, never a name pattern)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
+    query = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as resp:
+        doc = json.load(resp)
+    assert doc["status"] == "success", doc
+    result: list[dict[str, Any]] = doc["data"]["result"]
+    return result
+
+
+def test_demo_short_run_with_prometheus() -> None:
+    """``mrcstack demo --duration 3 --prometheus``: the report, then a Prometheus server that
+    scrapes all four daemons (its HTTP API shows their mrc_ series), up until Ctrl-C; then
+    the testbed, the daemons and Prometheus are gone (checked by exact name and path)."""
     if ROOT_REASON:
         pytest.skip(ROOT_REASON)
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
     if exists(DEMO_BED):
         testbed.clean(DEMO_BED)
+    port = free_tcp_port()
+    proc = subprocess.Popen(
+        [PY, "-m", "mrcstack", "demo", "--duration", "3", "--name", DEMO_BED,
+         "--prometheus", "--prometheus-port", str(port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    report: list[str] = []
+    config = ""
     try:
-        r = subprocess.run(
-            [PY, "-m", "mrcstack", "demo", "--duration", "3", "--name", DEMO_BED],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=110,
-        )
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the report, then the Prometheus line; it stays up
+            report.append(line)
+            if line.startswith("Prometheus: "):
+                config = line.split("(config ", 1)[1].split(")", 1)[0]
+                break
+        assert config, "".join(report) + proc.communicate(timeout=WAIT)[1]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:  # every daemon scraped: one mrc_planes series per instance
+            got = _prometheus_query(url, "count by (instance) (mrc_planes)")
+            if len(got) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        assert len(got) == 4, got
+        sent = _prometheus_query(url, f'mrc_sent_bytes_total{{instance="{TARGET_H0}"}}')
+        assert sum(float(s["value"][1]) for s in sent) > 0  # h0 sent the demo's traffic
+        assert Path(config).read_text() == demo.prometheus_yml(DEMO_BED)
+        workdir = str(Path(config).parents[1])
+        assert _processes_mentioning(f"--config.file={config}")  # Prometheus runs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
         if exists(DEMO_BED):
             testbed.clean(DEMO_BED)
-    print(r.stdout)
-    assert r.returncode == 0, r.stderr
-    assert "goodput" in r.stdout and "h0 sent per plane" in r.stdout
-    assert "h0 retransmissions by reason: timeout" in r.stdout
-    assert "0 mismatches" in r.stdout
-    assert "switch fail p1-t1c" in r.stdout or "switch fail p1-t1c" in r.stderr
-    assert "torn down" in r.stderr
+    text = "".join(report) + out
+    print(text)
+    assert proc.returncode == 0, err
+    assert "goodput" in text and "h0 sent per plane" in text
+    assert "h0 retransmissions by reason: timeout" in text
+    assert "0 mismatches" in text and "the connection never failed" in text
+    assert "switch fail p1-t1c" in text or "switch fail p1-t1c" in err
+    assert f"torn down: testbed {DEMO_BED}, daemons, Prometheus" in err
     assert not exists(DEMO_BED) and not _namespaces(DEMO_BED)
+    assert not _processes_mentioning(workdir)  # no Prometheus, no mrcd of this demo
+    assert not Path(workdir).exists()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
