@@ -71,6 +71,9 @@ TIMELINE: tuple[tuple[float, str, str, float], ...] = (
 )
 _SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
+#: What mrcd logs when a connection fails (node.py), and the async events that say so.
+FAILED_LOG = "event=connection_failed"
+FATAL_EVENTS = ("qp_fatal", "device_fatal")
 SCRAPE_INTERVAL = 1.0
 PROMETHEUS_COMMENT = """\
 Prometheus scraping every mrcd of `mrcstack demo --prometheus` on testbed {name}.
@@ -304,6 +307,8 @@ class Run:
     sampler: Sampler | None = None
     before: dict[int, dict[tuple[str, str], float]] = field(default_factory=dict)
     after: dict[int, dict[tuple[str, str], float]] = field(default_factory=dict)
+    #: What h0's and h3's mrcd logged as connection failures (FAILED_LOG lines).
+    logged_failures: list[str] = field(default_factory=list)
 
 
 def log(t0: float, text: str) -> None:
@@ -394,9 +399,35 @@ def run_traffic(args: argparse.Namespace, state: TestbedState, cluster: Cluster,
             faults.restore_all()
     sampler.take()
     run.after = {h: scrape(u) for h, u in urls.items()}
+    run.logged_failures = logged_failures(cluster, (SRC, DST))
     if fault_error:
         raise DemoError(f"fault scenario failed: {fault_error[0]}")
     return run
+
+
+def logged_failures(cluster: Cluster, hosts: Sequence[int]) -> list[str]:
+    """``h0: qpn=... reason='...'`` for every connection failure these hosts' mrcd logged."""
+    out = []
+    for host in hosts:
+        path = cluster.daemons[host].log
+        text = path.read_text(errors="replace") if path.exists() else ""
+        out += [
+            f"h{host}: {line.split(FAILED_LOG, 1)[1].strip()}"
+            for line in text.splitlines()
+            if FAILED_LOG in line
+        ]
+    return out
+
+
+def connection_failures(run: Run) -> list[str]:
+    """Every sign that the connection failed: mrcd's log lines and the tools' fatal events."""
+    tools = [
+        f"h{host} app event {e['type']}: {e.get('reason', '')}"
+        for host, doc in ((SRC, run.client), (DST, run.server))
+        for e in doc.get("events", [])
+        if e.get("type") in FATAL_EVENTS
+    ]
+    return [*run.logged_failures, *tools]
 
 
 def report(run: Run) -> dict[str, Any]:
@@ -466,6 +497,7 @@ def report(run: Run) -> dict[str, Any]:
             {"t": round(f["wall"] - start, 3), "action": f["action"], "target": f["target"]}
             for f in run.faults
         ],
+        "connection_failures": connection_failures(run),
     }
 
 
@@ -498,11 +530,16 @@ def render(doc: dict[str, Any]) -> str:
             f"  {v['h3_received_bytes'] / 2**20:17.1f}"
         )
     retx = ", ".join(f"{r} {n}" for r, n in doc["retransmissions"].items())
+    failures = doc["connection_failures"]
+    if failures:
+        failed = f"the connection FAILED ({len(failures)}): " + "; ".join(failures)
+    else:
+        failed = "the connection never failed (no failure in mrcd's logs or the tools' events)"
     out += [
         "",
         f"  h0 retransmissions by reason: {retx}",
-        f"  verified by h3: {doc['verified']} writes landed intact, {doc['mismatches']} mismatches;"
-        " the connection never failed",
+        f"  verified by h3: {doc['verified']} writes landed intact, {doc['mismatches']} mismatches",
+        f"  {failed}",
         "",
     ]
     return "\n".join(out)

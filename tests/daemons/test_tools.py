@@ -316,7 +316,19 @@ def test_demo_report_and_render() -> None:
     text = demo.render(doc)
     assert "link down p0:t0a-t1a, p1:t0b-t1b" in text
     assert "h0 retransmissions by reason: timeout 7, sack 3" in text
+    assert doc["connection_failures"] == [] and "the connection never failed" in text
     json.dumps(doc)
+    # What mrcd logged and the tools saw decides that line, not the demo.
+    run.logged_failures = ["h0: qpn=7 reason='retry limit exhausted'"]
+    run.server["events"].append(
+        {"wall": start + 2.9, "type": "qp_fatal", "port": None, "reason": "remote failed"}
+    )
+    text = demo.render(demo.report(run))
+    assert "never failed" not in text
+    assert (
+        "the connection FAILED (2): h0: qpn=7 reason='retry limit exhausted'; "
+        "h3 app event qp_fatal: remote failed"
+    ) in text
 
 
 def test_example_prometheus_config_is_the_demos() -> None:
