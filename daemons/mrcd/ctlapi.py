@@ -86,7 +86,7 @@ class EpResponse:
 
 
 class EndpointOps(Protocol):
-    """Endpoint operations carried by the control channel to the peer's mrcd."""
+    """How endpoint operations reach the peer's mrcd (tests may stand in their own)."""
 
     async def ev_probe(self, host: int, plane: int, ev: int, timeout: float) -> EpResponse: ...
 
