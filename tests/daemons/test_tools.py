@@ -52,7 +52,7 @@ from daemons.tools.common import (
 )
 from daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
 from daemons.tools.report import lat_stats
-from mrcstack import demo
+from mrcstack import demo, demoreport
 from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
 from mrcstack.fabric import Fabric
 from netns import testbed
@@ -271,7 +271,7 @@ def test_demo_report_and_render() -> None:
         {"t": round(0.1 * i, 6), "bytes": 25 << 20, "writes": 25, "gbit_s": 2.1}
         for i in range(1, 31)
     ]
-    run = demo.Run(3.0)
+    run = demoreport.Run(3.0)
     run.client = {
         "start_time": start,
         "duration_s": 3.0,
@@ -303,7 +303,7 @@ def test_demo_report_and_render() -> None:
         },
         3: {("mrc_received_bytes_total", "0"): 9e7},
     }
-    doc = demo.report(run)
+    doc = demoreport.report(run)
     assert [r["t"] for r in doc["rows"]] == [0, 1, 2]
     assert doc["rows"][1]["faults"] == ["+1.20 link down p0:t0a-t1a, p1:t0b-t1b"]
     assert doc["rows"][2]["faults"] == [
@@ -313,7 +313,7 @@ def test_demo_report_and_render() -> None:
     assert doc["rows"][0]["goodput_gbit_s"] == pytest.approx(250 * 2**20 * 8 / 1e9, rel=1e-3)
     assert doc["retransmissions"] == {"timeout": 7, "sack": 3}
     assert doc["planes"]["0"] == {"h0_sent_bytes": 100000000, "h3_received_bytes": 90000000}
-    text = demo.render(doc)
+    text = demoreport.render(doc)
     assert "link down p0:t0a-t1a, p1:t0b-t1b" in text
     assert "h0 retransmissions by reason: timeout 7, sack 3" in text
     assert doc["connection_failures"] == [] and "the connection never failed" in text
@@ -323,7 +323,7 @@ def test_demo_report_and_render() -> None:
     run.server["events"].append(
         {"wall": start + 2.9, "type": "qp_fatal", "port": None, "reason": "remote failed"}
     )
-    text = demo.render(demo.report(run))
+    text = demoreport.render(demoreport.report(run))
     assert "never failed" not in text
     assert (
         "the connection FAILED (2): h0: qpn=7 reason='retry limit exhausted'; "
