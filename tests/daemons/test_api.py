@@ -14,7 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -41,15 +41,6 @@ from mrcstack.api import (
 from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    d = Daemons(tmp_path)
-    try:
-        yield d.start()
-    finally:
-        d.stop()
 
 
 def test_query_device_and_context_objects(daemons: Daemons) -> None:

@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ from mrcstack.core.memory import MemoryTable
 from tests.daemons.apiharness import FABRIC, WAIT, Daemons, connect, drain
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    d = Daemons(tmp_path)
-    try:
-        yield d.start()
-    finally:
-        d.stop()
 
 
 def mrcctl(d: Daemons, *args: str, host: int = 0) -> subprocess.CompletedProcess[str]:

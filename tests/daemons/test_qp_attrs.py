@@ -14,8 +14,6 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,15 +22,6 @@ from mrcstack.api.limits import MAX_PRIVATE_DATA
 from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
 MTU = 4096
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    d = Daemons(tmp_path)
-    try:
-        yield d.start()
-    finally:
-        d.stop()
 
 
 def stats(d: Daemons, host: int, qpn: int) -> dict[str, int]:
