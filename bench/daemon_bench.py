@@ -19,7 +19,10 @@ rounds (medians, min and max; ratios of the medians), see docs/benchmarks.md:
   - **mrcd** as above, as a fraction of the 800 Mbit/s;
   - **kernel MPTCP** (``socket(AF_INET6, SOCK_STREAM, IPPROTO_MPTCP)``) with one subflow per
     plane: the server announces its other planes' baseline addresses (``ip mptcp endpoint add
-    ADDR dev nicP signal``), limits ``subflow 8 add_addr_accepted 8`` on both ends.
+    ADDR dev nicP signal``), limits ``subflow 8 add_addr_accepted 8`` on both ends.  The
+    sender reads what each subflow carried before it closes (``bench/mptcp.py``); the
+    section fails loudly if the connection fell back to plain TCP or used one subflow, and
+    prints ``shaped_mptcp_subflows`` (the fewest that carried data in any round).
 
 Each side of a baseline runs as its own process inside its host's namespace (``ip netns exec
 NS python -m bench.daemon_bench --role ...``, one JSON line out).  Testbeds are built and
@@ -45,6 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import mptcp
 from daemons.cluster import Cluster
 from mrcstack import addrplan
 from mrcstack.api import CompletionQueue, Device, Listener, QueuePair, WcStatus, WriteWr
@@ -293,8 +297,30 @@ def role_tcp_send(args: argparse.Namespace) -> dict[str, Any]:
     while time.perf_counter() < end:
         sock.sendall(data)
         sent += len(data)
+    result: dict[str, Any] = {"bytes": sent}
+    if args.proto == IPPROTO_MPTCP:
+        try:
+            result["subflow_bytes"] = mptcp.subflow_bytes(sock)
+        except mptcp.MptcpFallbackError as exc:
+            result["fallback"] = str(exc)
     sock.close()
-    return {"bytes": sent}
+    return result
+
+
+def mptcp_subflows(sender: dict[str, Any], planes: int) -> int:
+    """How many subflows carried the MPTCP sender's data; RuntimeError (the bench section
+    fails) if the connection fell back to plain TCP or ran over one subflow: its figure
+    would be kernel TCP's on one plane, not MPTCP's."""
+    if "fallback" in sender:
+        raise RuntimeError(f"MPTCP baseline: {sender['fallback']}")
+    per = [int(n) for n in sender.get("subflow_bytes", [])]
+    used = mptcp.used_subflows(per)
+    if used < 2:
+        raise RuntimeError(
+            f"MPTCP baseline: {used} subflow(s) carried the data (bytes acked per subflow: "
+            f"{per}), not one per plane ({planes}); see `ip mptcp endpoint show` and limits"
+        )
+    return used
 
 
 ROLES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
@@ -361,17 +387,20 @@ def udp_blast(state: TestbedState, duration: float) -> tuple[float, dict[str, fl
     }
 
 
-def tcp_flow(state: TestbedState, duration: float, to: str, proto: int = 0) -> float:
-    """bits/s of one TCP (or MPTCP: proto 262) connection h0 -> ``to`` in h3."""
+def tcp_flow(
+    state: TestbedState, duration: float, to: str, proto: int = 0
+) -> tuple[float, dict[str, Any]]:
+    """bits/s of one TCP (or MPTCP: proto 262) connection h0 -> ``to`` in h3, and what the
+    sender reported (for MPTCP: its subflows, see :func:`role_tcp_send`)."""
     wait = str(duration + 30)
     with in_netns(state.ns(f"h{DST}"), "--role", "tcp-recv", "--proto", str(proto),
                   "--timeout", wait) as recv:  # fmt: skip
         _ready(recv)
         with in_netns(state.ns(f"h{SRC}"), "--role", "tcp-send", "--proto", str(proto), "--to",
                       to, "--seconds", str(duration), "--timeout", wait) as send:  # fmt: skip
-            _result(send, duration + 30)
+            sender = _result(send, duration + 30)
         got = _result(recv, duration + 30)
-    return float(got["bytes"] * 8 / got["seconds"])
+    return float(got["bytes"] * 8 / got["seconds"]), sender
 
 
 def mptcp_setup(state: TestbedState) -> None:
@@ -429,7 +458,7 @@ def run() -> dict[str, float]:
             bps, more = udp_blast(state, duration)
             udp.append(bps)
             _add(udp_stats, more)
-            tcp.append(tcp_flow(state, duration, state.baseline[f"h{DST}"][0]))
+            tcp.append(tcp_flow(state, duration, state.baseline[f"h{DST}"][0])[0])
     m, u, t = (statistics.median(x) for x in (mrcd, udp, tcp))
     out |= {
         "unshaped_mrcd_gbps": m / 1e9,
@@ -449,7 +478,7 @@ def run() -> dict[str, float]:
     out |= {f"unshaped_mrcd_{k}": v for k, v in stats.items()}
     shaped = Fabric(host_link_bps=SHAPED_BPS, fabric_link_bps=SHAPED_BPS)
     capacity = shaped.planes * SHAPED_BPS
-    mrcd, mptcp = [], []
+    mrcd, mp, subflows = [], [], []
     stats = {}
     with bed(shaped, SHAPED) as (state, cluster):
         mptcp_setup(state)
@@ -458,16 +487,19 @@ def run() -> dict[str, float]:
             mrcd.append(bps)
             _add(stats, more)
             to = state.baseline[f"h{DST}"][0]
-            mptcp.append(tcp_flow(state, duration, to, IPPROTO_MPTCP))
-    m, t = statistics.median(mrcd), statistics.median(mptcp)
+            bps, sender = tcp_flow(state, duration, to, IPPROTO_MPTCP)
+            subflows.append(mptcp_subflows(sender, shaped.planes))
+            mp.append(bps)
+    m, t = statistics.median(mrcd), statistics.median(mp)
     out |= {
         "shaped_capacity_mbps": capacity / 1e6,
         "shaped_mrcd_mbps": m / 1e6,
         "shaped_mrcd_mbps_min": min(mrcd) / 1e6,
         "shaped_mrcd_mbps_max": max(mrcd) / 1e6,
         "shaped_mptcp_mbps": t / 1e6,
-        "shaped_mptcp_mbps_min": min(mptcp) / 1e6,
-        "shaped_mptcp_mbps_max": max(mptcp) / 1e6,
+        "shaped_mptcp_mbps_min": min(mp) / 1e6,
+        "shaped_mptcp_mbps_max": max(mp) / 1e6,
+        "shaped_mptcp_subflows": float(min(subflows)),
         "shaped_mrcd_fraction": m / capacity,
         "shaped_mptcp_fraction": t / capacity,
     }

@@ -18,19 +18,17 @@ from daemons.mrcd import apiargs as a
 from daemons.mrcd.node import IncomingConnect, QpAttrs, QpState
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import MAX_PRIVATE_DATA, U16, U32, U64
 from mrcstack.api.types import SUPPORTED_OPCODES, AsyncEventType, Opcode, WcOpcode, WcStatus
 from mrcstack.core import events as ev
 from mrcstack.core.errors import LocalError
+from mrcstack.core.receiver import SACK_BITS
 
 if TYPE_CHECKING:
     from daemons.mrcd.appsession import Cq, Session
 
-U16 = 0xFFFF
-U32 = 0xFFFF_FFFF
-U64 = (1 << 64) - 1
 MAX_QPS = 4096
 MAX_WR = 1 << 20
-MAX_PRIVATE_DATA = 1024
 MAX_LENGTH = 1 << 31  # bytes one work request may write (verbs' message limit)
 #: mrc.h: exp_cnt 25 means retry forever; the core counts, so "forever" is this many.
 EXP_CNT_INFINITE = 25
@@ -90,7 +88,7 @@ class QpTable:
         """Validated node attributes from an API ``QpAttr`` document (missing keys: base)."""
         if not isinstance(doc, dict):
             raise invalid("attr: must be an object")
-        unknown = set(doc) - {*QpAttrs.__dataclass_fields__, "hint"} - {"ack_coalesce"}
+        unknown = set(doc) - {*QpAttrs.__dataclass_fields__, "hint"}
         if unknown:
             raise invalid(f"attr.{sorted(unknown)[0]}: unknown QP attribute")
         exp_cnt = a.get_int(doc, "exp_cnt", 0, EXP_CNT_INFINITE, _api_exp(base.exp_cnt))
@@ -105,7 +103,11 @@ class QpTable:
             mtu_payload=a.get_int(
                 doc, "mtu_payload", 256, self.s.max_mtu_payload(), base.mtu_payload
             ),
-            ack_coalesce=base.ack_coalesce,
+            ack_coalesce=(
+                a.get_opt_int(doc, "ack_coalesce", 1, SACK_BITS)
+                if "ack_coalesce" in doc
+                else base.ack_coalesce
+            ),
         )
         self.s.server.controller.profiles.check_ids(attrs.ev_profile_id, attrs.cc_profile_id)
         hint = a.get_opt_int(doc, "hint", 0, U32) if "hint" in doc else base_hint
@@ -148,8 +150,7 @@ class QpTable:
         qp.attrs, rec.hint = self._attrs(args.get("attr", {}), qp.attrs, rec.hint)
         return self._attr_json(qp.attrs, rec.hint)
 
-    @staticmethod
-    def _attr_json(attrs: QpAttrs, hint: int | None) -> dict[str, Any]:
+    def _attr_json(self, attrs: QpAttrs, hint: int | None) -> dict[str, Any]:
         return {
             "max_wimm": attrs.max_wimm,
             "max_wimm_dest": attrs.max_wimm_dest,
@@ -159,6 +160,8 @@ class QpTable:
             "ev_profile_id": attrs.ev_profile_id,
             "cc_profile_id": attrs.cc_profile_id,
             "mtu_payload": attrs.mtu_payload,
+            # The one in force: the QP's own, else the daemon's (mrcd.ack_coalesce).
+            "ack_coalesce": attrs.ack_coalesce or self.node.cfg.ack_coalesce,
             "hint": hint,
         }
 
@@ -200,13 +203,8 @@ class QpTable:
         if remote == self.node.host:
             raise invalid(f"remote_host {remote} is this host")
         self._require_reset(rec)
-        connector = self.s.server.connector
-        if connector is None:
-            raise ApiError(
-                errno.EOPNOTSUPP, "connect needs mrcd's control channel, which is not running"
-            )
         try:
-            peer_data = await connector(rec.qpn, remote, service, private)
+            peer_data = await self.s.server.connector(rec.qpn, remote, service, private)
         except LocalError as exc:  # rejected, unreachable, no listener: the connect failed
             raise ApiError(errno.ECONNREFUSED, str(exc)) from None
         self._connected(rec)
@@ -252,20 +250,22 @@ class QpTable:
             raise ApiError(errno.ENOENT, f"no pending connection request {request_id}")
         self._require_reset(rec)
         del self.pending[request_id]
-        self.node.accept(request_id, rec.qpn, private)
-        deadline = self.s.loop.time() + ACCEPT_READY_TIMEOUT
-        while (state := self.node.qp(rec.qpn).state) is QpState.RESET:
-            if self.s.loop.time() > deadline:
-                raise ApiError(
-                    errno.ETIMEDOUT,
-                    f"QP {rec.qpn} accepted but not connected after {ACCEPT_READY_TIMEOUT} s",
-                )
-            await asyncio.sleep(0.001)
-        if state is not QpState.RTS:
-            raise ApiError(
-                errno.ECONNABORTED,
-                f"QP {rec.qpn} failed while connecting: {self.node.qp(rec.qpn).failure}",
+        accepted = self.node.accept(request_id, rec.qpn, private)
+        try:
+            # shield: a timeout here must not cancel the node's future under its feet.
+            failure = await asyncio.wait_for(
+                asyncio.shield(accepted.connected), ACCEPT_READY_TIMEOUT
             )
+        except TimeoutError:
+            raise ApiError(
+                errno.ETIMEDOUT,
+                f"QP {rec.qpn} accepted but not connected after {ACCEPT_READY_TIMEOUT} s",
+            ) from None
+        qp = self.node.qps.get(rec.qpn)
+        if failure is None and (qp is None or qp.state is not QpState.RTS):
+            failure = "gone" if qp is None else (qp.failure or qp.state.value)
+        if failure is not None:
+            raise ApiError(errno.ECONNABORTED, f"QP {rec.qpn} failed while connecting: {failure}")
         self._connected(rec)
         return {}
 
@@ -273,9 +273,7 @@ class QpTable:
         request_id = a.get_int(args, "request_id", 0, U64)
         if self.pending.pop(request_id, None) is None:
             raise ApiError(errno.ENOENT, f"no pending connection request {request_id}")
-        node_reject = getattr(self.node, "reject", None)
-        if node_reject is not None:
-            node_reject(request_id)
+        self.node.reject(request_id)
         return {}
 
     # Posting --------------------------------------------------------------------------------

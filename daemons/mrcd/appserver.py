@@ -182,9 +182,7 @@ class AppServer:
         self.node = node
         self.path = Path(path)
         self.controller = controller if controller is not None else Controller(node)
-        if connector is None:
-            connector = getattr(node, "connect_qp", None)
-        self.connector = connector
+        self.connector: Connector = connector if connector is not None else node.connect_qp
         self.admin_uids = admin_uids
         self.mode = mode
         self.sessions: set[Session] = set()

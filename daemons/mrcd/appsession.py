@@ -24,6 +24,7 @@ from daemons.mrcd.appqp import MAX_QPS, QpTable
 from daemons.mrcd.node import Context
 from mrcstack.api import shm, wire
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import U16, U32
 from mrcstack.api.types import Access, AsyncEventType, DeviceCap, WcOpcode, WcStatus
 from mrcstack.core.memory import Access as CoreAccess
 from mrcstack.core.memory import MemoryRegion as CoreRegion
@@ -39,8 +40,6 @@ MAX_MRS = 4096
 MAX_CHANNELS = 256
 MAX_HINTS = 1024
 MAX_CQE = 1 << 22
-U16 = 0xFFFF
-U32 = 0xFFFF_FFFF
 IPV6_UDP_HEADERS = 48
 LOOPBACK_MTU = 65535
 

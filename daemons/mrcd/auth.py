@@ -64,6 +64,13 @@ class Mode(enum.IntEnum):
     KEYPAIR = 2
 
 
+#: AuthError reasons that mean the peer's credentials did not check out: authentication
+#: failures.  The others (``malformed``, ``version``) mean it did not speak our handshake.
+CREDENTIAL_FAILURES = frozenset(
+    {"bad_key", "unknown_peer", "bad_mac", "mode", "identity", "replay"}
+)
+
+
 class AuthError(PeerError):
     """The peer failed the handshake.  ``reason`` is a short code for counters and logs."""
 
@@ -71,6 +78,11 @@ class AuthError(PeerError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+    @property
+    def credentials(self) -> bool:
+        """True if the peer failed authentication (not just the handshake's format)."""
+        return self.reason in CREDENTIAL_FAILURES
 
 
 class KeyFileError(LocalError, ValueError):

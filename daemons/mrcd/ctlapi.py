@@ -51,6 +51,7 @@ from daemons.mrcd.profiles import (
 )
 from mrcstack import addrplan
 from mrcstack.api.errors import ApiError
+from mrcstack.api.limits import U16, U32, U64
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.errors import LocalError
 from mrcstack.core.events import EvStateChanged
@@ -58,9 +59,6 @@ from mrcstack.fabric import Fabric
 
 log = logging.getLogger("mrcd.ctl")
 
-U16 = 0xFFFF
-U32 = 0xFFFF_FFFF
-U64 = (1 << 64) - 1
 RECENT_EVENTS = 1024
 #: Bytes a subscriber may lag before its EV events are dropped (and counted).
 SUBSCRIBER_LAG = 1 << 20
@@ -88,7 +86,7 @@ class EpResponse:
 
 
 class EndpointOps(Protocol):
-    """Endpoint operations carried by the control channel to the peer's mrcd."""
+    """How endpoint operations reach the peer's mrcd (tests may stand in their own)."""
 
     async def ev_probe(self, host: int, plane: int, ev: int, timeout: float) -> EpResponse: ...
 

@@ -36,6 +36,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from daemons.mrcd.controlserver import REJECT_REASONS as CONTROL_REJECT_REASONS
 from mrcstack.core.config import ConnectionStats
 from mrcstack.core.events import EvState
 from mrcstack.wire import DecodeReason, NackReason
@@ -177,7 +178,9 @@ class NodeSnapshot:
     traffic: TrafficCounters = field(default_factory=TrafficCounters)
     rtt: HistogramSnapshot = field(default_factory=HistogramSnapshot)
     write_completion: HistogramSnapshot = field(default_factory=HistogramSnapshot)
-    control_auth_failures: int = 0
+    control_auth_failures: int = 0  # control-channel peers that failed authentication
+    #: Other control-channel connections closed, by reason (controlserver.REJECT_REASONS).
+    control_rejections: Mapping[str, int] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         if self.planes < 0:
@@ -400,6 +403,13 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
             "Received datagrams rejected, by reason (decode, auth, replay, rkey, qpn, ...).",
             REJECT_REASONS,
             t.rejections,
+        ),
+        (
+            "mrc_control_rejections",
+            "Control-channel connections closed for a reason other than failed authentication "
+            "(busy, timeout, eof, a bad frame or record, ...).",
+            CONTROL_REJECT_REASONS,
+            s.control_rejections,
         ),
     ]
     for name, doc, known, table in reasons:

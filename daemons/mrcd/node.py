@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
+from types import MappingProxyType
 
 from daemons.mrcd.config import MrcdConfig
 from daemons.mrcd.control import (
@@ -25,14 +26,15 @@ from daemons.mrcd.control import (
     ConnectRejectedError,
     ConnectRequest,
     ControlClient,
-    ControlServer,
     Reject,
 )
+from daemons.mrcd.controlserver import ControlServer, ControlStats
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
 from daemons.mrcd.profiles import ProfileStore
 from daemons.mrcd.records import ControlError
 from daemons.mrcd.transport import PROBE_QPN, Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
+from mrcstack.api.limits import QPN_LIMIT
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.errors import LocalError
@@ -66,7 +68,6 @@ PORT_STRIDE = 16
 #: first window of a software endpoint queues behind its own sending and the peer's
 #: first touches of the region, which takes several times its steady RTT.
 INITIAL_RTO = 0.05
-QPN_LIMIT = 1 << 24
 
 
 class QpState(enum.Enum):
@@ -112,6 +113,8 @@ class Accepted:
     qpn: int
     psn: int
     private_data: bytes
+    #: Set once the peer's CONNECT is answered: None if the QP is in RTS, else why not.
+    connected: asyncio.Future[str | None] = field(compare=False, repr=False)
 
 
 class Context:
@@ -184,7 +187,7 @@ class Node:
         self.write_completion = Buckets()
         self._posted: dict[tuple[int, int], float] = {}  # (qpn, wr_id) -> post time
         self.started_at = time.time()
-        self.control_auth_failures: Callable[[], int] = lambda: 0
+        self.control_stats = ControlStats()  # the control server's, once it runs
 
     # Lifecycle --------------------------------------------------------------------------
     async def start(self, *, start_control: bool = True) -> None:
@@ -215,7 +218,7 @@ class Node:
                     f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
                 ) from None
             self.control_server = server
-            self.control_auth_failures = lambda: sum(server.stats.rejected.values())
+            self.control_stats = server.stats
         log.info("event=started host=%s planes=%d", cfg.host_name, self.fabric.planes)
 
     async def stop(self, drain_timeout: float = 2.0) -> None:
@@ -437,11 +440,13 @@ class Node:
         accepted = await self.offer(incoming)
         if accepted is None:
             return Reject(f"nothing accepted service {req.service}")
-        key = req.derive_qp_key(self.host, accepted.qpn)
         try:
+            key = req.derive_qp_key(self.host, accepted.qpn)
             self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key)
         except LocalError as exc:
+            accepted.connected.set_result(str(exc))
             return Reject(str(exc))
+        accepted.connected.set_result(None)
         return Accept(accepted.qpn, accepted.psn, accepted.private_data)
 
     def on_port_status(self, host: int, bitmap: int) -> None:
@@ -480,7 +485,7 @@ class Node:
         if fut is None or fut.done():
             raise LocalError(f"no pending connection request {request_id}")
         qp = self.qp(qpn)
-        accepted = Accepted(qpn, qp.psn, private_data)
+        accepted = Accepted(qpn, qp.psn, private_data, self.loop.create_future())
         fut.set_result(accepted)
         return accepted
 
@@ -668,5 +673,6 @@ class Node:
             traffic=totals.freeze(),
             rtt=self.rtt.snapshot(),
             write_completion=self.write_completion.snapshot(),
-            control_auth_failures=self.control_auth_failures(),
+            control_auth_failures=sum(self.control_stats.auth_failures.values()),
+            control_rejections=MappingProxyType(dict(self.control_stats.rejected)),
         )

@@ -22,6 +22,7 @@ from daemons.mrcd import apiargs as a
 from daemons.mrcd.transport import clock
 from mrcstack import addrplan
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import U32, U64
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.events import EvState
 from mrcstack.core.evs import EvEntry, EvField, generate_evs
@@ -30,8 +31,6 @@ from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric
 if TYPE_CHECKING:  # node.py may import this module to build connections from profiles
     from daemons.mrcd.node import Node, QpAttrs
 
-U32 = 0xFFFF_FFFF
-U64 = (1 << 64) - 1
 MAX_EV_PROFILES = 256
 MAX_CC_PROFILES = 256
 EV_MAX_COUNT_PROFILE = 4096

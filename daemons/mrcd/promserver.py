@@ -26,8 +26,11 @@ class PrometheusError(RuntimeError):
     """The Prometheus server could not be started or queried."""
 
 
-def prometheus_config(targets: Sequence[str], scrape_interval: float = 1.0) -> str:
-    """A prometheus.yml scraping mrcd at ``targets`` ("host:port", "[v6]:port")."""
+def prometheus_config(
+    targets: Sequence[str], scrape_interval: float = 1.0, comment: str = ""
+) -> str:
+    """A prometheus.yml scraping mrcd at ``targets`` ("host:port", "[v6]:port"), opening
+    with ``comment`` (each line as a ``#`` comment)."""
     if not targets:
         raise ValueError("prometheus needs at least one scrape target")
     for target in targets:
@@ -35,8 +38,9 @@ def prometheus_config(targets: Sequence[str], scrape_interval: float = 1.0) -> s
             raise ValueError(f"scrape target {target!r} needs a host")
     interval = f"{max(1, round(scrape_interval * 1000))}ms"
     listed = "\n".join(f"          - {json.dumps(t)}" for t in targets)
+    head = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines())
     return (
-        "global:\n"
+        head + "global:\n"
         f"  scrape_interval: {interval}\n"
         f"  evaluation_interval: {interval}\n"
         "scrape_configs:\n"
@@ -120,9 +124,11 @@ def start_prometheus(
     scrape_interval: float = 1.0,
     binary: str = "prometheus",
     ready_timeout: float = 30.0,
+    comment: str = "",
 ) -> PrometheusServer:
-    """Start Prometheus on ``host:port`` (0: a free port) scraping ``targets``; its config,
-    TSDB and log live in ``datadir``.  The caller stops it (or see :func:`run_prometheus`)."""
+    """Start Prometheus on ``host:port`` (0: a free port) scraping ``targets``; its config
+    (:func:`prometheus_config`, opening with ``comment``), TSDB and log live in ``datadir``.
+    The caller stops it (or see :func:`run_prometheus`)."""
     exe = shutil.which(binary)
     if exe is None:
         raise PrometheusError(
@@ -131,7 +137,7 @@ def start_prometheus(
     datadir = Path(datadir)
     datadir.mkdir(parents=True, exist_ok=True)
     config = datadir / "prometheus.yml"
-    config.write_text(prometheus_config(targets, scrape_interval))
+    config.write_text(prometheus_config(targets, scrape_interval, comment))
     port = port or free_tcp_port(host)
     hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     with (datadir / "prometheus.log").open("ab") as logfile:

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from daemons.mrcd.auth import SessionKeys
+from mrcstack.api.limits import QPN_LIMIT
 from mrcstack.core.errors import LocalError, PeerError
 
 Message = dict[str, Any]
@@ -26,9 +27,8 @@ LENGTH = struct.Struct("!I")
 COUNTER = struct.Struct("!Q")
 GCM_TAG = 16
 RECORD_OVERHEAD = COUNTER.size + GCM_TAG
-#: Largest JSON body after the handshake (CONNECT with private data is well under 8 KiB).
+#: Largest JSON body after the handshake (a CONNECT with the most private data is under 1 KiB).
 MAX_MESSAGE = 64 * 1024
-QPN_LIMIT = 1 << 24  # QPNs and PSNs are 24-bit (BTH)
 QP_KEY_INFO = b"mrc qp key"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError
+from mrcstack.api.limits import U32
 
 RECV_SIZE = 1 << 18
 #: How often a thread waiting for another thread's read re-checks its own condition (s).
@@ -84,7 +85,7 @@ class Connection:
 
     # Sending -----------------------------------------------------------------------------
     def next_id(self) -> int:
-        self._ids = (self._ids + 1) & wire.U32 or 1
+        self._ids = (self._ids + 1) & U32 or 1
         return self._ids
 
     def send(self, data: bytes, fds: Sequence[int] = ()) -> None:
@@ -111,8 +112,7 @@ class Connection:
         """A JSON request; returns its result or raises the daemon's ApiError."""
         req_id = self.next_id()
         self.send(wire.request(req_id, op, args or {}, len(fds)), fds)
-        kind, body = self._wait_reply(req_id, timeout, op)
-        return self._result(kind, body)
+        return self.reply(req_id, timeout, op)
 
     async def call_async(
         self, op: str, args: dict[str, Any] | None = None, fds: Sequence[int] = ()
@@ -126,8 +126,15 @@ class Connection:
     def post(self, data: bytes, req_id: int) -> None:
         """A POST_SEND / POST_RECV frame; raises ApiError naming the bad request's index."""
         self.send(data)
-        kind, body = self._wait_reply(req_id, None, "post")
-        self._result(kind, body)
+        self.reply(req_id, None, "post")
+
+    def reply(self, req_id: int, timeout: float | None = None, what: str = "request") -> Any:
+        """The result of request ``req_id`` (sent with :meth:`send`), or its ApiError.
+
+        ``send`` and ``reply`` are the two halves of :meth:`call`: several requests may be
+        sent in one write and their replies collected afterwards."""
+        kind, body = self._wait_reply(req_id, timeout, what)
+        return self._result(kind, body)
 
     @staticmethod
     def _result(kind: int, body: bytes) -> Any:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import U32
 from mrcstack.api.types import WorkCompletion
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _set_done(fut: asyncio.Future[None]) -> None:
 
 def _behind(count: int, target: int) -> bool:
     """``count`` has not reached ``target`` yet (u32 counters that wrap)."""
-    return 0 < (target - count) & wire.U32 < HALF_U32
+    return 0 < (target - count) & U32 < HALF_U32
 
 
 class CompletionChannel:
@@ -44,6 +45,7 @@ class CompletionChannel:
         self.handle = handle
         self._sock = sock
         self._buf = bytearray()
+        self._unacked: dict[int, int] = {}  # CQ handle -> events returned, not yet acked
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -88,8 +90,8 @@ class CompletionChannel:
                 return None
             self._read(True, left)
         cq, seq = got
-        self.context.conn.wait_for(lambda: not _behind(cq._received, seq))
-        cq._events += 1
+        self.context.conn.wait_for(lambda: cq.reached(seq))
+        self._returned(cq)
         return cq
 
     async def get_cq_event_async(self) -> CompletionQueue:
@@ -105,13 +107,20 @@ class CompletionChannel:
             finally:
                 loop.remove_reader(self.fileno())
         cq, seq = got
-        await self.context.conn.wait_until(lambda: not _behind(cq._received, seq))
-        cq._events += 1
+        await self.context.conn.wait_until(lambda: cq.reached(seq))
+        self._returned(cq)
         return cq
+
+    def _returned(self, cq: CompletionQueue) -> None:
+        self._unacked[cq.handle] = self._unacked.get(cq.handle, 0) + 1
 
     def ack_cq_events(self, cq: CompletionQueue, nevents: int) -> None:
         """``mrc_ack_cq_events`` (bookkeeping only: Python needs no release of events)."""
-        cq._events = max(0, cq._events - nevents)
+        self._unacked[cq.handle] = max(0, self._unacked.get(cq.handle, 0) - nevents)
+
+    def unacked_events(self, cq: CompletionQueue) -> int:
+        """Events of ``cq`` this channel returned and :meth:`ack_cq_events` has not acked."""
+        return self._unacked.get(cq.handle, 0)
 
     def destroy(self) -> None:
         """``mrc_destroy_comp_channel`` (EBUSY while CQs use it)."""
@@ -137,11 +146,15 @@ class CompletionQueue:
         self.cq_context = user
         self._entries: deque[WorkCompletion] = deque()
         self._received = 0  # completions mrcd has sent for this CQ (u32, wraps)
-        self._events = 0
 
-    def _deliver(self, wc: WorkCompletion) -> None:
+    def deliver(self, wc: WorkCompletion) -> None:
+        """Queue a completion mrcd sent for this CQ (the context's socket reader calls it)."""
         self._entries.append(wc)
-        self._received = (self._received + 1) & wire.U32
+        self._received = (self._received + 1) & U32
+
+    def reached(self, seq: int) -> bool:
+        """Has this CQ received mrcd's ``seq``-th completion (a CQ event's ``seq``)?"""
+        return not _behind(self._received, seq)
 
     def poll(self, num_entries: int = 1) -> list[WorkCompletion]:
         """``mrc_poll_cq``: up to ``num_entries`` completions, oldest first; never blocks."""

@@ -129,7 +129,8 @@ class QpHint:
 class QpAttr:
     """``mrc_qp_attr`` with Pythonic units: ``timeout`` is the minimum retransmission
     timeout in seconds (mrc.h encodes 1.024 us x 2**timeout); ``exp_cnt=25`` means retry
-    forever, as in mrc.h."""
+    forever, as in mrc.h.  ``ack_coalesce`` (not in mrc.h) is how many data packets one
+    ACK of this QP's receive side may stand for, 1..64."""
 
     max_wimm: int = 1024
     max_wimm_dest: int = 1024
@@ -139,12 +140,14 @@ class QpAttr:
     ev_profile_id: int = 0
     cc_profile_id: int = 0
     mtu_payload: int = 8192
+    ack_coalesce: int | None = None  # None: mrcd's setting (mrcd.ack_coalesce, 16)
     hint: int | None = None  # a QP hint handle from Context.create_qp_hint
 
     def to_json(self) -> dict[str, Any]:
         doc = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        if self.timeout is None:
-            del doc["timeout"]  # the daemon's default
+        for name in ("timeout", "ack_coalesce"):
+            if doc[name] is None:
+                del doc[name]  # the daemon's default
         return doc
 
     @classmethod

@@ -20,6 +20,7 @@ from mrcstack.api import shm, wire
 from mrcstack.api.client import Connection
 from mrcstack.api.completion import CompletionChannel, CompletionQueue
 from mrcstack.api.errors import ApiError, invalid
+from mrcstack.api.limits import check_private_data
 from mrcstack.api.types import (
     QP_ATTR_FIELDS,
     Access,
@@ -115,13 +116,10 @@ class MemoryRegion:
     def dereg(self) -> None:
         """``ibv_dereg_mr``: mrcd unmaps it, then this process does (once ``buf``'s views
         are released; until then the pages stay mapped here, never in mrcd)."""
-        if self._mmap is None:
-            return
-        self.context.conn.call("dereg_mr", {"lkey": self.lkey})
-        self.context._mrs.pop(self.lkey, None)
-        self._unmap()
+        self.context.dereg_mr(self)
 
-    def _unmap(self) -> None:
+    def close(self) -> None:
+        """Unmap this process's view only (the context is closing: mrcd unmaps its own)."""
         mapping, self._mmap = self._mmap, None
         if mapping is None:
             return
@@ -194,7 +192,7 @@ class QueuePair:
             "qpn": self.qpn,
             "remote_host": remote_host,
             "service": service,
-            "private_data": bytes(private_data).hex(),
+            "private_data": check_private_data(bytes(private_data)).hex(),
         }
 
     def modify(self, **changes: Any) -> QpAttr:
@@ -254,17 +252,18 @@ class QueuePair:
 
     def destroy(self) -> None:
         """``mrc_destroy_qp``: outstanding requests are discarded, not completed."""
-        self.context.conn.call("destroy_qp", {"qpn": self.qpn})
-        self.context._qps.pop(self.qpn, None)
+        self.context.destroy_qp(self)
 
 
 class Listener:
-    """Connection requests for one service (mrcd listens on its control address)."""
+    """Connection requests for one service (mrcd listens on its control address).
 
-    def __init__(self, ctx: Context, service: int) -> None:
+    ``requests`` is filled by the context as mrcd's connect requests arrive."""
+
+    def __init__(self, ctx: Context, service: int, requests: deque[ConnectRequest]) -> None:
         self.context = ctx
         self.service = service
-        self._requests: deque[ConnectRequest] = deque()
+        self._requests = requests
 
     def get_request(self, timeout: float | None = None) -> ConnectRequest | None:
         conn = self.context.conn
@@ -285,22 +284,12 @@ class Listener:
         timeout: float | None = None,
     ) -> None:
         """Accept with ``qp`` (RESET); returns once the QP is connected (RTS)."""
-        args = {
-            "request_id": request.request_id,
-            "qpn": qp.qpn,
-            "private_data": bytes(private_data).hex(),
-        }
-        self.context.conn.call("accept", args, timeout=timeout)
+        self.context.conn.call("accept", _accept_args(request, qp, private_data), timeout=timeout)
 
     async def accept_async(
         self, request: ConnectRequest, qp: QueuePair, private_data: bytes = b""
     ) -> None:
-        args = {
-            "request_id": request.request_id,
-            "qpn": qp.qpn,
-            "private_data": bytes(private_data).hex(),
-        }
-        await self.context.conn.call_async("accept", args)
+        await self.context.conn.call_async("accept", _accept_args(request, qp, private_data))
 
     def reject(self, request: ConnectRequest) -> None:
         self.context.conn.call("reject", {"request_id": request.request_id})
@@ -316,7 +305,9 @@ class Context:
         self._qps: dict[int, QueuePair] = {}
         self._mrs: dict[int, MemoryRegion] = {}
         self.channels: dict[int, CompletionChannel] = {}
-        self._listeners: dict[int, Listener] = {}
+        self._requests: dict[
+            int, deque[ConnectRequest]
+        ] = {}  # by service, shared with its Listener
         self._async: deque[AsyncEvent] = deque()
         conn.on_completions = self._on_completions
         conn.on_event = self._on_event
@@ -338,6 +329,14 @@ class Context:
         mr = MemoryRegion(self, mapping, doc)
         self._mrs[mr.lkey] = mr
         return mr
+
+    def dereg_mr(self, mr: MemoryRegion) -> None:
+        """``ibv_dereg_mr`` (also ``mr.dereg()``)."""
+        if not mr.registered:
+            return
+        self.conn.call("dereg_mr", {"lkey": mr.lkey})
+        self._mrs.pop(mr.lkey, None)
+        mr.close()
 
     def create_comp_channel(self) -> CompletionChannel:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -397,12 +396,16 @@ class Context:
         self._qps[qp.qpn] = qp
         return qp
 
+    def destroy_qp(self, qp: QueuePair) -> None:
+        """``mrc_destroy_qp`` (also ``qp.destroy()``)."""
+        self.conn.call("destroy_qp", {"qpn": qp.qpn})
+        self._qps.pop(qp.qpn, None)
+
     def listen(self, service: int) -> Listener:
         """Accept connections for ``service`` (a port-like number agreed out of band)."""
         self.conn.call("listen", {"service": service})
-        listener = Listener(self, service)
-        self._listeners[service] = listener
-        return listener
+        requests = self._requests[service] = deque()
+        return Listener(self, service, requests)
 
     # Events -------------------------------------------------------------------------------
     def get_async_event(self, timeout: float | None = None) -> AsyncEvent | None:
@@ -423,7 +426,7 @@ class Context:
         for cq_handle, qpn, wr_id, status, opcode, flags, _pad, byte_len, imm in records:
             cq = cqs.get(cq_handle)
             if cq is not None:
-                cq._deliver(
+                cq.deliver(
                     WorkCompletion(
                         wr_id,
                         WcStatus(status),
@@ -446,9 +449,9 @@ class Context:
                 )
             )
         elif kind == "connect_request":
-            listener = self._listeners.get(int(doc["service"]))
-            if listener is not None:
-                listener._requests.append(
+            requests = self._requests.get(int(doc["service"]))
+            if requests is not None:
+                requests.append(
                     ConnectRequest(
                         request_id=int(doc["request_id"]),
                         remote_host=int(doc["remote_host"]),
@@ -463,7 +466,7 @@ class Context:
         """``mrc_destroy_context``: mrcd destroys every QP, CQ and region of the context."""
         self.conn.close()
         for mr in list(self._mrs.values()):
-            mr._unmap()
+            mr.close()
         self._mrs.clear()
         for channel in self.channels.values():
             channel.close()
@@ -474,6 +477,14 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _accept_args(request: ConnectRequest, qp: QueuePair, private_data: bytes) -> dict[str, Any]:
+    return {
+        "request_id": request.request_id,
+        "qpn": qp.qpn,
+        "private_data": check_private_data(bytes(private_data)).hex(),
+    }
 
 
 def _hint_json(hint: QpHint) -> dict[str, int]:

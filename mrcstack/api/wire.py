@@ -56,8 +56,6 @@ CQ_EVENT = struct.Struct("<II")
 
 WR_SIGNALED = 0x1
 WC_HAS_IMM = 0x1
-U32 = 0xFFFF_FFFF
-U64 = (1 << 64) - 1
 
 
 class Kind(enum.IntEnum):

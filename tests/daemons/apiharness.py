@@ -12,6 +12,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,9 +20,18 @@ from daemons.mrcd.appserver import AppServer
 from daemons.mrcd.config import AuthConfig, MrcdConfig
 from daemons.mrcd.ctlapi import Controller, EndpointOps
 from daemons.mrcd.node import Node
+from mrcstack.api import (
+    CompletionQueue,
+    Context,
+    Device,
+    MemoryRegion,
+    QueuePair,
+    WorkCompletion,
+)
 from mrcstack.fabric import Fabric
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
+WAIT = 30.0  # safety limit for anything that should happen; never a timing assertion
 T = TypeVar("T")
 
 
@@ -35,8 +45,10 @@ class Daemons:
         admin_uids: frozenset[int] = frozenset({0}),
         endpoint_ops: Callable[[dict[int, Node]], EndpointOps] | None = None,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+        **config: Any,
     ) -> None:
         self.tmp = tmp
+        self.config = config  # more MrcdConfig fields for every node, e.g. encrypt=True
         self.hosts = hosts
         self.admin_uids = admin_uids
         self.endpoint_ops = endpoint_ops
@@ -77,7 +89,7 @@ class Daemons:
                 peers=peers,
                 auth=AuthConfig(mode="psk", psk_file=psk),
             )
-            node = Node(cfg, self.loop)
+            node = Node(replace(cfg, **self.config), self.loop)
             await node.start()
             self.nodes[host] = node
         for host, node in self.nodes.items():
@@ -107,6 +119,71 @@ class Daemons:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
             self.loop.close()
+
+
+@dataclass
+class End:
+    """One side of a connection made through the application API."""
+
+    ctx: Context
+    cq: CompletionQueue
+    qp: QueuePair
+    mr: MemoryRegion
+
+
+def end(d: Daemons, host: int, size: int, **qp: object) -> End:
+    """A context on ``host`` with a CQ, a QP (``qp``: create_qp's keywords) and a region."""
+    ctx = Device.open(d.sockets[host]).create_context()
+    cq = ctx.create_cq()
+    return End(ctx, cq, ctx.create_qp(cq, **qp), ctx.reg_mr(size))  # type: ignore[arg-type]
+
+
+def connect(
+    d: Daemons,
+    size: int = 1 << 20,
+    recvs: int = 64,
+    service: int = 7,
+    *,
+    ends: tuple[End, End] | None = None,
+    hello: bytes = b"hi",
+    welcome: bytes = b"welcome",
+    **qp: object,
+) -> tuple[End, End]:
+    """h0's QP connects to h3's, which posts ``recvs`` receive buffers and accepts; the
+    private data goes both ways.  ``ends``: QPs made by the caller (else :func:`end`)."""
+    a, b = ends if ends is not None else (end(d, 0, size, **qp), end(d, 3, size, **qp))
+    listener = b.ctx.listen(service)
+    if recvs:
+        b.qp.post_recv(range(recvs))
+    failure: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            req = listener.get_request(timeout=WAIT)
+            assert req is not None and req.remote_host == 0 and req.private_data == hello
+            listener.accept(req, b.qp, welcome, timeout=WAIT)
+        except BaseException as exc:
+            failure.append(exc)
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        assert a.qp.connect(3, service, hello, timeout=WAIT) == welcome
+    finally:
+        t.join(WAIT)
+    if failure:
+        raise failure[0]
+    return a, b
+
+
+def drain(cq: CompletionQueue, n: int) -> list[WorkCompletion]:
+    """The next ``n`` completions of ``cq`` (fails if they do not come within WAIT)."""
+    out: list[WorkCompletion] = []
+    while len(out) < n:
+        got = cq.poll_wait(n - len(out), timeout=WAIT)
+        assert got, f"only {len(out)} of {n} completions"
+        out += got
+    return out
 
 
 async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -14,8 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,12 @@ from mrcstack.api import (
     ApiError,
     AsyncEventType,
     CompletionQueue,
-    Context,
     Device,
-    MemoryRegion,
     Opcode,
     QpAttr,
     QpCap,
     QpHint,
     QpState,
-    QueuePair,
     SendWr,
     WcOpcode,
     WcStatus,
@@ -42,71 +38,9 @@ from mrcstack.api import (
     shm,
     wire,
 )
-from tests.daemons.apiharness import Daemons
+from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
 ROOT = Path(__file__).resolve().parents[2]
-WAIT = 30.0  # safety limit for anything that should happen; never a timing assertion
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    d = Daemons(tmp_path)
-    try:
-        yield d.start()
-    finally:
-        d.stop()
-
-
-@dataclass
-class End:
-    ctx: Context
-    cq: CompletionQueue
-    qp: QueuePair
-    mr: MemoryRegion
-
-
-def end(d: Daemons, host: int, size: int, **qp: object) -> End:
-    ctx = Device.open(d.sockets[host]).create_context()
-    cq = ctx.create_cq()
-    return End(ctx, cq, ctx.create_qp(cq, **qp), ctx.reg_mr(size))  # type: ignore[arg-type]
-
-
-def connect(
-    d: Daemons, size: int = 1 << 20, recvs: int = 64, service: int = 7, **qp: object
-) -> tuple[End, End]:
-    """h0's QP connects to h3's, which posts ``recvs`` receive buffers and accepts."""
-    a, b = end(d, 0, size, **qp), end(d, 3, size, **qp)
-    listener = b.ctx.listen(service)
-    if recvs:
-        b.qp.post_recv(range(recvs))
-    failure: list[BaseException] = []
-
-    def accept() -> None:
-        try:
-            req = listener.get_request(timeout=WAIT)
-            assert req is not None and req.remote_host == 0 and req.private_data == b"hi"
-            listener.accept(req, b.qp, b"welcome", timeout=WAIT)
-        except BaseException as exc:
-            failure.append(exc)
-
-    t = threading.Thread(target=accept)
-    t.start()
-    try:
-        assert a.qp.connect(3, service, b"hi", timeout=WAIT) == b"welcome"
-    finally:
-        t.join(WAIT)
-    if failure:
-        raise failure[0]
-    return a, b
-
-
-def drain(cq: CompletionQueue, n: int) -> list[WorkCompletion]:
-    out: list[WorkCompletion] = []
-    while len(out) < n:
-        got = cq.poll_wait(n - len(out), timeout=WAIT)
-        assert got, f"only {len(out)} of {n} completions"
-        out += got
-    return out
 
 
 def test_query_device_and_context_objects(daemons: Daemons) -> None:
@@ -319,7 +253,9 @@ def test_completion_channel_fd_works_with_select(daemons: Daemons) -> None:
     assert got is cq and got.cq_context == "mine"
     (wc,) = cq.poll(4)  # already here: get_cq_event read up to the event
     assert wc.imm == 0xFEED
+    assert channel.unacked_events(cq) == 1
     channel.ack_cq_events(cq, 1)
+    assert channel.unacked_events(cq) == 0
     assert channel.get_cq_event(timeout=0) is None  # one event per arm
     other.post_send(WriteWr(2, (a.mr, 0, 16), b.mr.addr, b.mr.rkey, imm=2))
     assert cq.poll_wait(1, timeout=WAIT)[0].imm == 2

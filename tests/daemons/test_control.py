@@ -16,11 +16,10 @@ from daemons.mrcd.control import (
     ConnectRejectedError,
     ConnectRequest,
     ControlClient,
-    ControlServer,
-    LogLimit,
     Reject,
     Session,
 )
+from daemons.mrcd.controlserver import ControlServer, LogLimit
 from daemons.mrcd.records import (
     ControlError,
     RecordLayer,
@@ -28,6 +27,7 @@ from daemons.mrcd.records import (
     encode_frame,
     read_frame,
 )
+from mrcstack.api.limits import MAX_PRIVATE_DATA
 from mrcstack.core.errors import LocalError
 
 PSK = bytes(range(32))
@@ -269,6 +269,33 @@ async def test_bad_requests_get_error_and_keep_the_session(
         await sess.request({"type": "PING", "pad": "x" * 70000})
 
 
+async def test_private_data_limit_both_ways(
+    server: ControlServer, client: ControlClient, hooks: Hooks
+) -> None:
+    """MAX_PRIVATE_DATA (the API's limit too) bounds a CONNECT and its ACCEPT."""
+    sess = await session(server, client)
+
+    async def connect_with(data: bytes) -> Accept:
+        return await sess.connect(src_host=0, src_qpn=5, src_psn=9, service=1, planes=4,
+                                  mtu_payload=4096, private_data=data)  # fmt: skip
+
+    accepted = await connect_with(bytes(MAX_PRIVATE_DATA - 4))  # the hooks add "srv:"
+    assert accepted.private_data == b"srv:" + bytes(MAX_PRIVATE_DATA - 4)
+    # Exactly the limit reaches the node; its answer, 4 bytes longer, is refused here.
+    with pytest.raises(
+        ControlError, match=f"private_data: at most {MAX_PRIVATE_DATA} bytes, got 260"
+    ) as err:
+        await connect_with(bytes(MAX_PRIVATE_DATA))
+    assert err.value.reason == "bad_message"
+    assert len(hooks.requests[-1].private_data) == MAX_PRIVATE_DATA
+    # One byte more never reaches the node: the server answers ERROR, the session stays.
+    seen = len(hooks.requests)
+    with pytest.raises(ControlError, match=f"at most {MAX_PRIVATE_DATA} bytes, got 257") as err:
+        await connect_with(bytes(MAX_PRIVATE_DATA + 1))
+    assert err.value.reason == "error" and len(hooks.requests) == seen
+    assert await sess.ping() >= 0
+
+
 async def test_answers_may_come_out_of_order(server: ControlServer, client: ControlClient) -> None:
     sess = await session(server, client)
     slow = asyncio.create_task(connect(sess, service=SLOW_SERVICE, qpn=1))
@@ -340,7 +367,7 @@ async def refused(server: ControlServer, cli: ControlClient, peer: str = SERVER)
 
 async def test_wrong_psk(server: ControlServer) -> None:
     await refused(server, ControlClient("h0", psk("h0", bytes(32))))
-    assert server.stats.rejected == {"bad_mac": 1} and server.stats.sessions == 0
+    assert server.stats.auth_failures == {"bad_mac": 1} and server.stats.sessions == 0
     await still_serves(server)
 
 
@@ -354,7 +381,7 @@ async def test_unknown_peer_key() -> None:
     try:
         stranger = Credentials.from_keypair("h2", keys["h2"][0], {"h1": keys["h1"][1]})
         await refused(srv, ControlClient("h2", stranger))
-        assert srv.stats.rejected == {"unknown_peer": 1}
+        assert srv.stats.auth_failures == {"unknown_peer": 1}
         good = Credentials.from_keypair("h0", keys["h0"][0], {"h1": keys["h1"][1]})
         cli = ControlClient("h0", good)
         try:
@@ -368,7 +395,7 @@ async def test_unknown_peer_key() -> None:
 async def test_wrong_claimed_host(server: ControlServer) -> None:
     """h0 asks for h2 at h1's address."""
     await refused(server, ControlClient("h0", psk("h0")), peer="h2")
-    assert server.stats.rejected == {"identity": 1}
+    assert server.stats.auth_failures == {"identity": 1}
     await still_serves(server)
 
 
@@ -377,7 +404,7 @@ async def test_replayed_handshake(server: ControlServer) -> None:
     writer.close()
     # Message 1 again: refused before anything is sent.
     assert await send_raw(server, encode_frame(msg1)) == b""
-    assert server.stats.rejected == {"replay": 1}
+    assert server.stats.auth_failures == {"replay": 1}
     await still_serves(server)
 
 
@@ -400,7 +427,7 @@ async def test_replayed_handshake_to_a_restarted_server(hooks: Hooks) -> None:
         writer.write(encode_frame(msg3))
         assert await closed_by_server(reader) == b""
         writer.close()
-        assert second.stats.rejected == {"bad_mac": 1} and second.stats.sessions == 0
+        assert second.stats.auth_failures == {"bad_mac": 1} and second.stats.sessions == 0
         await still_serves(second)
     finally:
         await second.stop()
@@ -542,5 +569,6 @@ async def test_flood_of_garbage_connections(server: ControlServer) -> None:
     replies = await asyncio.gather(*(send_raw(server, p) for p in payloads))
     assert set(replies) == {b""}
     assert sum(server.stats.rejected.values()) == len(payloads)
+    assert not server.stats.auth_failures  # junk fails the handshake, not authentication
     assert server.stats.sessions == 0
     await still_serves(server)

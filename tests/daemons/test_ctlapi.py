@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,9 @@ from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import EvState
 from mrcstack.core.memory import MemoryTable
-from tests.daemons.apiharness import FABRIC, Daemons
-from tests.daemons.test_api import WAIT, connect, drain
+from tests.daemons.apiharness import FABRIC, WAIT, Daemons, connect, drain
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
-    d = Daemons(tmp_path)
-    try:
-        yield d.start()
-    finally:
-        d.stop()
 
 
 def mrcctl(d: Daemons, *args: str, host: int = 0) -> subprocess.CompletedProcess[str]:
@@ -207,11 +196,16 @@ def test_endpoint_operations_over_the_control_channel(daemons: Daemons) -> None:
         expected = addrplan.address(daemons.nodes[0].fabric, 0, 3, 2, addrplan.ev_value(2, 1))
         assert rsp["path"] == str(expected)
         r = ctl.port_status_update(3, 0b1011)
-        assert r["responses"][0]["rtt"] > 0
+        assert r["responses"][0]["rtt"] > 0 and r["responses"][0]["via"] == "control"
         with pytest.raises(ApiError, match="is this host"):
             ctl.probe(0, plane=0, ev=0)
         r = ctl.probe(3, plane=1, ev=addrplan.ev_value(2, 0))  # EV of another plane
         assert "plane 2, not plane 1" in next(iter(r["errors"].values()))
+    # docs/api.md says what carries each operation, as the responses do.
+    doc = (ROOT / "docs" / "api.md").read_text()
+    ops = doc[doc.index("**Endpoint operations**") :].split("\n\n", 1)[0]
+    assert 'says `"via": "data"`' in ops and 'PORT_STATUS message (`"via": "control"`)' in ops
+    assert "PING" not in doc
 
 
 def test_mrcctl_cli(daemons: Daemons) -> None:

@@ -19,6 +19,9 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemons.mrcd.auth import Credentials
+from daemons.mrcd.control import ControlClient
+from daemons.mrcd.controlserver import REJECT_REASONS as CONTROL_REJECT_REASONS
 from daemons.mrcd.metrics import (
     DEFAULT_BOUNDS,
     EV_STATES,
@@ -36,7 +39,9 @@ from daemons.mrcd.metrics import (
     serve,
 )
 from daemons.mrcd.promserver import prometheus_config, run_prometheus
+from daemons.mrcd.records import ControlError
 from mrcstack.core.config import ConnectionStats
+from tests.daemons.apiharness import Daemons, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMTOOL = shutil.which("promtool")
@@ -92,6 +97,7 @@ def populated(planes: int = 4) -> NodeSnapshot:
         rtt=rtt.snapshot(),
         write_completion=wct.snapshot(),
         control_auth_failures=1,
+        control_rejections={"timeout": 4, "eof": 2},
     )
 
 
@@ -196,6 +202,11 @@ def test_exposition_names_labels_and_values() -> None:
     assert got[("mrc_rejected_packets_total", (("reason", "rkey"),))] == 3
     assert got[("mrc_send_errors_total", ())] == 2
     assert got[("mrc_control_auth_failures_total", ())] == 1
+    assert got[("mrc_control_rejections_total", (("reason", "timeout"),))] == 4
+    assert got[("mrc_control_rejections_total", (("reason", "busy"),))] == 0  # known: always
+    assert {lab[0][1] for (n, lab) in got if n == "mrc_control_rejections_total"} == set(
+        CONTROL_REJECT_REASONS
+    )
     assert got[("mrc_connections", ())] == 2
     up = [got[("mrc_plane_up", (("plane", str(p)),))] for p in range(4)]
     assert up == [1, 0, 0, 1]
@@ -212,6 +223,15 @@ def test_exposition_names_labels_and_values() -> None:
     assert got[("mrc_daemon_info", (("host", "h0"), ("version", "0.1.0")))] == 1
 
 
+def test_readme_lists_every_metric_family() -> None:
+    text = exposition(populated)
+    families = {fam.name for fam in text_string_to_metric_families(text)}
+    readme = (ROOT / "README.md").read_text()
+    for name in families:
+        suffix = "_total" if f"{name}_total" in text else ""
+        assert f"`{name}{suffix}`" in readme, name
+
+
 def test_reason_labels_stay_bounded() -> None:
     flood = {f"r{i}": 1 for i in range(500)}
     snap = NodeSnapshot(host="h0", version="x", planes=1, traffic=TrafficCounters(rejections=flood))
@@ -222,6 +242,45 @@ def test_reason_labels_stay_bounded() -> None:
     assert total == 500  # folded into "other", not lost
     retx = {lab[0][1] for (n, lab) in got if n == "mrc_retransmissions_total"}
     assert retx == set(RETRANSMIT_REASONS)
+
+
+def test_control_auth_failures_count_only_failed_authentication(tmp_path: Path) -> None:
+    """A real mrcd: a wrong cluster key is an authentication failure; a connection closed
+    before its handshake or one that sends junk is a rejection, counted by its reason."""
+    d = Daemons(tmp_path, hosts=(0,)).start()
+    try:
+        node = d.nodes[0]
+        assert node.control_server is not None
+        address = node.control_server.address
+
+        async def wrong_key() -> None:
+            cli = ControlClient("h3", Credentials.from_psk("h3", bytes(32)))
+            try:
+                with pytest.raises(ControlError, match="refuses our credentials"):
+                    await cli.open_session("h0", address)
+            finally:
+                await cli.close()
+
+        d.run(wrong_key())
+        for junk in (b"", b"GET /metrics HTTP/1.1\r\n\r\n"):
+            with socket.create_connection(address) as sock:
+                sock.sendall(junk)
+                sock.shutdown(socket.SHUT_WR)
+                assert sock.recv(64) == b""  # mrcd says nothing, then hangs up
+        expected = {"eof": 1, "oversized": 1}
+
+        def counted() -> bool:
+            return dict(node.control_stats.rejected) == expected
+
+        d.run(wait_for(counted))
+        got = samples(exposition(lambda: d.on_loop(node.snapshot)))
+    finally:
+        d.stop()
+    assert got[("mrc_control_auth_failures_total", ())] == 1
+    rejections = {
+        lab[0][1]: v for (n, lab), v in got.items() if n == "mrc_control_rejections_total"
+    }
+    assert {k: v for k, v in rejections.items() if v} == expected
 
 
 def test_a_failing_snapshot_does_not_break_the_scrape() -> None:

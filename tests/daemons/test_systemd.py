@@ -128,3 +128,14 @@ def test_security_exposure_is_low(tmp_path: Path) -> None:
     assert m, res.stdout + res.stderr
     print(f"\nsystemd-analyze security: exposure {m.group(1)} {m.group(2)}")
     assert float(m.group(1)) < 5.0, res.stdout  # 2.2 "OK" with systemd 252
+
+
+def test_units_and_readme_describe_memfd_regions() -> None:
+    """Regions are sealed memfds passed over the API socket (mrcstack/api/shm.py), not files
+    in /dev/shm: nothing here may say otherwise, and the README says what they are."""
+    readme = (UNITS / "README.md").read_text()
+    assert "sealed memfd" in readme and "SCM_RIGHTS" in readme
+    for path in (UNITS / "README.md", UNITS / "mrcd.service", UNITS / "mrcd@.service"):
+        for line in path.read_text().splitlines():
+            if "/dev/shm" in line:
+                assert "no path" in line, f"{path.name}: {line}"

@@ -17,17 +17,24 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from daemons.cluster import Cluster
+from daemons.cluster import METRICS_PORT, Cluster
+from daemons.mrcd.promserver import free_tcp_port
 from daemons.tools import common
 from daemons.tools.common import (
     END,
@@ -45,21 +52,24 @@ from daemons.tools.common import (
 )
 from daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
 from daemons.tools.report import lat_stats
-from mrcstack import demo
+from mrcstack import demo, demoreport
 from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
 from mrcstack.fabric import Fabric
 from netns import testbed
 from netns.run import TestbedError
 from netns.scenario import parse_scenario
 from netns.state import TestbedState, exists, faults_path, load
+from netns.topology import mgmt_address
 from tests.daemons.apiharness import Daemons
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-TESTBED = "tt"
-DEMO_BED = "tdm"
+# Testbed names unique to this test process (other runs may share the machine).
+TESTBED = f"tt{os.getpid() % 10000:04d}"
+DEMO_BED = f"td{os.getpid() % 10000:04d}"
 ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
 WAIT = 120.0
+TARGET_H0 = f"[{mgmt_address(DEMO_BED, 0)}]:{METRICS_PORT}"
 
 
 def tool(name: str, *args: str, netns: str | None = None) -> list[str]:
@@ -261,7 +271,7 @@ def test_demo_report_and_render() -> None:
         {"t": round(0.1 * i, 6), "bytes": 25 << 20, "writes": 25, "gbit_s": 2.1}
         for i in range(1, 31)
     ]
-    run = demo.Run(3.0)
+    run = demoreport.Run(3.0)
     run.client = {
         "start_time": start,
         "duration_s": 3.0,
@@ -293,7 +303,7 @@ def test_demo_report_and_render() -> None:
         },
         3: {("mrc_received_bytes_total", "0"): 9e7},
     }
-    doc = demo.report(run)
+    doc = demoreport.report(run)
     assert [r["t"] for r in doc["rows"]] == [0, 1, 2]
     assert doc["rows"][1]["faults"] == ["+1.20 link down p0:t0a-t1a, p1:t0b-t1b"]
     assert doc["rows"][2]["faults"] == [
@@ -303,10 +313,31 @@ def test_demo_report_and_render() -> None:
     assert doc["rows"][0]["goodput_gbit_s"] == pytest.approx(250 * 2**20 * 8 / 1e9, rel=1e-3)
     assert doc["retransmissions"] == {"timeout": 7, "sack": 3}
     assert doc["planes"]["0"] == {"h0_sent_bytes": 100000000, "h3_received_bytes": 90000000}
-    text = demo.render(doc)
+    text = demoreport.render(doc)
     assert "link down p0:t0a-t1a, p1:t0b-t1b" in text
     assert "h0 retransmissions by reason: timeout 7, sack 3" in text
+    assert doc["connection_failures"] == [] and "the connection never failed" in text
     json.dumps(doc)
+    # What mrcd logged and the tools saw decides that line, not the demo.
+    run.logged_failures = ["h0: qpn=7 reason='retry limit exhausted'"]
+    run.server["events"].append(
+        {"wall": start + 2.9, "type": "qp_fatal", "port": None, "reason": "remote failed"}
+    )
+    text = demoreport.render(demoreport.report(run))
+    assert "never failed" not in text
+    assert (
+        "the connection FAILED (2): h0: qpn=7 reason='retry limit exhausted'; "
+        "h3 app event qp_fatal: remote failed"
+    ) in text
+
+
+def test_example_prometheus_config_is_the_demos() -> None:
+    """examples/prometheus.yml is what the demo runs on its default testbed: the scrape
+    targets are the management addresses that testbed's daemons listen on."""
+    assert (ROOT / "examples" / "prometheus.yml").read_text() == demo.prometheus_yml()
+    targets = demo.prometheus_targets(demo.DEFAULT_NAME, Fabric().hosts)
+    assert targets == [f"[{mgmt_address('demo', h)}]:9464" for h in range(4)]
+    assert all(f'"{t}"' in demo.prometheus_yml() for t in targets)
 
 
 def test_demo_without_root_is_one_line() -> None:
@@ -381,6 +412,63 @@ def test_loopback_bw_verify_json(loop_daemons: Daemons) -> None:
     assert c["bw_average_MB_s"] > 0 and c["bw_peak_MB_s"] >= c["bw_average_MB_s"]
     assert len(c["qpns"]) == 2 and (c["qps"], c["tx_depth"], c["verify"]) == (2, 8, True)
     assert sum(e["bytes"] for e in c["series"]) <= c["bytes"]
+
+
+def test_loopback_bw_run_infinitely_until_ctrl_c(loop_daemons: Daemons) -> None:
+    """--run_infinitely -D 0.5: a JSON line per period until SIGINT, then the run's report
+    (interrupted) with the server's verified counts; both tools exit 0."""
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    size = 65536
+    srv = subprocess.Popen(
+        tool("write_bw", "--socket", s3, "--service", "711", "--json"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    cli = subprocess.Popen(
+        tool("write_bw", "--socket", s0, "--server-host", "3", "--service", "711",
+             "-s", str(size), "--verify", "--run_infinitely", "-D", "0.5", "--json"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            lines.put(line)
+        lines.put("")  # end of output
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        periods = []
+        while len(periods) < 2:  # two periods of 0.5 s, then Ctrl-C
+            line = lines.get(timeout=WAIT)
+            assert line, f"the client ended early: {cli.wait(WAIT)} {cli.stderr.read()}"  # type: ignore[union-attr]
+            periods.append(json.loads(line))
+        cli.send_signal(signal.SIGINT)
+        assert cli.wait(WAIT) == 0, cli.stderr.read()  # type: ignore[union-attr]
+        reader.join(WAIT)
+        rest = []
+        while (line := lines.get_nowait()) != "":
+            rest.append(json.loads(line))
+        s_out, s_err = srv.communicate(timeout=WAIT)
+    finally:
+        for proc in (cli, srv):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert srv.returncode == 0, s_err
+    *more_periods, final = rest
+    for p in periods + more_periods:
+        assert p["report"] == "period" and p["role"] == "client" and p["size"] == size
+        assert p["iterations"] > 0 and p["bytes"] == p["iterations"] * size
+        assert p["bw_average_MB_s"] > 0 and p["bw_peak_MB_s"] >= p["bw_average_MB_s"]
+    assert "report" not in final and final["interrupted"] is True
+    assert final["iterations"] >= sum(p["iterations"] for p in periods + more_periods)
+    assert final["bytes"] == final["iterations"] * size
+    assert final["server"]["verified"] == final["iterations"]
+    assert final["server"]["mismatches"] == 0
+    s = one_json(s_out)
+    assert s["verified"] == final["iterations"] and s["mismatches"] == 0
 
 
 def test_loopback_lat_json(loop_daemons: Daemons) -> None:
@@ -757,28 +845,86 @@ def test_unknown_profile_is_one_line(bed: tuple[TestbedState, Cluster]) -> None:
     assert len(lines) == 1 and lines[0].startswith("mrc-write-bw: error: ") and "77" in lines[0]
 
 
-def test_demo_short_run() -> None:
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (an exact path, never a name pattern)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _prometheus_query(url: str, expr: str) -> list[dict[str, Any]]:
+    query = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as resp:
+        doc = json.load(resp)
+    assert doc["status"] == "success", doc
+    result: list[dict[str, Any]] = doc["data"]["result"]
+    return result
+
+
+def test_demo_short_run_with_prometheus() -> None:
+    """``mrcstack demo --duration 3 --prometheus``: the report, then a Prometheus server that
+    scrapes all four daemons (its HTTP API shows their mrc_ series), up until Ctrl-C; then
+    the testbed, the daemons and Prometheus are gone (checked by exact name and path)."""
     if ROOT_REASON:
         pytest.skip(ROOT_REASON)
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
     if exists(DEMO_BED):
         testbed.clean(DEMO_BED)
+    port = free_tcp_port()
+    proc = subprocess.Popen(
+        [PY, "-m", "mrcstack", "demo", "--duration", "3", "--name", DEMO_BED,
+         "--prometheus", "--prometheus-port", str(port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    report: list[str] = []
+    config = ""
     try:
-        r = subprocess.run(
-            [PY, "-m", "mrcstack", "demo", "--duration", "3", "--name", DEMO_BED],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=110,
-        )
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the report, then the Prometheus line; it stays up
+            report.append(line)
+            if line.startswith("Prometheus: "):
+                config = line.split("(config ", 1)[1].split(")", 1)[0]
+                break
+        assert config, "".join(report) + proc.communicate(timeout=WAIT)[1]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:  # every daemon scraped: one mrc_planes series per instance
+            got = _prometheus_query(url, "count by (instance) (mrc_planes)")
+            if len(got) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        assert len(got) == 4, got
+        sent = _prometheus_query(url, f'mrc_sent_bytes_total{{instance="{TARGET_H0}"}}')
+        assert sum(float(s["value"][1]) for s in sent) > 0  # h0 sent the demo's traffic
+        assert Path(config).read_text() == demo.prometheus_yml(DEMO_BED)
+        workdir = str(Path(config).parents[1])
+        assert _processes_mentioning(f"--config.file={config}")  # Prometheus runs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
         if exists(DEMO_BED):
             testbed.clean(DEMO_BED)
-    print(r.stdout)
-    assert r.returncode == 0, r.stderr
-    assert "goodput" in r.stdout and "h0 sent per plane" in r.stdout
-    assert "h0 retransmissions by reason: timeout" in r.stdout
-    assert "0 mismatches" in r.stdout
-    assert "switch fail p1-t1c" in r.stdout or "switch fail p1-t1c" in r.stderr
-    assert "torn down" in r.stderr
+    text = "".join(report) + out
+    print(text)
+    assert proc.returncode == 0, err
+    assert "goodput" in text and "h0 sent per plane" in text
+    assert "h0 retransmissions by reason: timeout" in text
+    assert "0 mismatches" in text and "the connection never failed" in text
+    assert "switch fail p1-t1c" in text or "switch fail p1-t1c" in err
+    assert f"torn down: testbed {DEMO_BED}, daemons, Prometheus" in err
     assert not exists(DEMO_BED) and not _namespaces(DEMO_BED)
+    assert not _processes_mentioning(workdir)  # no Prometheus, no mrcd of this demo
+    assert not Path(workdir).exists()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
