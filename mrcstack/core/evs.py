@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from mrcstack.core.errors import ConfigError
 from mrcstack.core.events import EvState, EvStateChanged
 
 GOOD, SKIP, BAD, DENIED, UNKNOWN = (
@@ -49,6 +50,7 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
 }
 
 USABLE = (GOOD, SKIP)
+EV_MAX = 0xFFFFFFFF  # EVs travel in a 32-bit field
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,22 @@ def generate_evs(fields: Sequence[EvField], port_field: str = "plane") -> tuple[
     return tuple(out)
 
 
+def check_entries(entries: Sequence[EvEntry], planes: int) -> None:
+    """An EV profile's entries are usable: at least one, 32-bit values, each listed once, on
+    a port (plane) the connection has.  Raises :class:`ConfigError` naming the EV."""
+    if not entries:
+        raise ConfigError("an EV profile needs at least one EV")
+    seen: set[int] = set()
+    for e in entries:
+        if not 0 <= e.value <= EV_MAX:
+            raise ConfigError(f"EV {e.value:#x} is not a 32-bit value")
+        if not 0 <= e.port < planes:
+            raise ConfigError(f"EV {e.value:#x} names port {e.port}, the connection has {planes}")
+        if e.value in seen:
+            raise ConfigError(f"EV {e.value:#x} listed twice")
+        seen.add(e.value)
+
+
 class EvSlot:
     """Mutable per-EV record inside an :class:`EvTable` (never crosses the core boundary)."""
 
@@ -143,10 +161,9 @@ class EvTable:
         ev_min_active: int = 1,
         denied: Iterable[int] = (),
     ) -> None:
-        if not entries:
-            raise ValueError("an EV profile needs at least one EV")
+        check_entries(entries, planes)
         if ev_count < 1 or ev_min_active < 0:
-            raise ValueError("ev_count must be >= 1 and ev_min_active >= 0")
+            raise ConfigError("ev_count must be >= 1 and ev_min_active >= 0")
         self.planes = planes
         self.profile_id = profile_id
         self.ev_min_active = ev_min_active
@@ -161,10 +178,6 @@ class EvTable:
         self.slots: dict[int, EvSlot] = {}
         self.by_plane: list[list[EvSlot]] = [[] for _ in range(planes)]
         for e in entries:
-            if not 0 <= e.port < planes:
-                raise ValueError(f"EV {e.value:#x} names port {e.port}, fabric has {planes}")
-            if e.value in self.slots:
-                raise ValueError(f"EV {e.value:#x} listed twice")
             slot = EvSlot(e, UNKNOWN)
             self.slots[e.value] = slot
             self.by_plane[e.port].append(slot)

@@ -276,6 +276,8 @@ class Sender:
             # packets get reordered more than the window allows (TCP's DSACK, RFC 8985 6.2).
             self._spurious()
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
+        if rtt is not None and rtt < 0:
+            rtt = None  # an echo from the future (a bad peer): no sample for anyone
         if rtt is not None and not ack.nack_reason:
             self.rtt_sample(rtt)
         if echo_tx is not None:
