@@ -99,7 +99,9 @@ class Connection:
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
         self._pending_span = [(0, 0)] * config.planes
         self._tx_seq = 0
-        self._rr = rng.randrange(1 << 16)
+        # Feedback rotates over each plane's reverse EVs on its own: one shared counter
+        # would lock every plane to one parity when arrivals alternate between planes.
+        self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
         self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
         self._next_probe: float | None = None
@@ -225,8 +227,9 @@ class Connection:
         return self._tx_seq
 
     def _reverse_slot(self, port: int) -> EvSlot | None:
-        self._rr += 1
-        return self.evs.reverse_ev(port, self._rr, self.cfg.reverse_evs_per_plane)
+        rr = self._reverse_rr
+        rr[port] += 1
+        return self.evs.reverse_ev(port, rr[port], self.cfg.reverse_evs_per_plane)
 
     def _ack_or_coalesce(self, fb: Feedback, port: int) -> None:
         """ACK now, or let the next ACK on this port stand for this one too.
