@@ -89,6 +89,18 @@ def test_ev_min_active_bounds_demotion() -> None:
     assert t.slots[0x001].drop_count == 1
 
 
+def test_ev_min_active_counts_only_evs_of_planes_that_are_up() -> None:
+    """EVs of a plane that is down carry nothing: with every other plane down, the last EV
+    of the one plane left is not demoted (the retry limit decides, not path health)."""
+    t, _ = table(planes=2, per_plane=1, ev_min_active=1)
+    t.set_port(1, False, remote=False)
+    assert t.good_count() == 1
+    assert not t.apply(0x000, "timeout", "rto")
+    assert t.state(0x000) is EvState.GOOD and t.next_ev() is not None
+    t.set_port(1, True, remote=False)
+    assert t.apply(0x000, "timeout", "rto")  # plane 1 carries traffic again
+
+
 def test_probes_resurrect_and_retire_to_backup_when_plane_is_full() -> None:
     t, _ = table(planes=1, per_plane=3, ev_count=2)
     t.apply(0x000, "timeout", "rto")  # 0x002 swapped in

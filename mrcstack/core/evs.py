@@ -325,7 +325,10 @@ class EvTable:
 
     # Queries --------------------------------------------------------------------------
     def good_count(self) -> int:
-        return sum(len(p) for p in self._in_use)
+        """Usable in-use EVs on planes that are up (what ``ev_min_active`` bounds): EVs of a
+        plane that is down carry nothing, so they do not count as active."""
+        in_use = self._in_use
+        return sum(len(in_use[p]) for p in self.up_planes)
 
     def state(self, value: int) -> EvState:
         return self.slots[value].state
