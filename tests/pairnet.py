@@ -87,6 +87,7 @@ class PairNet:
             for i in (0, 1)
         ]
         self.events: list[list[Event]] = [[], []]
+        self.event_times: list[list[float]] = [[], []]  # when each of ``events`` came out
         self._heap: list[tuple[float, int, int, bytes, int, bool]] = []
         self._tie = 0
         self.delivered = 0
@@ -128,6 +129,7 @@ class PairNet:
         conn = self.conns[side]
         while (ev := conn.next_event()) is not None:
             self.events[side].append(ev)
+            self.event_times[side].append(self.now)
             if self.on_event is not None:
                 self.on_event(side, ev)
         self._transmit(side)

@@ -389,6 +389,14 @@ class EvTable:
                 return None
         return slots[rr % len(slots)]
 
+    def unusable_reason(self) -> str:
+        """Why no EV is usable (``up_planes`` is empty), in words for an error event."""
+        if not any(self.port_up):
+            return "every local port is down"
+        if not any(a and b for a, b in zip(self.port_up, self.remote_port_up, strict=True)):
+            return "every plane is down here or at the peer"
+        return "every EV of the up planes is assumed bad or denied"
+
     def probe_candidates(self) -> list[EvSlot]:
         """EVs that want a probe: assumed bad ones on planes that are up."""
         return [

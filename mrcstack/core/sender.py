@@ -4,7 +4,9 @@ Loss detection is path-aware: packets on one EV follow one path and arrive in or
 a later packet on an EV is acknowledged while an earlier one on the same EV is not, the
 earlier one was lost (a silent loss: the path is broken, the EV becomes ASSUMED_BAD).  A
 trim NACK means congestion instead: retransmit at once, skip the EV for a while.  A per-packet
-retransmission timeout catches the rest (black-holed paths, lost tails).
+retransmission timeout catches the rest (black-holed paths, lost tails).  When nothing can
+be sent at all (every port down, every EV bad or denied), a stall timer spends the same
+retry budget, so the connection fails with a clear reason instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -142,6 +144,10 @@ class Sender:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.failed: tuple[str, WcStatus] | None = None
+        # No usable EV while work waits: when to retry, how many retries so far, since when.
+        self.stall_deadline: float | None = None
+        self.stall_retries = 0
+        self.stall_since = 0.0
         self.on_rtt: Callable[[float], None] | None = None  # e.g. a metrics histogram
 
     # Application side -----------------------------------------------------------------
@@ -180,7 +186,11 @@ class Sender:
         heap = self.rto_heap
         while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        deadline = heap[0][0] if heap else None
+        stall = self.stall_deadline
+        if stall is not None and (deadline is None or stall < deadline):
+            return stall
+        return deadline
 
     # Transmission ---------------------------------------------------------------------
     def next_packets(self, now: float, limit: int) -> list[DataSpec]:
@@ -221,7 +231,10 @@ class Sender:
     ) -> DataSpec | None:
         slot = self.evs.next_ev(avoid=avoid)
         if slot is None:
+            self._no_path(now, retx.timeouts if retx is not None else 0)
             return None
+        if self.stall_deadline is not None:
+            self._end_stall()
         ev = slot.entry.value
         offset = (seq - wr.first) * self.mtu
         size = min(self.mtu, wr.length - offset)
@@ -435,7 +448,43 @@ class Sender:
             if tx is not None:
                 self._lose(tx, reason)
 
+    def _no_path(self, now: float, timeouts: int) -> None:
+        """No EV is usable although a packet waits: arm the stall timer (once per stall).
+
+        The packet neither leaves nor times out, so without this nothing would ever fail
+        the connection.  The stall counts retries on the RTO schedule, starting from the
+        waiting packet's own timeouts: the same budget as unanswered retransmissions.
+        """
+        if self.stall_deadline is None:
+            self.stall_since = now
+            self.stall_retries = timeouts
+            self.stall_deadline = now + self.rto(timeouts)
+
+    def _end_stall(self) -> None:
+        self.stall_deadline = None
+        self.stall_retries = 0
+
+    def _stall_expired(self, now: float) -> None:
+        if self.evs.up_planes:
+            self._end_stall()  # a path came back: the next transmission resumes
+            return
+        self.stall_retries += 1
+        if self.stall_retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
+            self.failed = (
+                f"retry limit exhausted: no usable path for {now - self.stall_since:.3g} s "
+                f"({self.evs.unusable_reason()}), {self.stall_retries} retries",
+                WcStatus.RETRY_EXCEEDED,
+            )
+            self._end_stall()
+            return
+        self.stall_deadline = now + self.rto(self.stall_retries)
+
     def on_timer(self, now: float) -> None:
+        stall = self.stall_deadline
+        if stall is not None and stall <= now:
+            self._stall_expired(now)
+            if self.failed is not None:
+                return
         heap = self.rto_heap
         while heap and heap[0][0] <= now:
             deadline, _, tx = heapq.heappop(heap)
@@ -503,6 +552,7 @@ class Sender:
         self.rto_heap.clear()
         self.ev_fifo.clear()
         self.in_flight = 0
+        self._end_stall()
 
 
 _NACK_NAMES = {r.value: r.name.lower() for r in NackReason}
