@@ -2,9 +2,11 @@
 
 Vocabulary of the OCP MRC controller API: an *EV profile* is explicit (a list of EVs, each a
 value plus a NIC port) or generated from field definitions; ``ev_count`` EVs are used at a
-time (split equally across planes), the rest are backups; ``ev_min_active`` bounds demotion;
-any subset may be DENIED.  Every state change goes through :data:`TRANSITIONS`, the single
-table of the EV state machine, and is reported as an :class:`EvStateChanged` event.
+time (split equally across planes, fewer when a plane lists fewer), the rest are backups;
+a quarter of each plane's EVs always stay back as its backup set (see :func:`in_use_for`);
+``ev_min_active`` bounds demotion; any subset may be DENIED.  Every state change goes
+through :data:`TRANSITIONS`, the single table of the EV state machine, and is reported as
+an :class:`EvStateChanged` event.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
     (SKIP, "ecn"): SKIP,  # extends the skip
     (SKIP, "trim"): SKIP,
     (SKIP, "skip_expired"): GOOD,
-    (GOOD, "loss"): BAD,  # a silent loss means a broken path: stop using it at once
+    (GOOD, "loss"): BAD,  # a silent (non-trim) loss: stop using the path at once
     (SKIP, "loss"): BAD,
+    (GOOD, "lossy"): SKIP,  # a loss, but no backup to swap in: avoid it for a while
+    (SKIP, "lossy"): SKIP,
     (GOOD, "timeout"): BAD,
     (SKIP, "timeout"): BAD,
     (GOOD, "probe_lost"): BAD,  # the only evidence an ACK-only endpoint has
@@ -50,7 +54,34 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
 }
 
 USABLE = (GOOD, SKIP)
+#: Signals that condemn an EV (count a drop; bounded by ev_min_active).
+DEMOTIONS = frozenset({"loss", "timeout", "probe_lost"})
 EV_MAX = 0xFFFFFFFF  # EVs travel in a 32-bit field
+#: One in this many of a plane's EVs is held back as a backup (at least one per plane that
+#: lists two or more), so an EV found bad is replaced from the same plane.
+BACKUP_DIVISOR = 4
+
+
+def backups_for(listed: int) -> int:
+    """How many of the ``listed`` EVs of a plane are kept back as its backup set: a quarter,
+    at least one when there are two or more; none with one (nothing could replace it)."""
+    return 0 if listed < 2 else max(1, listed // BACKUP_DIVISOR)
+
+
+def in_use_for(listed: int, requested: int) -> int:
+    """How many of a plane's ``listed`` EVs are in use at connection start when
+    ``requested`` per plane (``ev_count // planes``) are asked for: as many as asked, but
+    never the backup set :func:`backups_for` keeps back."""
+    return min(requested, listed - backups_for(listed))
+
+
+def listed_for(requested: int) -> int:
+    """The fewest EVs a plane must list for ``requested`` to be in use and at least one to
+    be a backup (a generated profile lists this many when the fabric has the paths)."""
+    listed = max(requested + 1, 4 * requested // 3 - 1)  # at most two steps below
+    while in_use_for(listed, requested) < requested:
+        listed += 1
+    return listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,13 +212,14 @@ class EvTable:
             slot = EvSlot(e, UNKNOWN)
             self.slots[e.value] = slot
             self.by_plane[e.port].append(slot)
-        per_plane = max(1, ev_count // planes)
-        self.target_per_plane = per_plane
+        requested = max(1, ev_count // planes)
+        #: Per plane, how many EVs are in use at a time (the rest are its backups).
+        self.in_use_target = [in_use_for(len(p), requested) for p in self.by_plane]
         for value in denied:
             self.apply(value, "deny", "denylist")
-        for plane_slots in self.by_plane:
+        for port, plane_slots in enumerate(self.by_plane):
             for slot in plane_slots:
-                if self._in_use_count(slot.entry.port) >= per_plane:
+                if self._in_use_count(port) >= self.in_use_target[port]:
                     break
                 if slot.state is UNKNOWN:
                     slot.in_use = True  # the initial set starts GOOD without an event
@@ -195,25 +227,42 @@ class EvTable:
         self._refresh_in_use()
 
     # State changes --------------------------------------------------------------------
-    def apply(self, value: int, signal: str, reason: str, now: float = 0.0) -> bool:
-        """Feed a signal for an EV through the table; return True if its state changed."""
+    def apply(
+        self,
+        value: int,
+        signal: str,
+        reason: str,
+        now: float = 0.0,
+        *,
+        skip_until: float | None = None,
+    ) -> bool:
+        """Feed a signal for an EV through the table; return True if its state changed.
+
+        ``skip_until`` goes with a ``loss`` seen on the path itself (a later packet on the
+        EV arrived, so its path still delivers): when the EV is in use and its plane has no
+        backup to swap in, it is skipped until then (signal ``lossy``) instead of demoted.
+        Demoting would shrink the plane's spray set until probes bring the path back, and
+        under random loss every path of the plane would go.  A path that went silent (RACK's
+        losses with no reply on it, an RTO, lost probes) is demoted all the same.
+        """
         slot = self.slots.get(value)
         if slot is None:
             return False
         port = slot.entry.port
-        if signal == "probe_ok" and self._in_use_count(port) >= self.target_per_plane:
+        if signal == "probe_ok" and self._in_use_count(port) >= self.in_use_target[port]:
             signal = "retire"  # healthy again, but the plane has its EVs: keep as backup
         new = TRANSITIONS.get((slot.state, signal))
         if new is None:
             return False
-        if signal in ("loss", "timeout", "probe_lost"):
+        if signal in DEMOTIONS:
             slot.drop_count += 1
-            if (
-                slot.in_use
-                and not self._has_backup(port)
-                and self.good_count() - 1 < self.ev_min_active
-            ):
-                return False  # ev_min_active: never demote below this many good EVs
+            if slot.in_use and not self._has_backup(port):
+                if signal == "loss" and skip_until is not None:
+                    was = slot.state
+                    self.skip(value, skip_until, "lossy")
+                    return slot.state is not was
+                if self.good_count() - 1 < self.ev_min_active:
+                    return False  # ev_min_active: never demote below this many good EVs
         if signal in ("ecn", "trim") and new is SKIP and slot.state is SKIP:
             return False  # the caller extends skip_until; no state change
         self._set(slot, new, reason)
@@ -301,7 +350,7 @@ class EvTable:
     def _replace(self, port: int) -> None:
         """Swap in a backup EV from the same plane (MRC keeps planes equally provisioned)."""
         for slot in self.by_plane[port]:
-            if self._in_use_count(port) >= self.target_per_plane:
+            if self._in_use_count(port) >= self.in_use_target[port]:
                 return
             if not slot.in_use and slot.state is UNKNOWN:
                 self._activate(slot, "backup")

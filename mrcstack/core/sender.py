@@ -325,7 +325,7 @@ class Sender:
                     self._acked(seq, rtt if hit else None, ecn and hit, now)
         if not self.roce:
             if echo_tx is not None:
-                self._detect_losses(echo_tx)
+                self._detect_losses(echo_tx, now)
             self.rack_due = True
         self._complete()
 
@@ -343,10 +343,11 @@ class Sender:
         tx.wr.acked += 1
         self.cc.on_ack(tx.size, rtt, ecn, now)
 
-    def _detect_losses(self, echo_tx: Tx) -> None:
+    def _detect_losses(self, echo_tx: Tx, now: float) -> None:
         """Same-path evidence: packets sent on the echoed EV before the echoed one and
         still unacknowledged were lost on that path (paths keep order).  This also blames
-        the EV for losses RACK already declared, since only here is the path known."""
+        the EV for losses RACK already declared, since only here is the path known.  (With
+        no backup in its plane, the EV is skipped a while instead: see ``EvTable.apply``.)"""
         fifo = self.ev_fifo.get(echo_tx.ev)
         if not fifo or not echo_tx.queued:
             return
@@ -361,7 +362,8 @@ class Sender:
                 continue  # that packet arrived after all (perhaps by another transmission)
             if current is tx and not tx.lost:
                 self._lose(tx, "sack")
-            self.evs.apply(tx.ev, "loss", "sack_loss")
+            skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
+            self.evs.apply(tx.ev, "loss", "sack_loss", now, skip_until=skip_until)
 
     def _spurious(self) -> None:
         self.stats.spurious_retransmissions += 1

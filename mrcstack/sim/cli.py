@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--pairs", type=_arg(parse_pairs), help="SRC:DST,... (0:<last host>)")
     work.add_argument("--mode", choices=("mrc", "roce"), default="mrc")
     work.add_argument("--cc", default="nscc", help="congestion control: nscc, fixed, ...")
-    work.add_argument("--ev-count", type=_arg(_positive_int), default=128, help="EVs in use")
+    work.add_argument(
+        "--ev-count", type=_arg(_positive_int), default=128, help="EVs in use (fewer paths: fewer)"
+    )
     faults = p.add_argument_group("faults (repeatable; windows are START[-END], like 2ms-5ms)")
     faults.add_argument("--loss", type=_arg(parse_probability), default=0.0, help="every link")
     for flag, parse, metavar, text in (
