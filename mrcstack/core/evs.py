@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from mrcstack.core.errors import ConfigError
+from mrcstack.core.errors import ConfigError, LocalError
 from mrcstack.core.events import EvState, EvStateChanged
 
 GOOD, SKIP, BAD, DENIED, UNKNOWN = (
@@ -51,6 +51,10 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
     (BAD, "deny"): DENIED,
     (UNKNOWN, "deny"): DENIED,
     (DENIED, "allow"): BAD,  # an allowed EV must prove itself with probes first
+    (GOOD, "replace"): UNKNOWN,  # the controller put another EV in its place: it leaves
+    (SKIP, "replace"): UNKNOWN,
+    (BAD, "replace"): UNKNOWN,
+    (DENIED, "replace"): UNKNOWN,
 }
 
 USABLE = (GOOD, SKIP)
@@ -90,6 +94,17 @@ class EvEntry:
 
     value: int
     port: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvStatus:
+    """One EV of a connection's set as a controller sees it (OCP QUERY_EV_STATE)."""
+
+    value: int
+    port: int
+    state: EvState
+    in_use: bool  # sprayed on (GOOD/SKIP) or, if not, a backup or out of service
+    drop_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +290,38 @@ class EvTable:
         self._refresh_in_use()
         return True
 
+    def replace(self, old: int, new: EvEntry, reason: str) -> None:
+        """OCP REPLACE_EV: ``new`` takes the place of ``old`` in the set, on the same plane.
+
+        ``old`` leaves (its state goes to UNKNOWN, reported); ``new`` starts as a backup,
+        and if ``old`` was in use a backup of the plane (``new`` itself when it comes first)
+        takes over at once.  Raises :class:`LocalError` when ``old`` is not in the set,
+        ``new`` already is, or ``new`` is on another plane (planes keep their EV counts).
+        """
+        slot = self.slots.get(old)
+        if slot is None:
+            raise LocalError(f"EV {old:#x} is not in this EV set")
+        if new.value in self.slots:
+            raise LocalError(f"EV {new.value:#x} is already in this EV set")
+        port = slot.entry.port
+        if new.port != port:
+            raise LocalError(
+                f"EV {new.value:#x} is on port {new.port}; the EV it replaces is on port {port}"
+            )
+        check_entries((new,), self.planes)
+        was_in_use = slot.in_use
+        if slot.state is not UNKNOWN:
+            self._set(slot, TRANSITIONS[(slot.state, "replace")], reason)
+        slot.in_use = False
+        del self.slots[old]
+        fresh = EvSlot(new, UNKNOWN)
+        self.slots[new.value] = fresh
+        plane = self.by_plane[port]
+        plane[plane.index(slot)] = fresh
+        if was_in_use:
+            self._replace(port)
+        self._refresh_in_use()
+
     def skip(self, value: int, until: float, reason: str) -> None:
         """ECN echo or trim: skip the EV until ``until`` (GOOD -> SKIP, SKIP extended)."""
         slot = self.slots.get(value)
@@ -381,6 +428,13 @@ class EvTable:
 
     def state(self, value: int) -> EvState:
         return self.slots[value].state
+
+    def statuses(self) -> tuple[EvStatus, ...]:
+        return tuple(
+            EvStatus(s.entry.value, s.entry.port, s.state, s.in_use, s.drop_count)
+            for plane in self.by_plane
+            for s in plane
+        )
 
     def plane_usable(self, port: int) -> bool:
         return port in self.up_planes

@@ -527,8 +527,7 @@ class Sender:
     def port_lost(self, port: int) -> None:
         """A plane went down: whatever is in flight on it will never arrive."""
         for ev, fifo in list(self.ev_fifo.items()):
-            slot = self.evs.slots.get(ev)
-            if slot is not None and slot.entry.port == port:
+            if fifo and fifo[0].slot.entry.port == port:  # (an EV replaced since, too)
                 for tx in fifo:
                     tx.queued = False
                     self._lose(tx, "port")
