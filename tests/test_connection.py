@@ -66,6 +66,19 @@ def test_one_byte_write_and_psn_wraparound() -> None:
     assert backing[GUARD + 1 : GUARD + 4001] == bytes(range(200)) * 20
 
 
+def test_immediate_reports_its_own_writes_length() -> None:
+    """WriteImmReceived.byte_len is that write's length, as verbs' byte_len: writes without
+    an immediate before it do not count (they used to)."""
+    net = PairNet(17, Faults(loss=0.05, reorder=20e-6))
+    _, va, rkey = region(net, 1, 9000)
+    net.conns[0].post_write(1, b"a" * 1000, va, rkey, now=0.0)
+    net.conns[0].post_write(2, b"b" * 3000, va + 1000, rkey, now=0.0)
+    net.conns[0].post_write(3, b"c" * 700, va + 4000, rkey, imm=3, now=0.0)
+    net.conns[0].post_write(4, b"d" * 1, va + 4700, rkey, imm=4, now=0.0)
+    net.run(5.0, stop=lambda: len(imms(net)) == 2)
+    assert imms(net) == [WriteImmReceived(3, 700), WriteImmReceived(4, 1)]
+
+
 def test_bad_rkey_is_nacked_and_never_touches_memory() -> None:
     net = PairNet(3, Faults())
     backing, va, rkey = region(net, 1, 1024)
