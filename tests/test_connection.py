@@ -12,6 +12,7 @@ from mrcstack.core.cc import CCParams
 from mrcstack.core.errors import ConnectionFailedError, LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
+    Event,
     EvState,
     EvStateChanged,
     PortStateChanged,
@@ -341,6 +342,17 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     net.run(net.now + 1.0, stop=lambda: bool(imms(net)) and imms(net)[-1].imm == len(sizes) - 1)
     expected = [i for i in range(len(sizes)) if imm_mask >> i & 1 or i == len(sizes) - 1]
     assert [e.imm for e in imms(net)] == expected
+
+    # Once everything completed, more time brings no extra completion (no late duplicate
+    # of a retransmission, no timer firing one again) and no failure.  (EV events may
+    # still come: the receiver keeps probing its reverse EVs for a while.)
+    def settled() -> list[list[Event]]:
+        kinds = (SendCompleted, WriteImmReceived, ConnectionFailed)
+        return [[e for e in events if isinstance(e, kinds)] for events in net.events]
+
+    seen = settled()
+    net.run(net.now + 0.05)
+    assert settled() == seen
 
 
 def test_one_gibibyte_write_with_immediate() -> None:
