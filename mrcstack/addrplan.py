@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ipaddress import IPv6Address, IPv6Network
 from itertools import pairwise
 
-from mrcstack.core.evs import EvEntry
+from mrcstack.core.evs import EvEntry, in_use_for, listed_for
 from mrcstack.fabric import (
     LOCATOR_BLOCK_BITS,
     MAX_HOSTS,
@@ -203,29 +203,33 @@ def ev_fields(ev: int) -> EvFields:
 
 
 # Addresses and paths --------------------------------------------------------------------
-#: A default EV profile lists this many EVs per in-use one: the rest are backups.
-EV_BACKUP_FACTOR = 2
-
-
 def ev_profile(
     fabric: Fabric, src_host: int, dst_host: int, ev_count: int = 128
 ) -> tuple[EvEntry, ...]:
     """The default generated EV profile from src to dst (OCP GEN mode over our fields).
 
-    Per plane, EV_BACKUP_FACTOR x the in-use share (``ev_count // planes``) EVs, cycling over
-    the T1s so the in-use prefix covers every T1 evenly, with fresh entropy each round (several
-    EVs may name one path, as in MRC: when a path fails, each of them is found bad on its own).
-    Within a rack only the plane matters.  Used by the simulator and by mrcd.
+    Every EV names a different path.  Per plane the fabric has ``t1_per_plane`` paths
+    between racks (one per T1) and one within a rack; the profile lists as many of them as
+    ``ev_count // planes`` in use plus a backup set need (:func:`~mrcstack.core.evs.
+    listed_for`), all of them when the fabric has fewer.  The core keeps a quarter of each
+    plane's EVs (at least one, when it lists two or more) back as backups and sprays on the
+    rest (:func:`~mrcstack.core.evs.in_use_for`): on the default fabric 3 of 4 per plane
+    between racks, and the one path per plane within a rack, with no backup.  Host ``h``
+    lists the T1s from ``h x (backups per plane)`` on, so consecutive hosts keep disjoint
+    T1s back as backups and every T1 carries traffic.  Used by the simulator and by mrcd.
     """
     _check_pair(fabric, src_host, dst_host)
     if ev_count < 1:
         raise ValueError(f"ev_count must be >= 1, got {ev_count}")
-    per_plane = EV_BACKUP_FACTOR * max(1, ev_count // fabric.planes)
-    t1s = 1 if fabric.rack_of(src_host) == fabric.rack_of(dst_host) else fabric.t1_per_plane
+    paths = 1 if fabric.rack_of(src_host) == fabric.rack_of(dst_host) else fabric.t1_per_plane
+    requested = max(1, ev_count // fabric.planes)
+    listed = min(paths, listed_for(requested))
+    # Consecutive hosts start one backup set further on: their backups are disjoint T1s.
+    first = src_host * (listed - in_use_for(listed, requested)) % paths
     return tuple(
-        EvEntry(ev_value(plane, k % t1s, k // t1s), plane)
+        EvEntry(ev_value(plane, (first + k) % paths), plane)
         for plane in range(fabric.planes)
-        for k in range(per_plane)
+        for k in range(listed)
     )
 
 

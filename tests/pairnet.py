@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from mrcstack.core.cc import CCParams
 from mrcstack.core.config import ConnectionConfig
-from mrcstack.core.connection import Connection
+from mrcstack.core.connection import Connection, Datagram
 from mrcstack.core.events import Event
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
@@ -30,6 +30,9 @@ class Faults:
     ecn: float = 0.0
     delay: float = 10e-6
     blackouts: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, ev)
+    # (start, end, side, ev): drop only what endpoint ``side`` sends on ``ev`` (one direction
+    # of a path: e.g. the reverse path that carries one end's ACKs)
+    one_way: list[tuple[float, float, int, int]] = field(default_factory=list)
     ev_loss: dict[int, float] = field(default_factory=dict)
 
 
@@ -84,22 +87,29 @@ class PairNet:
             for i in (0, 1)
         ]
         self.events: list[list[Event]] = [[], []]
+        self.event_times: list[list[float]] = [[], []]  # when each of ``events`` came out
         self._heap: list[tuple[float, int, int, bytes, int, bool]] = []
         self._tie = 0
         self.delivered = 0
         self.dropped = 0
         self.on_event: Callable[[int, Event], None] | None = None  # sees events as they happen
+        # Sees every datagram an endpoint hands out (side, datagram, time), before any fault.
+        self.on_send: Callable[[int, Datagram, float], None] | None = None
 
     def _transmit(self, side: int) -> None:
         conn = self.conns[side]
         f = self.faults
         rng = self.rng
         for d in conn.datagrams_to_send(self.now):
+            if self.on_send is not None:
+                self.on_send(side, d, self.now)
             peer = self.conns[1 - side]
             if not (peer.evs.port_up[d.port] and conn.evs.port_up[d.port]):
                 self.dropped += 1  # a NIC port that is down neither sends nor receives
                 continue
-            if any(s <= self.now < e and ev == d.ev for s, e, ev in f.blackouts):
+            if any(s <= self.now < e and ev == d.ev for s, e, ev in f.blackouts) or any(
+                s <= self.now < e and who == side and ev == d.ev for s, e, who, ev in f.one_way
+            ):
                 self.dropped += 1
                 continue
             if rng.random() < f.loss + f.ev_loss.get(d.ev, 0.0):
@@ -119,6 +129,7 @@ class PairNet:
         conn = self.conns[side]
         while (ev := conn.next_event()) is not None:
             self.events[side].append(ev)
+            self.event_times[side].append(self.now)
             if self.on_event is not None:
                 self.on_event(side, ev)
         self._transmit(side)

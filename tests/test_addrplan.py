@@ -36,6 +36,7 @@ from mrcstack.addrplan import (
     usid_owner,
     usid_shift,
 )
+from mrcstack.core.evs import EvTable
 from mrcstack.fabric import MAX_HOSTS, MAX_PLANES, MAX_RACKS, MAX_T1, Fabric
 
 DEFAULT = Fabric()
@@ -515,15 +516,32 @@ def test_render_plan_is_the_code() -> None:
         render_plan(DEFAULT, 4)
 
 
-def test_default_ev_profile_covers_every_t1_evenly_with_backups() -> None:
+def _split(f: Fabric, src: int, dst: int, ev_count: int) -> list[tuple[int, int]]:
+    """(listed, in use) per plane of the default profile, as the core's EV table takes it."""
+    evs = ap.ev_profile(f, src, dst, ev_count)
+    table = EvTable(evs, f.planes, lambda _: None, ev_count=ev_count)
+    return [(len(p), sum(1 for s in p if s.in_use)) for p in table.by_plane]
+
+
+def test_default_ev_profile_names_distinct_paths_with_a_backup_set() -> None:
+    """Each EV names its own path; per plane min(ev_count/planes, paths) minus a backup
+    quarter are in use; a pair within a rack (one path per plane) gets one EV per plane."""
     f = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=8)
-    evs = ap.ev_profile(f, 0, 3, ev_count=64)
-    assert len(evs) == 2 * 64
-    assert len({e.value for e in evs}) == len(evs)
-    in_use = [e for e in evs if e.port == 0][:16]
-    assert sorted(ev_fields(e.value).t1 for e in in_use) == sorted(list(range(8)) * 2)
-    for e in evs:
-        assert ev_fields(e.value).plane == e.port
-        path(f, 0, 3, e.port, e.value)  # every EV is a valid path
-    same_rack = ap.ev_profile(f, 0, 1, ev_count=8)
-    assert {ev_fields(e.value).t1 for e in same_rack} == {0}
+    for src, dst in ((0, 3), (1, 2), (3, 0)):
+        evs = ap.ev_profile(f, src, dst)
+        addresses = {ap.address(f, src, dst, e.port, e.value) for e in evs}
+        assert len(addresses) == len(evs) == 4 * 8  # every path once: 6 in use + 2 backups
+        for e in evs:
+            assert ev_fields(e.value).plane == e.port
+            path(f, src, dst, e.port, e.value)  # every EV is a valid path
+        assert _split(f, src, dst, 128) == [(8, 6)] * 4
+    # The hosts of a rack keep disjoint T1s back as backups, so every T1 carries traffic.
+    backups = [{ev_fields(e.value).t1 for e in ap.ev_profile(f, h, 3)[6:8]} for h in (0, 1)]
+    assert backups == [{6, 7}, {0, 1}]
+    assert _split(DEFAULT, 0, 3, 128) == [(4, 3)] * 4  # default fabric: 12 in use, 4 backups
+    assert _split(f, 0, 3, 8) == [(3, 2)] * 4  # a small set: 2 per plane, plus a backup
+    wide = Fabric(planes=2, racks=2, hosts_per_rack=1, t1_per_plane=64)
+    assert _split(wide, 0, 1, 32) == [(21, 16)] * 2  # more paths than asked for
+    same_rack = ap.ev_profile(f, 0, 1)
+    assert [(ev_fields(e.value).t1, e.port) for e in same_rack] == [(0, p) for p in range(4)]
+    assert _split(f, 0, 1, 128) == [(1, 1)] * 4  # no second path: no backup

@@ -12,6 +12,7 @@ from mrcstack.core.cc import CCParams
 from mrcstack.core.errors import ConnectionFailedError, LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
+    Event,
     EvState,
     EvStateChanged,
     PortStateChanged,
@@ -64,6 +65,19 @@ def test_one_byte_write_and_psn_wraparound() -> None:
     assert [s.wr_id for s in sends(net)] == [1, 2]
     assert backing[GUARD] == 1
     assert backing[GUARD + 1 : GUARD + 4001] == bytes(range(200)) * 20
+
+
+def test_immediate_reports_its_own_writes_length() -> None:
+    """WriteImmReceived.byte_len is that write's length, as verbs' byte_len: writes without
+    an immediate before it do not count (they used to)."""
+    net = PairNet(17, Faults(loss=0.05, reorder=20e-6))
+    _, va, rkey = region(net, 1, 9000)
+    net.conns[0].post_write(1, b"a" * 1000, va, rkey, now=0.0)
+    net.conns[0].post_write(2, b"b" * 3000, va + 1000, rkey, now=0.0)
+    net.conns[0].post_write(3, b"c" * 700, va + 4000, rkey, imm=3, now=0.0)
+    net.conns[0].post_write(4, b"d" * 1, va + 4700, rkey, imm=4, now=0.0)
+    net.run(5.0, stop=lambda: len(imms(net)) == 2)
+    assert imms(net) == [WriteImmReceived(3, 700), WriteImmReceived(4, 1)]
 
 
 def test_bad_rkey_is_nacked_and_never_touches_memory() -> None:
@@ -328,6 +342,17 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     net.run(net.now + 1.0, stop=lambda: bool(imms(net)) and imms(net)[-1].imm == len(sizes) - 1)
     expected = [i for i in range(len(sizes)) if imm_mask >> i & 1 or i == len(sizes) - 1]
     assert [e.imm for e in imms(net)] == expected
+
+    # Once everything completed, more time brings no extra completion (no late duplicate
+    # of a retransmission, no timer firing one again) and no failure.  (EV events may
+    # still come: the receiver keeps probing its reverse EVs for a while.)
+    def settled() -> list[list[Event]]:
+        kinds = (SendCompleted, WriteImmReceived, ConnectionFailed)
+        return [[e for e in events if isinstance(e, kinds)] for events in net.events]
+
+    seen = settled()
+    net.run(net.now + 0.05)
+    assert settled() == seen
 
 
 def test_one_gibibyte_write_with_immediate() -> None:

@@ -15,6 +15,8 @@ from mrcstack.core.evs import (
     EvField,
     EvTable,
     generate_evs,
+    in_use_for,
+    listed_for,
     transitions_markdown,
 )
 
@@ -69,6 +71,33 @@ def test_loss_replaces_with_backup_from_same_plane_and_emits_events() -> None:
     assert t.slots[events[1].ev].in_use
 
 
+def test_a_quarter_of_each_planes_evs_stays_back_as_backups() -> None:
+    assert [in_use_for(n, 128) for n in (1, 2, 3, 4, 8, 16)] == [1, 1, 2, 3, 6, 12]
+    assert in_use_for(40, 8) == 8  # asked for fewer than the plane lists
+    assert [listed_for(r) for r in (1, 2, 3, 6, 32)] == [2, 3, 4, 7, 42]
+    t, _ = table(planes=2, per_plane=4)  # ev_count 128: asks for 64 per plane
+    assert t.in_use_target == [3, 3]
+    assert [sum(1 for s in t.by_plane[p] if s.state is EvState.UNKNOWN) for p in (0, 1)] == [1, 1]
+    single, _ = table(planes=2, per_plane=1)
+    assert single.in_use_target == [1, 1]  # one path per plane: in use, no backup
+
+
+def test_a_loss_without_a_backup_skips_the_ev_instead_of_demoting_it() -> None:
+    """A loss seen on the path itself (a later packet on it arrived) swaps in a backup when
+    the plane has one; without one, the EV is skipped for a while: the path still delivers,
+    and demoting it would only shrink the plane's spray set."""
+    t, events = table(planes=1, per_plane=4)  # 3 in use, 1 backup
+    assert t.apply(0x000, "loss", "sack_loss", 1.0, skip_until=2.0)
+    assert t.state(0x000) is EvState.ASSUMED_BAD and t.state(0x003) is EvState.GOOD
+    assert t.apply(0x001, "loss", "sack_loss", 1.0, skip_until=2.0)  # no backup left
+    assert t.state(0x001) is EvState.SKIP and t.slots[0x001].in_use
+    assert t.slots[0x001].drop_count == 1 and events[-1].reason == "lossy"
+    t.expire_skips(2.0)
+    assert t.state(0x001) is EvState.GOOD
+    assert t.apply(0x001, "timeout", "rto")  # silence still condemns it
+    assert t.state(0x001) is EvState.ASSUMED_BAD
+
+
 def test_ecn_and_trim_skip_then_expire() -> None:
     t, events = table()
     t.skip(0x001, until=5.0, reason="ecn")
@@ -87,6 +116,18 @@ def test_ev_min_active_bounds_demotion() -> None:
     assert not t.apply(0x001, "loss", "x")  # would leave only one good EV
     assert t.state(0x001) is EvState.GOOD
     assert t.slots[0x001].drop_count == 1
+
+
+def test_ev_min_active_counts_only_evs_of_planes_that_are_up() -> None:
+    """EVs of a plane that is down carry nothing: with every other plane down, the last EV
+    of the one plane left is not demoted (the retry limit decides, not path health)."""
+    t, _ = table(planes=2, per_plane=1, ev_min_active=1)
+    t.set_port(1, False, remote=False)
+    assert t.good_count() == 1
+    assert not t.apply(0x000, "timeout", "rto")
+    assert t.state(0x000) is EvState.GOOD and t.next_ev() is not None
+    t.set_port(1, True, remote=False)
+    assert t.apply(0x000, "timeout", "rto")  # plane 1 carries traffic again
 
 
 def test_probes_resurrect_and_retire_to_backup_when_plane_is_full() -> None:
@@ -139,7 +180,7 @@ def test_random_signals_keep_invariants(ops: list[tuple[int, str]]) -> None:
             t.apply(value, signal, "test", float(i))
         t.expire_skips(float(i))
         for port in range(2):
-            assert sum(1 for s in t.by_plane[port] if s.in_use) <= t.target_per_plane
+            assert sum(1 for s in t.by_plane[port] if s.in_use) <= t.in_use_target[port]
         for s in t.slots.values():
             assert not (s.in_use and s.state in (EvState.ASSUMED_BAD, EvState.DENIED))
     for e in events:

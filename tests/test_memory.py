@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mrcstack.core.errors import AccessError, LocalError
+from mrcstack.core.errors import AccessError, LocalError, PeerError
 from mrcstack.core.memory import Access, MemoryTable
 
 
@@ -72,3 +72,8 @@ def test_target_is_inside_or_raises(offset: int, length: int) -> None:
         assert offset < 0 or offset + length > 128
     else:
         assert offset >= 0 and offset + length <= 128 and view.nbytes == length
+
+
+def test_access_errors_are_the_peers_fault() -> None:
+    """A remote write that misses every region comes from the peer: PeerError, not LocalError."""
+    assert issubclass(AccessError, PeerError) and not issubclass(AccessError, LocalError)

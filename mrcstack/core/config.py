@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from mrcstack.core.cc import CCParams
-from mrcstack.core.evs import EvEntry
+from mrcstack.core.errors import ConfigError
+from mrcstack.core.evs import EvEntry, check_entries
 
 MODES = ("mrc", "roce")
+#: The port-state bitmap in SACKs and probe replies is 16 bits wide: one bit per plane.
+MAX_PLANES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,28 +54,73 @@ class ConnectionConfig:
     ack_coalesce: int = 1  # data packets one ACK may stand for (until the next transmit)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        """Check every field: a bad value raises :class:`ConfigError` naming it (local misuse),
+        so nothing later fails deep inside ``receive_datagram`` or a timer."""
+        _check(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
         for name in ("local_qpn", "remote_qpn", "local_psn", "remote_psn"):
             value = getattr(self, name)
-            if not 0 <= value < 1 << 24:
-                raise ValueError(f"{name} must be a 24-bit value, got {value}")
-        if self.planes < 1:
-            raise ValueError("planes must be >= 1")
-        if not 1 <= self.mtu_payload <= 65000:
-            raise ValueError(f"mtu_payload out of range: {self.mtu_payload}")
-        if self.encrypt and self.key is None:
-            raise ValueError("encrypt needs a key")
-        if self.timeout <= 0 or self.max_rto < self.timeout:
-            raise ValueError("need 0 < timeout <= max_rto")
-        if self.initial_rto is not None and not self.timeout <= self.initial_rto <= self.max_rto:
-            raise ValueError("need timeout <= initial_rto <= max_rto")
-        if self.linear_cnt < 0 or self.exp_cnt < 0:
-            raise ValueError("retry counts must be >= 0")
-        if not 1 <= self.ack_coalesce <= 64:
-            raise ValueError("ack_coalesce must be in 1..64 (the SACK bitmap covers 64)")
-        if not 1 <= self.max_window < 1 << 23:
-            raise ValueError("max_window must be in 1..2**23-1 (24-bit PSN space)")
+            _check(0 <= value < 1 << 24, name, f"must be a 24-bit value, got {value}")
+        _check(
+            1 <= self.planes <= MAX_PLANES,
+            "planes",
+            f"must be in 1..{MAX_PLANES} (the port-state bitmap), got {self.planes}",
+        )
+        try:
+            check_entries(self.evs, self.planes)
+        except ConfigError as exc:
+            raise ConfigError(f"ConnectionConfig.evs: {exc}") from None
+        _check(1 <= self.mtu_payload <= 65000, "mtu_payload", f"out of range: {self.mtu_payload}")
+        _check(not self.encrypt or self.key is not None, "encrypt", "needs a key")
+        _check(
+            0 <= self.profile_id < 1 << 64, "profile_id", f"must be a u64, got {self.profile_id}"
+        )
+        _check(self.ev_count >= 1, "ev_count", f"must be >= 1, got {self.ev_count}")
+        _check(self.ev_min_active >= 0, "ev_min_active", f"must be >= 0, got {self.ev_min_active}")
+        for name in ("timeout", "max_rto"):
+            value = getattr(self, name)
+            _check(_finite(value) and value > 0, name, f"must be a positive time, got {value}")
+        _check(self.timeout <= self.max_rto, "max_rto", f"must be >= timeout, got {self.max_rto}")
+        if self.initial_rto is not None:
+            _check(
+                _finite(self.initial_rto) and self.timeout <= self.initial_rto <= self.max_rto,
+                "initial_rto",
+                f"need timeout <= initial_rto <= max_rto, got {self.initial_rto}",
+            )
+        for name in ("linear_cnt", "exp_cnt"):
+            _check(getattr(self, name) >= 0, name, "retry counts must be >= 0")
+        if self.probe_interval is not None:
+            _check(
+                _finite(self.probe_interval) and self.probe_interval > 0,
+                "probe_interval",
+                f"must be positive (or None), got {self.probe_interval}",
+            )
+        for name in ("probe_ok_needed", "probe_lost_needed", "reverse_evs_per_plane"):
+            value = getattr(self, name)
+            _check(value >= 1, name, f"must be >= 1, got {value}")
+        _check(
+            _finite(self.skip_rtts) and self.skip_rtts >= 0,
+            "skip_rtts",
+            f"must be a finite number >= 0, got {self.skip_rtts}",
+        )
+        _check(
+            1 <= self.ack_coalesce <= 64,
+            "ack_coalesce",
+            f"must be in 1..64 (the SACK bitmap covers 64), got {self.ack_coalesce}",
+        )
+        _check(
+            1 <= self.max_window < 1 << 23,
+            "max_window",
+            f"must be in 1..2**23-1 (24-bit PSN space), got {self.max_window}",
+        )
+
+
+def _check(ok: bool, name: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"ConnectionConfig.{name}: {problem}")
+
+
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) for v in values)
 
 
 def _zeros(n: int = 0) -> list[int]:

@@ -1,6 +1,7 @@
 """The sans-IO MRC connection (a QP): three inputs, two outputs, one timer.
 
-In: API calls (``post_write``, ``set_port_state``), ``receive_datagram(data, now, port)``,
+In: API calls (``post_write``, ``set_port_state``, the EV controls ``deny_evs``,
+``allow_evs``, ``replace_ev``, ``set_ev_min_active``), ``receive_datagram(data, now, port)``,
 ``handle_timer(now)``.  Out: ``datagrams_to_send(now)`` and ``next_event()``; ``get_timer()``
 is the one deadline the adapter arms.  Nothing here reads a clock, opens a socket or draws
 global randomness.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mrcstack.core import cc as cc_mod
@@ -22,7 +24,7 @@ from mrcstack.core.events import (
     PortStateChanged,
     WcStatus,
 )
-from mrcstack.core.evs import EvSlot, EvTable
+from mrcstack.core.evs import EvEntry, EvSlot, EvStatus, EvTable
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import to_psn
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
@@ -99,7 +101,9 @@ class Connection:
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
         self._pending_span = [(0, 0)] * config.planes
         self._tx_seq = 0
-        self._rr = rng.randrange(1 << 16)
+        # Feedback rotates over each plane's reverse EVs on its own: one shared counter
+        # would lock every plane to one parity when arrivals alternate between planes.
+        self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
         self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
         self._next_probe: float | None = None
@@ -147,6 +151,50 @@ class Connection:
             self._emit(PortStateChanged(port, up, remote=False))
             if not up:
                 self.sender.port_lost(port)
+
+    # Path control (the controller's EV operations) ------------------------------------
+    def deny_evs(self, values: Iterable[int], *, now: float, reason: str = "controller") -> int:
+        """DENY EVs (OCP MODIFY_EV_STATE): out of use and never probed until allowed.
+
+        EVs not in this connection's set are ignored (a profile's denylist may name paths to
+        other destinations).  Returns how many EVs changed state; the adapter should
+        transmit afterwards, as after any call.
+        """
+        return sum(self.evs.apply(v, "deny", reason, now) for v in values)
+
+    def allow_evs(self, values: Iterable[int], *, now: float, reason: str = "controller") -> int:
+        """Take EVs off the denylist: they return ASSUMED_BAD and carry data again once
+        ``probe_ok_needed`` probes came back.  Returns how many EVs changed state."""
+        changed = sum(self.evs.apply(v, "allow", reason, now) for v in values)
+        if changed:
+            self._schedule_probes(now)  # the probe tick stops by itself when idle
+        return changed
+
+    def replace_ev(self, old: int, new: EvEntry, *, reason: str = "controller") -> None:
+        """OCP REPLACE_EV: ``new`` (same plane) takes ``old``'s place in the set; see
+        :meth:`EvTable.replace`.  Raises :class:`LocalError` on a mismatch."""
+        self.evs.replace(old, new, reason)
+
+    def set_ev_min_active(self, count: int) -> None:
+        """Change ``ev_min_active`` online (OCP MIN_ACTIVE): never demote below this many
+        usable EVs on the planes that are up."""
+        if count < 0:
+            raise LocalError(f"ev_min_active must be >= 0, got {count}")
+        self.evs.ev_min_active = count
+
+    def ev_states(self) -> tuple[EvStatus, ...]:
+        """Every EV of the set with its state, use and drop count, plane by plane."""
+        return self.evs.statuses()
+
+    @property
+    def on_rtt(self) -> Callable[[float], None] | None:
+        """Called with every RTT sample the connection takes (seconds; from ACKs and probe
+        replies), e.g. to feed a metrics histogram.  ``None``: no callback."""
+        return self.sender.on_rtt
+
+    @on_rtt.setter
+    def on_rtt(self, callback: Callable[[float], None] | None) -> None:
+        self.sender.on_rtt = callback
 
     def abort(self, reason: str) -> None:
         """Local teardown (QP destroyed, daemon stopping): pending writes complete FLUSHED."""
@@ -225,8 +273,9 @@ class Connection:
         return self._tx_seq
 
     def _reverse_slot(self, port: int) -> EvSlot | None:
-        self._rr += 1
-        return self.evs.reverse_ev(port, self._rr, self.cfg.reverse_evs_per_plane)
+        rr = self._reverse_rr
+        rr[port] += 1
+        return self.evs.reverse_ev(port, rr[port], self.cfg.reverse_evs_per_plane)
 
     def _ack_or_coalesce(self, fb: Feedback, port: int) -> None:
         """ACK now, or let the next ACK on this port stand for this one too.

@@ -15,8 +15,13 @@ class PeerError(MrcError):
     """The peer (or the network) sent something we reject."""
 
 
-class AccessError(LocalError):
-    """A memory access does not match a registered region (rkey, range or permission)."""
+class ConfigError(LocalError, ValueError):
+    """A connection or EV table was configured with an impossible value (names the field)."""
+
+
+class AccessError(PeerError):
+    """A remote write does not match a registered region (rkey, range or permission): the
+    peer sent it, so it is the peer's fault; the receiver counts it and answers with a NAK."""
 
 
 class ConnectionFailedError(MrcError):

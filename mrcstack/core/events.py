@@ -39,7 +39,7 @@ class WriteImmReceived:
     """A write-with-immediate fully placed, and so is every earlier write on the QP."""
 
     imm: int
-    byte_len: int
+    byte_len: int  # that write's own length (as verbs' byte_len), not earlier writes'
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,11 @@
 
 Vocabulary of the OCP MRC controller API: an *EV profile* is explicit (a list of EVs, each a
 value plus a NIC port) or generated from field definitions; ``ev_count`` EVs are used at a
-time (split equally across planes), the rest are backups; ``ev_min_active`` bounds demotion;
-any subset may be DENIED.  Every state change goes through :data:`TRANSITIONS`, the single
-table of the EV state machine, and is reported as an :class:`EvStateChanged` event.
+time (split equally across planes, fewer when a plane lists fewer), the rest are backups;
+a quarter of each plane's EVs always stay back as its backup set (see :func:`in_use_for`);
+``ev_min_active`` bounds demotion; any subset may be DENIED.  Every state change goes
+through :data:`TRANSITIONS`, the single table of the EV state machine, and is reported as
+an :class:`EvStateChanged` event.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from mrcstack.core.errors import ConfigError, LocalError
 from mrcstack.core.events import EvState, EvStateChanged
 
 GOOD, SKIP, BAD, DENIED, UNKNOWN = (
@@ -32,8 +35,10 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
     (SKIP, "ecn"): SKIP,  # extends the skip
     (SKIP, "trim"): SKIP,
     (SKIP, "skip_expired"): GOOD,
-    (GOOD, "loss"): BAD,  # a silent loss means a broken path: stop using it at once
+    (GOOD, "loss"): BAD,  # a silent (non-trim) loss: stop using the path at once
     (SKIP, "loss"): BAD,
+    (GOOD, "lossy"): SKIP,  # a loss, but no backup to swap in: avoid it for a while
+    (SKIP, "lossy"): SKIP,
     (GOOD, "timeout"): BAD,
     (SKIP, "timeout"): BAD,
     (GOOD, "probe_lost"): BAD,  # the only evidence an ACK-only endpoint has
@@ -46,9 +51,41 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
     (BAD, "deny"): DENIED,
     (UNKNOWN, "deny"): DENIED,
     (DENIED, "allow"): BAD,  # an allowed EV must prove itself with probes first
+    (GOOD, "replace"): UNKNOWN,  # the controller put another EV in its place: it leaves
+    (SKIP, "replace"): UNKNOWN,
+    (BAD, "replace"): UNKNOWN,
+    (DENIED, "replace"): UNKNOWN,
 }
 
 USABLE = (GOOD, SKIP)
+#: Signals that condemn an EV (count a drop; bounded by ev_min_active).
+DEMOTIONS = frozenset({"loss", "timeout", "probe_lost"})
+EV_MAX = 0xFFFFFFFF  # EVs travel in a 32-bit field
+#: One in this many of a plane's EVs is held back as a backup (at least one per plane that
+#: lists two or more), so an EV found bad is replaced from the same plane.
+BACKUP_DIVISOR = 4
+
+
+def backups_for(listed: int) -> int:
+    """How many of the ``listed`` EVs of a plane are kept back as its backup set: a quarter,
+    at least one when there are two or more; none with one (nothing could replace it)."""
+    return 0 if listed < 2 else max(1, listed // BACKUP_DIVISOR)
+
+
+def in_use_for(listed: int, requested: int) -> int:
+    """How many of a plane's ``listed`` EVs are in use at connection start when
+    ``requested`` per plane (``ev_count // planes``) are asked for: as many as asked, but
+    never the backup set :func:`backups_for` keeps back."""
+    return min(requested, listed - backups_for(listed))
+
+
+def listed_for(requested: int) -> int:
+    """The fewest EVs a plane must list for ``requested`` to be in use and at least one to
+    be a backup (a generated profile lists this many when the fabric has the paths)."""
+    listed = max(requested + 1, 4 * requested // 3 - 1)  # at most two steps below
+    while in_use_for(listed, requested) < requested:
+        listed += 1
+    return listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +94,17 @@ class EvEntry:
 
     value: int
     port: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvStatus:
+    """One EV of a connection's set as a controller sees it (OCP QUERY_EV_STATE)."""
+
+    value: int
+    port: int
+    state: EvState
+    in_use: bool  # sprayed on (GOOD/SKIP) or, if not, a backup or out of service
+    drop_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +144,22 @@ def generate_evs(fields: Sequence[EvField], port_field: str = "plane") -> tuple[
         value = sum(v << off for v, off in zip(values, offsets, strict=False))
         out.append(EvEntry(value, values[names.index(port_field)]))
     return tuple(out)
+
+
+def check_entries(entries: Sequence[EvEntry], planes: int) -> None:
+    """An EV profile's entries are usable: at least one, 32-bit values, each listed once, on
+    a port (plane) the connection has.  Raises :class:`ConfigError` naming the EV."""
+    if not entries:
+        raise ConfigError("an EV profile needs at least one EV")
+    seen: set[int] = set()
+    for e in entries:
+        if not 0 <= e.value <= EV_MAX:
+            raise ConfigError(f"EV {e.value:#x} is not a 32-bit value")
+        if not 0 <= e.port < planes:
+            raise ConfigError(f"EV {e.value:#x} names port {e.port}, the connection has {planes}")
+        if e.value in seen:
+            raise ConfigError(f"EV {e.value:#x} listed twice")
+        seen.add(e.value)
 
 
 class EvSlot:
@@ -143,10 +207,9 @@ class EvTable:
         ev_min_active: int = 1,
         denied: Iterable[int] = (),
     ) -> None:
-        if not entries:
-            raise ValueError("an EV profile needs at least one EV")
+        check_entries(entries, planes)
         if ev_count < 1 or ev_min_active < 0:
-            raise ValueError("ev_count must be >= 1 and ev_min_active >= 0")
+            raise ConfigError("ev_count must be >= 1 and ev_min_active >= 0")
         self.planes = planes
         self.profile_id = profile_id
         self.ev_min_active = ev_min_active
@@ -161,20 +224,17 @@ class EvTable:
         self.slots: dict[int, EvSlot] = {}
         self.by_plane: list[list[EvSlot]] = [[] for _ in range(planes)]
         for e in entries:
-            if not 0 <= e.port < planes:
-                raise ValueError(f"EV {e.value:#x} names port {e.port}, fabric has {planes}")
-            if e.value in self.slots:
-                raise ValueError(f"EV {e.value:#x} listed twice")
             slot = EvSlot(e, UNKNOWN)
             self.slots[e.value] = slot
             self.by_plane[e.port].append(slot)
-        per_plane = max(1, ev_count // planes)
-        self.target_per_plane = per_plane
+        requested = max(1, ev_count // planes)
+        #: Per plane, how many EVs are in use at a time (the rest are its backups).
+        self.in_use_target = [in_use_for(len(p), requested) for p in self.by_plane]
         for value in denied:
             self.apply(value, "deny", "denylist")
-        for plane_slots in self.by_plane:
+        for port, plane_slots in enumerate(self.by_plane):
             for slot in plane_slots:
-                if self._in_use_count(slot.entry.port) >= per_plane:
+                if self._in_use_count(port) >= self.in_use_target[port]:
                     break
                 if slot.state is UNKNOWN:
                     slot.in_use = True  # the initial set starts GOOD without an event
@@ -182,25 +242,42 @@ class EvTable:
         self._refresh_in_use()
 
     # State changes --------------------------------------------------------------------
-    def apply(self, value: int, signal: str, reason: str, now: float = 0.0) -> bool:
-        """Feed a signal for an EV through the table; return True if its state changed."""
+    def apply(
+        self,
+        value: int,
+        signal: str,
+        reason: str,
+        now: float = 0.0,
+        *,
+        skip_until: float | None = None,
+    ) -> bool:
+        """Feed a signal for an EV through the table; return True if its state changed.
+
+        ``skip_until`` goes with a ``loss`` seen on the path itself (a later packet on the
+        EV arrived, so its path still delivers): when the EV is in use and its plane has no
+        backup to swap in, it is skipped until then (signal ``lossy``) instead of demoted.
+        Demoting would shrink the plane's spray set until probes bring the path back, and
+        under random loss every path of the plane would go.  A path that went silent (RACK's
+        losses with no reply on it, an RTO, lost probes) is demoted all the same.
+        """
         slot = self.slots.get(value)
         if slot is None:
             return False
         port = slot.entry.port
-        if signal == "probe_ok" and self._in_use_count(port) >= self.target_per_plane:
+        if signal == "probe_ok" and self._in_use_count(port) >= self.in_use_target[port]:
             signal = "retire"  # healthy again, but the plane has its EVs: keep as backup
         new = TRANSITIONS.get((slot.state, signal))
         if new is None:
             return False
-        if signal in ("loss", "timeout", "probe_lost"):
+        if signal in DEMOTIONS:
             slot.drop_count += 1
-            if (
-                slot.in_use
-                and not self._has_backup(port)
-                and self.good_count() - 1 < self.ev_min_active
-            ):
-                return False  # ev_min_active: never demote below this many good EVs
+            if slot.in_use and not self._has_backup(port):
+                if signal == "loss" and skip_until is not None:
+                    was = slot.state
+                    self.skip(value, skip_until, "lossy")
+                    return slot.state is not was
+                if self.good_count() - 1 < self.ev_min_active:
+                    return False  # ev_min_active: never demote below this many good EVs
         if signal in ("ecn", "trim") and new is SKIP and slot.state is SKIP:
             return False  # the caller extends skip_until; no state change
         self._set(slot, new, reason)
@@ -212,6 +289,38 @@ class EvTable:
             slot.in_use = True
         self._refresh_in_use()
         return True
+
+    def replace(self, old: int, new: EvEntry, reason: str) -> None:
+        """OCP REPLACE_EV: ``new`` takes the place of ``old`` in the set, on the same plane.
+
+        ``old`` leaves (its state goes to UNKNOWN, reported); ``new`` starts as a backup,
+        and if ``old`` was in use a backup of the plane (``new`` itself when it comes first)
+        takes over at once.  Raises :class:`LocalError` when ``old`` is not in the set,
+        ``new`` already is, or ``new`` is on another plane (planes keep their EV counts).
+        """
+        slot = self.slots.get(old)
+        if slot is None:
+            raise LocalError(f"EV {old:#x} is not in this EV set")
+        if new.value in self.slots:
+            raise LocalError(f"EV {new.value:#x} is already in this EV set")
+        port = slot.entry.port
+        if new.port != port:
+            raise LocalError(
+                f"EV {new.value:#x} is on port {new.port}; the EV it replaces is on port {port}"
+            )
+        check_entries((new,), self.planes)
+        was_in_use = slot.in_use
+        if slot.state is not UNKNOWN:
+            self._set(slot, TRANSITIONS[(slot.state, "replace")], reason)
+        slot.in_use = False
+        del self.slots[old]
+        fresh = EvSlot(new, UNKNOWN)
+        self.slots[new.value] = fresh
+        plane = self.by_plane[port]
+        plane[plane.index(slot)] = fresh
+        if was_in_use:
+            self._replace(port)
+        self._refresh_in_use()
 
     def skip(self, value: int, until: float, reason: str) -> None:
         """ECN echo or trim: skip the EV until ``until`` (GOOD -> SKIP, SKIP extended)."""
@@ -288,7 +397,7 @@ class EvTable:
     def _replace(self, port: int) -> None:
         """Swap in a backup EV from the same plane (MRC keeps planes equally provisioned)."""
         for slot in self.by_plane[port]:
-            if self._in_use_count(port) >= self.target_per_plane:
+            if self._in_use_count(port) >= self.in_use_target[port]:
                 return
             if not slot.in_use and slot.state is UNKNOWN:
                 self._activate(slot, "backup")
@@ -312,10 +421,20 @@ class EvTable:
 
     # Queries --------------------------------------------------------------------------
     def good_count(self) -> int:
-        return sum(len(p) for p in self._in_use)
+        """Usable in-use EVs on planes that are up (what ``ev_min_active`` bounds): EVs of a
+        plane that is down carry nothing, so they do not count as active."""
+        in_use = self._in_use
+        return sum(len(in_use[p]) for p in self.up_planes)
 
     def state(self, value: int) -> EvState:
         return self.slots[value].state
+
+    def statuses(self) -> tuple[EvStatus, ...]:
+        return tuple(
+            EvStatus(s.entry.value, s.entry.port, s.state, s.in_use, s.drop_count)
+            for plane in self.by_plane
+            for s in plane
+        )
 
     def plane_usable(self, port: int) -> bool:
         return port in self.up_planes
@@ -372,6 +491,14 @@ class EvTable:
             else:
                 return None
         return slots[rr % len(slots)]
+
+    def unusable_reason(self) -> str:
+        """Why no EV is usable (``up_planes`` is empty), in words for an error event."""
+        if not any(self.port_up):
+            return "every local port is down"
+        if not any(a and b for a, b in zip(self.port_up, self.remote_port_up, strict=True)):
+            return "every plane is down here or at the peer"
+        return "every EV of the up planes is assumed bad or denied"
 
     def probe_candidates(self) -> list[EvSlot]:
         """EVs that want a probe: assumed bad ones on planes that are up."""

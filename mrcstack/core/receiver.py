@@ -60,7 +60,7 @@ class Receiver:
         self.ooo: dict[int, int] = {}  # seq -> payload bytes, received beyond rcv_nxt
         self.imms: dict[int, int] = {}  # seq of a received imm-carrying packet -> imm
         self.msn = 0  # messages (writes) completed, mod 2**24
-        self.bytes_since_imm = 0
+        self.msg_bytes = 0  # bytes of the write being completed (since the last write's end)
         self.nak_sent_at: int | None = None  # roce mode: one NAK per gap
 
     def on_data(self, pkt: DataPacket, ecn: bool) -> Feedback | None:
@@ -105,14 +105,14 @@ class Receiver:
         imms = self.imms
         seq = new_nxt - 1
         while True:
-            self.bytes_since_imm += size
+            self.msg_bytes += size
             if imms:
                 imm = imms.pop(seq, None)
-                if imm is not None:
+                if imm is not None:  # the last packet of a write: its length is complete
                     self.msn = (self.msn + 1) & 0xFFFFFF
                     if imm >= 0:
-                        self.emit(WriteImmReceived(imm, self.bytes_since_imm))
-                        self.bytes_since_imm = 0
+                        self.emit(WriteImmReceived(imm, self.msg_bytes))
+                    self.msg_bytes = 0
             seq += 1
             nxt = ooo.pop(seq, None) if ooo else None
             if nxt is None:

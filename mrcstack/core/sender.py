@@ -4,7 +4,9 @@ Loss detection is path-aware: packets on one EV follow one path and arrive in or
 a later packet on an EV is acknowledged while an earlier one on the same EV is not, the
 earlier one was lost (a silent loss: the path is broken, the EV becomes ASSUMED_BAD).  A
 trim NACK means congestion instead: retransmit at once, skip the EV for a while.  A per-packet
-retransmission timeout catches the rest (black-holed paths, lost tails).
+retransmission timeout catches the rest (black-holed paths, lost tails).  When nothing can
+be sent at all (every port down, every EV bad or denied), a stall timer spends the same
+retry budget, so the connection fails with a clear reason instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -142,6 +144,10 @@ class Sender:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.failed: tuple[str, WcStatus] | None = None
+        # No usable EV while work waits: when to retry, how many retries so far, since when.
+        self.stall_deadline: float | None = None
+        self.stall_retries = 0
+        self.stall_since = 0.0
         self.on_rtt: Callable[[float], None] | None = None  # e.g. a metrics histogram
 
     # Application side -----------------------------------------------------------------
@@ -180,7 +186,11 @@ class Sender:
         heap = self.rto_heap
         while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        deadline = heap[0][0] if heap else None
+        stall = self.stall_deadline
+        if stall is not None and (deadline is None or stall < deadline):
+            return stall
+        return deadline
 
     # Transmission ---------------------------------------------------------------------
     def next_packets(self, now: float, limit: int) -> list[DataSpec]:
@@ -221,7 +231,10 @@ class Sender:
     ) -> DataSpec | None:
         slot = self.evs.next_ev(avoid=avoid)
         if slot is None:
+            self._no_path(now, retx.timeouts if retx is not None else 0)
             return None
+        if self.stall_deadline is not None:
+            self._end_stall()
         ev = slot.entry.value
         offset = (seq - wr.first) * self.mtu
         size = min(self.mtu, wr.length - offset)
@@ -276,6 +289,8 @@ class Sender:
             # packets get reordered more than the window allows (TCP's DSACK, RFC 8985 6.2).
             self._spurious()
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
+        if rtt is not None and rtt < 0:
+            rtt = None  # an echo from the future (a bad peer): no sample for anyone
         if rtt is not None and not ack.nack_reason:
             self.rtt_sample(rtt)
         if echo_tx is not None:
@@ -310,7 +325,7 @@ class Sender:
                     self._acked(seq, rtt if hit else None, ecn and hit, now)
         if not self.roce:
             if echo_tx is not None:
-                self._detect_losses(echo_tx)
+                self._detect_losses(echo_tx, now)
             self.rack_due = True
         self._complete()
 
@@ -328,10 +343,11 @@ class Sender:
         tx.wr.acked += 1
         self.cc.on_ack(tx.size, rtt, ecn, now)
 
-    def _detect_losses(self, echo_tx: Tx) -> None:
+    def _detect_losses(self, echo_tx: Tx, now: float) -> None:
         """Same-path evidence: packets sent on the echoed EV before the echoed one and
         still unacknowledged were lost on that path (paths keep order).  This also blames
-        the EV for losses RACK already declared, since only here is the path known."""
+        the EV for losses RACK already declared, since only here is the path known.  (With
+        no backup in its plane, the EV is skipped a while instead: see ``EvTable.apply``.)"""
         fifo = self.ev_fifo.get(echo_tx.ev)
         if not fifo or not echo_tx.queued:
             return
@@ -346,7 +362,8 @@ class Sender:
                 continue  # that packet arrived after all (perhaps by another transmission)
             if current is tx and not tx.lost:
                 self._lose(tx, "sack")
-            self.evs.apply(tx.ev, "loss", "sack_loss")
+            skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
+            self.evs.apply(tx.ev, "loss", "sack_loss", now, skip_until=skip_until)
 
     def _spurious(self) -> None:
         self.stats.spurious_retransmissions += 1
@@ -433,7 +450,43 @@ class Sender:
             if tx is not None:
                 self._lose(tx, reason)
 
+    def _no_path(self, now: float, timeouts: int) -> None:
+        """No EV is usable although a packet waits: arm the stall timer (once per stall).
+
+        The packet neither leaves nor times out, so without this nothing would ever fail
+        the connection.  The stall counts retries on the RTO schedule, starting from the
+        waiting packet's own timeouts: the same budget as unanswered retransmissions.
+        """
+        if self.stall_deadline is None:
+            self.stall_since = now
+            self.stall_retries = timeouts
+            self.stall_deadline = now + self.rto(timeouts)
+
+    def _end_stall(self) -> None:
+        self.stall_deadline = None
+        self.stall_retries = 0
+
+    def _stall_expired(self, now: float) -> None:
+        if self.evs.up_planes:
+            self._end_stall()  # a path came back: the next transmission resumes
+            return
+        self.stall_retries += 1
+        if self.stall_retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
+            self.failed = (
+                f"retry limit exhausted: no usable path for {now - self.stall_since:.3g} s "
+                f"({self.evs.unusable_reason()}), {self.stall_retries} retries",
+                WcStatus.RETRY_EXCEEDED,
+            )
+            self._end_stall()
+            return
+        self.stall_deadline = now + self.rto(self.stall_retries)
+
     def on_timer(self, now: float) -> None:
+        stall = self.stall_deadline
+        if stall is not None and stall <= now:
+            self._stall_expired(now)
+            if self.failed is not None:
+                return
         heap = self.rto_heap
         while heap and heap[0][0] <= now:
             deadline, _, tx = heapq.heappop(heap)
@@ -474,8 +527,7 @@ class Sender:
     def port_lost(self, port: int) -> None:
         """A plane went down: whatever is in flight on it will never arrive."""
         for ev, fifo in list(self.ev_fifo.items()):
-            slot = self.evs.slots.get(ev)
-            if slot is not None and slot.entry.port == port:
+            if fifo and fifo[0].slot.entry.port == port:  # (an EV replaced since, too)
                 for tx in fifo:
                     tx.queued = False
                     self._lose(tx, "port")
@@ -501,6 +553,7 @@ class Sender:
         self.rto_heap.clear()
         self.ev_fifo.clear()
         self.in_flight = 0
+        self._end_stall()
 
 
 _NACK_NAMES = {r.value: r.name.lower() for r in NackReason}

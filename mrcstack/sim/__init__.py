@@ -3,7 +3,7 @@
 It is how the protocol core is tested, and a what-if tool::
 
     python -m mrcstack.sim --planes 4 --t1 8 --bytes 64MiB --loss 0.01 \\
-        --fail-link p0:t0a-t1c@2ms --seed 7 --json
+        --fail-link p0:t0a-t1c@0.5ms --seed 7 --json
 
 or from Python: ``run(SimConfig(...)).to_json()``.  Layers: :mod:`.engine` (event heap),
 :mod:`.network` (links, switch queues, trimming, ECN, faults), :mod:`.runner` (scenario ->

@@ -28,7 +28,6 @@ DEFAULT_MTU_PAYLOAD = 4096
 DEFAULT_EV_COUNT = 128
 MAX_EV_COUNT = 1 << 16
 DEFAULT_MAX_SIM_TIME_S = 1.0
-#: EVs offered per plane, as a multiple of those in use: the rest are the backup set.
 #: Largest data header + trailer (BTH 12, RETH 16, ImmDt 4, MRCX 28, GCM tag 16): sizes a
 #: full packet for the base-RTT estimate.
 DATA_PACKET_OVERHEAD_BYTES = 76
