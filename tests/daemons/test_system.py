@@ -19,8 +19,10 @@ import contextlib
 import os
 import random
 import re
+import secrets
 import shutil
 import socket
+import string
 import struct
 import subprocess
 import threading
@@ -55,10 +57,12 @@ from mrcstack.wire import AeadIntegrity, DataPacket, encode
 from netns import testbed
 from netns.faults import Faults
 from netns.run import TestbedError, call_in_netns
-from netns.state import TestbedState, exists, faults_path, load
+from netns.state import TestbedState, faults_path, load
 from netns.traffic import udp_sender
 
-TESTBED = "ts"  # engineer SYS's testbed
+#: A name of its own per run ([a-z][a-z0-9]{0,5}): concurrent runs of this module (other
+#: worktrees, CI) must never build, or clean, each other's testbed.
+TESTBED = "ts" + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(4))
 FABRIC = Fabric()
 WAIT = 60.0  # safety limit for anything that should happen; never a timing assertion
 MIB = 1 << 20
@@ -98,8 +102,6 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
         testbed.check_features(TESTBED)
     except TestbedError as exc:
         pytest.skip(str(exc))
-    if exists(TESTBED):
-        testbed.clean(TESTBED)  # a previous run was killed: start from nothing
     workdir = tmp_path_factory.mktemp("mrcd")
     log: list[str] = []
     codes: dict[int, int | None] = {}
