@@ -29,9 +29,10 @@ from daemons.mrcd.control import (
     Reject,
 )
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
+from daemons.mrcd.probes import Prober
 from daemons.mrcd.profiles import ProfileStore
 from daemons.mrcd.records import ControlError
-from daemons.mrcd.transport import PROBE_QPN, Address, Transport, clock, open_plane_socket
+from daemons.mrcd.transport import Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
@@ -47,18 +48,8 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
 from mrcstack.fabric import Fabric
-from mrcstack.wire import (
-    CrcIntegrity,
-    DecodeError,
-    ProbePacket,
-    ProbeReplyPacket,
-    decode,
-    encode,
-)
 
 log = logging.getLogger("mrcd")
-#: Connectionless probes are checked by CRC only: they carry no data and touch no memory.
-_CRC = CrcIntegrity()
 
 #: Loopback data mode: each host's plane sockets use data_port + host * PORT_STRIDE + plane.
 PORT_STRIDE = 16
@@ -156,10 +147,12 @@ class Node:
     """One mrcd: call :meth:`start` inside the running loop, :meth:`stop` to finish."""
 
     def __init__(self, cfg: MrcdConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the loop the node will run on; by default the running one (so a Node
+        is made inside a coroutine, or given its loop explicitly)."""
         self.cfg = cfg
         self.fabric = cfg.fabric
         self.host = cfg.host
-        self.loop = loop or asyncio.get_event_loop()
+        self.loop = loop if loop is not None else asyncio.get_running_loop()
         self.rng = random.SystemRandom()
         self.contexts: dict[int, Context] = {}
         self.qps: dict[int, Qp] = {}
@@ -175,8 +168,9 @@ class Node:
         self._listeners: dict[int, tuple[Context, Listener]] = {}
         self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
         self._next_ctx = 1
-        self._probes: dict[tuple[int, int], asyncio.Future[float]] = {}
-        self._probe_seq = 0
+        self.prober = Prober(
+            self.loop, self._resolve, self.host_of, self._send_raw, self._port_bits
+        )
         self._next_request = 1
         # Dead connections' counters stay in the totals (Prometheus counters never go down).
         self.retired = Totals(cfg.fabric.planes)
@@ -202,7 +196,7 @@ class Node:
                 sock.close()
             self.sockets.clear()
             raise LocalError(f"cannot open plane sockets: {exc}") from None
-        self.transport = Transport(self.loop, self.sockets, self._resolve, self._connectionless)
+        self.transport = Transport(self.loop, self.sockets, self._resolve, self.prober.on_datagram)
         peers = dict(cfg.peers)
         self.control_client = ControlClient(cfg.host_name, cfg.auth, peers)
         if start_control:
@@ -488,9 +482,8 @@ class Node:
     async def probe(self, remote_host: int, plane: int, ev: int, timeout: float = 1.0) -> float:
         """Send an EV probe along one path to ``remote_host``'s mrcd; return the RTT.
 
-        The probe is an MRC probe packet to QPN 0, sent to the path's uSID address; the peer
-        answers along the reverse path through the same T1.  Raises TimeoutError if nothing
-        comes back (the path, or the peer, is down).
+        Raises TimeoutError if nothing comes back (the path, or the peer, is down); see
+        :mod:`daemons.mrcd.probes`.
         """
         self._check_plane(plane)
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
@@ -500,42 +493,13 @@ class Node:
             dst = self._resolve(remote_host, plane, ev)
         except ValueError as exc:
             raise LocalError(str(exc)) from None
-        self._probe_seq += 1
-        ts_ns = time.monotonic_ns()
-        pkt = ProbePacket(PROBE_QPN, ev, plane, self._probe_seq, ts_ns)
-        fut: asyncio.Future[float] = self.loop.create_future()
-        self._probes[(ev, ts_ns)] = fut
-        try:
-            if not self._transport().send_raw(plane, encode(pkt, _CRC), dst):
-                raise TimeoutError(f"plane {plane} refused the probe")
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._probes.pop((ev, ts_ns), None)
+        self._transport()
+        return await self.prober.probe(plane, ev, dst, timeout)
 
-    def _connectionless(self, data: memoryview, source: Address, plane: int) -> None:
-        """A datagram for QPN 0: answer probes, match probe replies.  Never raises."""
-        try:
-            pkt = decode(data, _CRC)
-        except DecodeError:
-            return
-        if type(pkt) is ProbePacket:
-            prober = self._host_of(source, plane)
-            if prober is None:
-                return
-            reply = ProbeReplyPacket(
-                PROBE_QPN, pkt.ev, plane, pkt.tx_seq, pkt.ev, pkt.ts_ns, self._port_bits()
-            )
-            try:
-                dst = self._resolve(prober, plane, pkt.ev)
-            except ValueError:
-                return
-            self._transport().send_raw(plane, encode(reply, _CRC), dst)
-        elif type(pkt) is ProbeReplyPacket:
-            fut = self._probes.get((pkt.echo_ev, pkt.echo_ts_ns))
-            if fut is not None and not fut.done():
-                fut.set_result((time.monotonic_ns() - pkt.echo_ts_ns) / 1e9)
+    def _send_raw(self, plane: int, data: bytes, dst: Address) -> bool:
+        return self._transport().send_raw(plane, data, dst)
 
-    def _host_of(self, source: Address, plane: int) -> int | None:
+    def host_of(self, source: Address, plane: int) -> int | None:
         """Which host sent this: its NIC SID names it (loopback mode: its port does)."""
         if self.cfg.data_mode == "loopback":
             host, rest = divmod(source[1] - self.cfg.data_port, PORT_STRIDE)
@@ -653,6 +617,7 @@ class Node:
                 "rejections", {"unknown_qpn": ts.unknown_qpn, "malformed": ts.malformed}
             )
             totals.add_send_errors(ts.send_errors)
+        totals.add_reasons("rejections", self.prober.rejected)
         return NodeSnapshot(
             host=self.cfg.host_name,
             version=__version__,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,12 @@ from prometheus_client import generate_latest
 from daemons.mrcd.config import AuthConfig, MrcdConfig
 from daemons.mrcd.metrics import make_registry
 from daemons.mrcd.node import IncomingConnect, Node, QpAttrs
+from daemons.mrcd.transport import PROBE_QPN
 from mrcstack.core.errors import LocalError
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.memory import Access
 from mrcstack.fabric import Fabric
+from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
 
@@ -184,3 +188,46 @@ async def test_connectionless_ev_probe_measures_a_path(pair: list[Node]) -> None
         await a.probe(1, 0, 0x000, timeout=0.2)  # no mrcd on h1: nothing answers
     with pytest.raises(LocalError):
         await a.probe(3, 1, 0x200, timeout=0.2)  # an EV of plane 2 on plane 1
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_malformed_datagrams_for_qpn_0_are_counted_by_reason(pair: list[Node]) -> None:
+    """QPN 0 carries only CRC-checked probes: anything else sent there is rejected and
+    counted (bounded reasons), like datagrams for a live QP."""
+    a, b = pair
+    dst = b.data_address(b.host, 1)
+    probe = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1, 5), CrcIntegrity())
+    data = DataPacket(qpn=PROBE_QPN, psn=1, va=0, rkey=1, payload=b"x", ev=0x101, port=1,
+                      tx_seq=1, ts_ns=0)  # fmt: skip
+    sent = {
+        "bad_checksum": probe[:-1] + bytes([probe[-1] ^ 1]),  # a forged or corrupted probe
+        "truncated": probe[:20],
+        "bad_opcode": bytes(12),  # a bare BTH for QPN 0
+        "probe_unexpected": encode(data, CrcIntegrity()),  # well formed, but data on QPN 0
+        "probe_source": probe,  # a good probe from an address that is no host's NIC
+    }
+    before = dict(b.snapshot().traffic.rejections)
+    with contextlib.ExitStack() as stack:
+        while True:  # an ephemeral port that is no host's plane-1 port (almost any)
+            s = stack.enter_context(socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+            s.bind(("::1", 0))
+            if b.host_of(s.getsockname()[:2], 1) is None:
+                break
+        for datagram in sent.values():
+            s.sendto(datagram, dst)
+
+    def rejected() -> dict[str, int]:
+        after = b.snapshot().traffic.rejections
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+    await wait_until(lambda: sum(rejected().values()) >= len(sent))
+    assert rejected() == dict.fromkeys(sent, 1)
+    assert await a.probe(3, 1, 0x101, timeout=2.0) > 0  # real probes still work
+    text = generate_latest(make_registry(b.snapshot)).decode()
+    assert 'mrc_rejected_packets_total{reason="probe_source"} 1.0' in text
