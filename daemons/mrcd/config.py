@@ -23,6 +23,9 @@ DEFAULT_WEB = "127.0.0.1:9464"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTH_MODES = ("psk", "keypair")
 DATA_MODES = ("srv6", "loopback")
+#: Seconds SIGTERM gives pending writes to complete before the rest fail (WR_FLUSH_ERR).
+DRAIN_TIMEOUT = 2.0
+MAX_DRAIN_TIMEOUT = 3600.0
 
 Address = tuple[str, int]
 
@@ -76,6 +79,7 @@ class MrcdConfig:
     data_mode: str = "srv6"  # "loopback": plane sockets on ::1 (tests, laptops)
     data_port: int = DATA_PORT  # srv6 mode; loopback mode: base port, + host*16 + plane
     bind_devices: bool = False  # SO_BINDTODEVICE nic<p> (needs CAP_NET_RAW)
+    drain_timeout: float = DRAIN_TIMEOUT  # SIGTERM: seconds pending writes get to finish
 
     @property
     def host_name(self) -> str:
@@ -128,6 +132,7 @@ _KEYS = {
     "data_mode",
     "data_port",
     "bind_devices",
+    "drain_timeout",
 }
 
 
@@ -150,6 +155,13 @@ def _bool(table: Mapping[str, object], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"mrcd.{key}: must be true or false, got {value!r}")
     return value
+
+
+def _seconds(table: Mapping[str, object], key: str, default: float, limit: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= limit:
+        raise ConfigError(f"mrcd.{key}: must be a number of seconds in 0..{limit:g}, got {value!r}")
+    return float(value)
 
 
 def _table(table: Mapping[str, object], key: str) -> Mapping[str, object]:
@@ -187,6 +199,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
     port = _int(table, "data_port", DATA_PORT)
     if not 1 <= port <= 65535 - 16 * fabric.hosts:
         raise ConfigError(f"mrcd.data_port: out of range: {port}")
+    drain = _seconds(table, "drain_timeout", DRAIN_TIMEOUT, MAX_DRAIN_TIMEOUT)
     peers_table = _table(table, "peers")
     peers = []
     for name, addr in sorted(peers_table.items()):
@@ -209,6 +222,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         data_mode=mode,
         data_port=port,
         bind_devices=_bool(table, "bind_devices", False),
+        drain_timeout=drain,
     )
 
 

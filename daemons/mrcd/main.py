@@ -2,8 +2,13 @@
 
 Lifecycle in the manner of aiohttp's runner: each part starts in order and is recorded, and
 ``finally`` tears down whatever did start, one step at a time, so a failed start leaves
-nothing behind.  SIGTERM and SIGINT ask for a graceful stop: pending writes get a moment to
-finish, the rest complete with an error, sockets close.
+nothing behind.
+
+SIGTERM and SIGINT ask for a graceful stop, in this order: no new work is taken (posts, new
+QPs and connection requests are refused); writes already posted get ``drain_timeout``
+seconds (default 2) to complete; the rest complete with WR_FLUSH_ERR and their QPs report
+QP_FATAL; every API client then gets DEVICE_FATAL after its last completion, and the API
+socket, the link watch, /metrics, the control channel and the plane sockets close.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -60,7 +66,8 @@ def setup_logging(level: str) -> None:
 
 
 async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or SIGTERM/SIGINT), then tear down in reverse order."""
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), stop gracefully (see above), then
+    tear down in reverse order."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -70,7 +77,7 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
     node = Node(cfg, loop)
     try:
         await node.start()
-        cleanups.append(node.stop)
+        cleanups.append(functools.partial(node.stop, drain_timeout=0))
         metrics = await serve(make_registry(node.snapshot), web)
         cleanups.append(metrics.stop)
         log.info("event=metrics_listening url=%s", metrics.url)
@@ -86,7 +93,12 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
         cleanups.append(app.stop)
         log.info("event=ready host=%s", cfg.host_name)
         await stop.wait()
-        log.info("event=stopping host=%s", cfg.host_name)
+        log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)
+        node.quiesce()
+        drained = await node.drain(cfg.drain_timeout)
+        flushed = node.fail_all("mrcd stopping")
+        log.info("event=drained host=%s complete=%s flushed_writes=%d",
+                 cfg.host_name, drained, flushed)  # fmt: skip
     finally:
         for cleanup in reversed(cleanups):
             try:

@@ -127,6 +127,8 @@ class Qp:
     remote_qpn: int = -1
     conn: Connection | None = None
     failure: str | None = None
+    #: wr_id -> when it was posted, until its completion (the write-completion histogram).
+    posted: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -176,49 +178,90 @@ class Node:
         self.retired = Totals(cfg.fabric.planes)
         self.rtt = Buckets()
         self.write_completion = Buckets()
-        self._posted: dict[tuple[int, int], float] = {}  # (qpn, wr_id) -> post time
+        #: Set by :meth:`quiesce`: no new work (posts, QPs, connections) is taken.
+        self.stopping = False
         self.started_at = time.time()
         self.control_auth_failures: Callable[[], int] = lambda: 0
 
     # Lifecycle --------------------------------------------------------------------------
     async def start(self, *, start_control: bool = True) -> None:
-        cfg = self.cfg
+        """Open the plane sockets, the transport and the control channel.
+
+        A failed start (a port in use, an unreadable key file) closes whatever it opened
+        before raising, so the same node, or a new one, can start again on the same ports.
+        """
+        try:
+            self._open_data_path()
+            cfg = self.cfg
+            self.control_client = ControlClient(cfg.host_name, cfg.auth, dict(cfg.peers))
+            if start_control:
+                server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
+                try:
+                    await server.start()
+                except OSError as exc:
+                    raise LocalError(
+                        f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
+                    ) from None
+                self.control_server = server
+                self.control_auth_failures = lambda: sum(server.stats.rejected.values())
+        except BaseException:
+            await self._close()
+            raise
+        log.info("event=started host=%s planes=%d", self.cfg.host_name, self.fabric.planes)
+
+    def _open_data_path(self) -> None:
         try:
             for plane in range(self.fabric.planes):
                 self.sockets.append(
                     open_plane_socket(
                         self.data_address(self.host, plane),
-                        device=f"nic{plane}" if cfg.bind_devices else None,
+                        device=f"nic{plane}" if self.cfg.bind_devices else None,
                     )
                 )
         except OSError as exc:
-            for sock in self.sockets:
-                sock.close()
-            self.sockets.clear()
             raise LocalError(f"cannot open plane sockets: {exc}") from None
         self.transport = Transport(self.loop, self.sockets, self._resolve, self.prober.on_datagram)
-        peers = dict(cfg.peers)
-        self.control_client = ControlClient(cfg.host_name, cfg.auth, peers)
-        if start_control:
-            server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
-            try:
-                await server.start()
-            except OSError as exc:
-                await self.stop(drain_timeout=0)
-                raise LocalError(
-                    f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
-                ) from None
-            self.control_server = server
-            self.control_auth_failures = lambda: sum(server.stats.rejected.values())
-        log.info("event=started host=%s planes=%d", cfg.host_name, self.fabric.planes)
+
+    def quiesce(self) -> None:
+        """Take no new work: posts, new QPs and connection requests (ours and the peers')
+        are refused; what is already posted carries on."""
+        if not self.stopping:
+            self.stopping = True
+            log.info("event=quiescing host=%s writes_in_flight=%d", self.cfg.host_name,
+                     self.writes_in_flight())  # fmt: skip
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until no QP has a write pending; True if none has."""
+        deadline = self.loop.time() + timeout
+        while any(qp.conn is not None and not qp.conn.idle for qp in self.qps.values()):
+            if self.loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def fail_all(self, reason: str) -> int:
+        """Fail every live connection from this side: each pending write completes with
+        FLUSHED and each owner hears ConnectionFailed (the QPs stay, in the error state,
+        until their owners destroy them).  Returns how many writes were flushed."""
+        flushed = self.writes_in_flight()
+        for qpn, qp in list(self.qps.items()):
+            self._abort(qpn, qp, reason)
+        return flushed
 
     async def stop(self, drain_timeout: float = 2.0) -> None:
-        """Let pending writes finish for a moment, then flush the rest with errors."""
-        deadline = self.loop.time() + drain_timeout
-        while self.loop.time() < deadline and any(
-            qp.conn is not None and not qp.conn.idle for qp in self.qps.values()
-        ):
-            await asyncio.sleep(0.01)
+        """Stop gracefully: :meth:`quiesce`, let pending writes finish for up to
+        ``drain_timeout`` s (:meth:`drain`), fail the rest (:meth:`fail_all`), then destroy
+        every QP and close the control channel and the sockets."""
+        self.quiesce()
+        if not await self.drain(drain_timeout):
+            log.warning("event=drain_timeout host=%s writes_in_flight=%d seconds=%g",
+                        self.cfg.host_name, self.writes_in_flight(), drain_timeout)  # fmt: skip
+        self.fail_all("mrcd stopping")
+        await self._close()
+        log.info("event=stopped host=%s", self.cfg.host_name)
+
+    async def _close(self) -> None:
+        """Release everything; tolerates a half-finished start and being called twice."""
         for qpn in list(self.qps):
             self.destroy_qp(qpn, reason="mrcd stopping")
         for fut in self._pending.values():
@@ -236,7 +279,6 @@ class Node:
         for sock in self.sockets:
             sock.close()
         self.sockets.clear()
-        log.info("event=stopped host=%s", self.cfg.host_name)
 
     # Addresses --------------------------------------------------------------------------
     def data_address(self, host: int, plane: int) -> Address:
@@ -275,6 +317,7 @@ class Node:
     ) -> int:
         if ctx.ident not in self.contexts:
             raise LocalError("context is closed")
+        self._check_running()
         while True:
             qpn = self.rng.randrange(1, QPN_LIMIT)
             if qpn not in self.qps:
@@ -298,6 +341,7 @@ class Node:
             raise LocalError(f"QP {qpn} is {qp.state.value}, not reset")
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
             raise LocalError(f"bad remote host {remote_host}")
+        self._check_running()
         transport = self._transport()
         attrs = qp.attrs
         config = ConnectionConfig(
@@ -351,24 +395,37 @@ class Node:
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
+        self._check_running()
         now = clock()
         qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
-        self._posted[(qpn, wr_id)] = now
+        qp.posted[wr_id] = now
         self._transport().kick(qpn)
 
     def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
-        qp = self.qps.pop(qpn, None)
+        """Pending writes complete FLUSHED (the owner hears each once), then the QP goes."""
+        qp = self.qps.get(qpn)
         if qp is None:
             return
+        self._abort(qpn, qp, reason)
+        del self.qps[qpn]
         qp.ctx.qpns.discard(qpn)
         if qp.conn is not None:
             if self.transport is not None:
                 self.transport.remove(qpn)
-            if qp.conn.failed is None:
-                qp.conn.abort(reason)
-            while (ev := qp.conn.next_event()) is not None:
-                qp.on_event(qpn, ev)
             self.retired.add(qp.conn.stats)
+
+    def _abort(self, qpn: int, qp: Qp, reason: str) -> None:
+        """Fail a connection from this side, delivering what it has to say at once
+        (completions, ConnectionFailed) through the same path as the transport does."""
+        conn = qp.conn
+        if conn is None:
+            qp.state, qp.failure = QpState.ERROR, reason
+            return
+        if conn.failed is None:
+            qp.state, qp.failure = QpState.ERROR, reason  # ours: not logged as a failure
+            conn.abort(reason)
+        while (event := conn.next_event()) is not None:
+            self._on_event(qpn, event)
 
     # Connection setup over the control channel (hooks called by control.py) -----------
     def listen(self, ctx: Context, service: int, on_request: Listener) -> None:
@@ -393,6 +450,7 @@ class Node:
         qp = self.qp(qpn)
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
             raise LocalError(f"bad remote host {remote_host}")
+        self._check_running()
         if self.control_client is None:
             raise LocalError("mrcd is not running")
         peer = Fabric.host_name(remote_host)
@@ -418,6 +476,8 @@ class Node:
 
     async def on_connect(self, req: ConnectRequest) -> Accept | Reject:
         """ControlHooks: a peer's CONNECT, for the application listening on its service."""
+        if self.stopping:
+            return Reject("mrcd is stopping")
         if req.planes != self.fabric.planes:
             return Reject(f"plane count differs: {req.planes} != {self.fabric.planes}")
         incoming = IncomingConnect(
@@ -566,14 +626,15 @@ class Node:
                 "event=peer_plane_%s qpn=%d plane=%d", "up" if event.up else "down", qpn, event.port
             )
         elif type(event) is SendCompleted:
-            posted = self._posted.pop((qpn, event.wr_id), None)
+            posted = None if qp is None else qp.posted.pop(event.wr_id, None)
             if posted is not None and event.status is WcStatus.SUCCESS:
                 self.write_completion.observe(clock() - posted)
         elif type(event) is ConnectionFailed:
-            log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
+            if qp is None or qp.failure is None:  # else we failed it ourselves (_abort)
+                log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
             if qp is not None:
                 qp.state = QpState.ERROR
-                qp.failure = event.reason
+                qp.failure = qp.failure or event.reason
         if qp is not None:
             qp.on_event(qpn, event)
 
@@ -581,6 +642,10 @@ class Node:
         if self.transport is None:
             raise LocalError("mrcd is not running")
         return self.transport
+
+    def _check_running(self) -> None:
+        if self.stopping:
+            raise LocalError("mrcd is stopping: no new work is taken")
 
     # Introspection ----------------------------------------------------------------------
     def ev_states(self, qpn: int | None = None) -> list[dict[str, object]]:
@@ -600,6 +665,10 @@ class Node:
                     }
                 )
         return out
+
+    def writes_in_flight(self) -> int:
+        """Writes posted and not completed yet, over every QP."""
+        return sum(len(qp.posted) for qp in self.qps.values())
 
     def connections(self) -> list[Connection]:
         return [qp.conn for qp in self.qps.values() if qp.conn is not None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -14,10 +15,16 @@ from prometheus_client import generate_latest
 
 from daemons.mrcd.config import AuthConfig, MrcdConfig
 from daemons.mrcd.metrics import make_registry
-from daemons.mrcd.node import IncomingConnect, Node, QpAttrs
-from daemons.mrcd.transport import PROBE_QPN
+from daemons.mrcd.node import IncomingConnect, Node, QpAttrs, QpState
+from daemons.mrcd.transport import PROBE_QPN, open_plane_socket
 from mrcstack.core.errors import LocalError
-from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
+from mrcstack.core.events import (
+    ConnectionFailed,
+    Event,
+    SendCompleted,
+    WcStatus,
+    WriteImmReceived,
+)
 from mrcstack.core.memory import Access
 from mrcstack.fabric import Fabric
 from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
@@ -231,3 +238,94 @@ async def test_malformed_datagrams_for_qpn_0_are_counted_by_reason(pair: list[No
     assert await a.probe(3, 1, 0x101, timeout=2.0) > 0  # real probes still work
     text = generate_latest(make_registry(b.snapshot)).decode()
     assert 'mrc_rejected_packets_total{reason="probe_source"} 1.0' in text
+
+
+async def test_destroy_completes_each_pending_write_once_and_keeps_no_record(
+    pair: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    b.destroy_qp(qb)  # nothing will ever acknowledge our writes
+    for wr_id in range(3):
+        a.post_write(qa, wr_id, memoryview(os.urandom(1 << 16)), 0x1000, 1, None)
+    assert a.writes_in_flight() == 3
+    a.destroy_qp(qa)
+    done = [e for e in ra.events if isinstance(e, SendCompleted)]
+    assert done == [SendCompleted(i, WcStatus.FLUSHED, 1 << 16) for i in range(3)]
+    assert a.writes_in_flight() == 0 and qa not in a.qps
+    assert "event=connection_failed" not in caplog.text  # our own teardown is no failure
+
+
+async def test_a_failed_connection_keeps_no_record_of_its_writes(pair: list[Node]) -> None:
+    a, b = pair
+    attrs = QpAttrs(timeout=1e-3, linear_cnt=1, exp_cnt=1)
+    qa, qb, ra, _rb = await connect(pair, attrs)
+    b.destroy_qp(qb)
+    for wr_id in range(3):
+        a.post_write(qa, wr_id, memoryview(os.urandom(1 << 16)), 0x1000, 1, None)
+    (failed,) = await ra.wait_for(ConnectionFailed)
+    assert [e.status for e in ra.events if isinstance(e, SendCompleted)] == [
+        WcStatus.RETRY_EXCEEDED,
+        WcStatus.FLUSHED,
+        WcStatus.FLUSHED,
+    ]
+    assert a.writes_in_flight() == 0 and a.qp(qa).failure == failed.reason
+
+
+async def test_quiesce_drain_and_fail_all(
+    pair: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping node takes no new work, lets what is posted finish, fails the rest."""
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    stuck, gone, rs, _ = await connect(pair, QpAttrs())
+    b.destroy_qp(gone)
+    dst = bytearray(4 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    src = os.urandom(4 << 20)
+    a.post_write(qa, 1, memoryview(src), mr.va, mr.rkey, imm=None)
+    a.post_write(stuck, 2, memoryview(src[:4096]), 0x1000, 1, imm=None)
+    a.quiesce()
+    with pytest.raises(LocalError, match="stopping"):
+        a.post_write(qa, 3, memoryview(src[:10]), mr.va, mr.rkey, imm=None)
+    with pytest.raises(LocalError, match="stopping"):
+        a.create_qp(a.qp(qa).ctx, QpAttrs(), ra)
+    with pytest.raises(LocalError, match="stopping"):
+        await a.connect_qp(qa, 3, 7)
+    # The write with a live peer completes while quiesced; the stuck one cannot.
+    await ra.wait_for(SendCompleted)
+    assert not await a.drain(0.05)
+    assert a.fail_all("mrcd stopping") == 1
+    assert [e for e in ra.events if isinstance(e, SendCompleted)] == [
+        SendCompleted(1, WcStatus.SUCCESS, 4 << 20)
+    ]
+    assert [e for e in rs.events if isinstance(e, SendCompleted)] == [
+        SendCompleted(2, WcStatus.FLUSHED, 4096)
+    ]
+    assert isinstance(rs.events[-1], ConnectionFailed) and a.qp(stuck).state is QpState.ERROR
+    assert await a.drain(0) and a.writes_in_flight() == 0 and dst == src
+    assert "event=connection_failed" not in caplog.text
+
+
+@pytest.mark.parametrize("broken", ["key file", "control port"])
+async def test_a_failed_start_closes_what_it_opened(
+    pair: list[Node], tmp_path: Path, broken: str
+) -> None:
+    """A node that cannot start (an unreadable key, a control port in use) leaves no socket
+    open: the same ports bind again at once."""
+    a, _b = pair
+    cfg = a.cfg
+    spare = 1 + max(h for h in range(FABRIC.hosts) if h not in (0, 3))  # h2 is free
+    cfg = dataclasses.replace(cfg, host=spare - 1, control_address=("::1", 0))
+    if broken == "key file":
+        cfg = dataclasses.replace(cfg, auth=AuthConfig(mode="psk", psk_file=tmp_path / "no.key"))
+    else:
+        cfg = dataclasses.replace(cfg, control_address=a.cfg.control_address)  # a's: in use
+    fds = len(os.listdir("/proc/self/fd"))
+    node = Node(cfg, asyncio.get_running_loop())
+    with pytest.raises(LocalError):
+        await node.start()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert node.transport is None and node.control_client is None
+    for plane in range(FABRIC.planes):
+        open_plane_socket(node.data_address(node.host, plane)).close()
