@@ -1,21 +1,23 @@
 """The node: everything one mrcd runs, behind the calls its API servers make.
 
-It owns the plane sockets and the transport, the QP table, the per-application contexts
-(protection domains with their memory tables), port state (link and admin), and the event
-fan-out to controllers, logs and metrics.  QP attributes travel over the control channel
+It owns the plane sockets and the transport, the QP table (records in ``qps.py``), the
+per-application contexts (protection domains with their memory tables), its lifecycle
+(start, quiesce, drain, stop), and the event fan-out to controllers, logs and metrics.
+Around it: ``ports.py`` (our ports' link and admin state, peers' port bitmaps),
+``listeners.py`` (peers' connection requests for listening applications), ``probes.py``
+(connectionless EV probes on QPN 0).  QP attributes travel over the control channel
 (``control.py``); this module only decides what to do with them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
 
@@ -28,9 +30,12 @@ from daemons.mrcd.control import (
     ControlServer,
     Reject,
 )
+from daemons.mrcd.listeners import Listener, Listeners
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
+from daemons.mrcd.ports import Ports
 from daemons.mrcd.probes import Prober
 from daemons.mrcd.profiles import ProfileStore
+from daemons.mrcd.qps import Accepted, Context, IncomingConnect, Qp, QpAttrs, QpState
 from daemons.mrcd.records import ControlError
 from daemons.mrcd.transport import Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
@@ -46,9 +51,20 @@ from mrcstack.core.events import (
     SendCompleted,
     WcStatus,
 )
-from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
+from mrcstack.core.memory import Access, MemoryRegion
 from mrcstack.fabric import Fabric
 
+# The QP records live in qps.py; callers may keep importing them from here.
+__all__ = [
+    "Accepted",
+    "Context",
+    "IncomingConnect",
+    "Node",
+    "NodeCounters",
+    "Qp",
+    "QpAttrs",
+    "QpState",
+]
 log = logging.getLogger("mrcd")
 
 #: Loopback data mode: each host's plane sockets use data_port + host * PORT_STRIDE + plane.
@@ -60,88 +76,15 @@ INITIAL_RTO = 0.05
 QPN_LIMIT = 1 << 24
 
 
-class QpState(enum.Enum):
-    """Verbs QP states, as far as MRC uses them."""
-
-    RESET = "reset"
-    RTS = "rts"  # connected: ready to send
-    ERROR = "error"
-
-
-@dataclass(frozen=True, slots=True)
-class QpAttrs:
-    """MRC QP attributes (mrc.h names).  Durations in seconds."""
-
-    max_wimm: int = 1024
-    max_wimm_dest: int = 1024
-    # Minimum retransmission timeout.  A Python endpoint on a busy host is sometimes not
-    # scheduled for several milliseconds (CFS time slices): a smaller floor turns those
-    # silences into spurious timeouts.  Losses on a live connection are found by RACK.
-    timeout: float = 10e-3
-    linear_cnt: int = 3
-    exp_cnt: int = 6
-    ev_profile_id: int = 0
-    cc_profile_id: int = 0
-    mtu_payload: int = 8192
-    ack_coalesce: int | None = None  # None: the daemon's setting
-
-
-@dataclass(frozen=True, slots=True)
-class IncomingConnect:
-    """A peer asks to connect one of its QPs to a service we listen on."""
-
-    remote_host: int
-    remote_qpn: int
-    remote_psn: int
-    service: int
-    private_data: bytes
-    request_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    qpn: int
-    psn: int
-    private_data: bytes
-
-
-class Context:
-    """One application connection: a protection domain with its regions and QPs."""
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-        self.memory = MemoryTable(rkey_seed=random.SystemRandom().randrange(1, 1 << 31))
-        self.qpns: set[int] = set()
-        self.services: set[int] = set()
-
-
-@dataclass(slots=True)
-class Qp:
-    qpn: int
-    ctx: Context
-    attrs: QpAttrs
-    on_event: Callable[[int, Event], None]
-    psn: int
-    state: QpState = QpState.RESET
-    remote_host: int = -1
-    remote_qpn: int = -1
-    conn: Connection | None = None
-    failure: str | None = None
-    #: wr_id -> when it was posted, until its completion (the write-completion histogram).
-    posted: dict[int, float] = field(default_factory=dict)
-
-
 @dataclass(slots=True)
 class NodeCounters:
     """Node-level counters (the core and the transport keep their own)."""
 
     auth_failures: int = 0
-    connect_rejected: int = 0
     connections_total: int = 0
     operator_events: dict[str, int] = field(default_factory=dict)
 
 
-Listener = Callable[[IncomingConnect], Awaitable[None]]
 EvListener = Callable[[int, EvStateChanged], None]
 
 
@@ -158,8 +101,10 @@ class Node:
         self.rng = random.SystemRandom()
         self.contexts: dict[int, Context] = {}
         self.qps: dict[int, Qp] = {}
-        self.port_admin = [True] * cfg.fabric.planes
-        self.port_link = [True] * cfg.fabric.planes
+        self.ports = Ports(cfg.fabric.planes, cfg.host_name, self.qps, clock,
+                           self._kick, self._on_event)  # fmt: skip
+        # Our ports' flags (the controller API and the metrics read them).
+        self.port_admin, self.port_link = self.ports.admin, self.ports.link
         self.counters = NodeCounters()
         self.sockets: list[socket.socket] = []
         self.transport: Transport | None = None
@@ -167,13 +112,11 @@ class Node:
         self.control_client: ControlClient | None = None
         self.ev_listeners: list[EvListener] = []
         self.profiles = ProfileStore(cfg.fabric)
-        self._listeners: dict[int, tuple[Context, Listener]] = {}
-        self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
+        self.listeners = Listeners(self.loop)
         self._next_ctx = 1
         self.prober = Prober(
-            self.loop, self._resolve, self.host_of, self._send_raw, self._port_bits
+            self.loop, self._resolve, self.host_of, self._send_raw, self.ports.bits
         )
-        self._next_request = 1
         # Dead connections' counters stay in the totals (Prometheus counters never go down).
         self.retired = Totals(cfg.fabric.planes)
         self.rtt = Buckets()
@@ -264,9 +207,7 @@ class Node:
         """Release everything; tolerates a half-finished start and being called twice."""
         for qpn in list(self.qps):
             self.destroy_qp(qpn, reason="mrcd stopping")
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_result(None)
+        self.listeners.close()
         if self.control_server is not None:
             await self.control_server.stop()
             self.control_server = None
@@ -302,8 +243,7 @@ class Node:
     def close_context(self, ctx: Context) -> None:
         for qpn in list(ctx.qpns):
             self.destroy_qp(qpn, reason="context closed")
-        for service in ctx.services:
-            self._listeners.pop(service, None)
+        self.listeners.forget(ctx)
         for region in ctx.memory.regions():
             ctx.memory.deregister(region.rkey)
         self.contexts.pop(ctx.ident, None)
@@ -366,9 +306,7 @@ class Node:
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
         )
         conn.sender.on_rtt = self.rtt.observe
-        for plane in range(self.fabric.planes):
-            if not self.port_up(plane):
-                conn.set_port_state(plane, False, now)
+        self.ports.new_connection(conn)
         qp.conn = conn
         qp.remote_host = remote_host
         qp.remote_qpn = remote_qpn
@@ -429,10 +367,7 @@ class Node:
 
     # Connection setup over the control channel (hooks called by control.py) -----------
     def listen(self, ctx: Context, service: int, on_request: Listener) -> None:
-        if service in self._listeners:
-            raise LocalError(f"service {service} already has a listener")
-        self._listeners[service] = (ctx, on_request)
-        ctx.services.add(service)
+        self.listeners.listen(ctx, service, on_request)
 
     async def connect_qp(
         self,
@@ -486,9 +421,9 @@ class Node:
             remote_psn=req.src_psn,
             service=req.service,
             private_data=req.private_data,
-            request_id=self.new_request_id(),
+            request_id=self.listeners.new_request_id(),
         )
-        accepted = await self.offer(incoming)
+        accepted = await self.listeners.offer(incoming)
         if accepted is None:
             return Reject(f"nothing accepted service {req.service}")
         key = req.derive_qp_key(self.host, accepted.qpn)
@@ -499,43 +434,20 @@ class Node:
         return Accept(accepted.qpn, accepted.psn, accepted.private_data)
 
     def on_port_status(self, host: int, bitmap: int) -> None:
-        """ControlHooks: a peer's port bitmap (the data path's SACKs carry it too)."""
-        log.info("event=peer_port_status host=h%d bitmap=%#x", host, bitmap)
-
-    async def offer(self, req: IncomingConnect, timeout: float = 10.0) -> Accepted | None:
-        """Hand a connection request to the listening application, wait for its accept."""
-        entry = self._listeners.get(req.service)
-        if entry is None:
-            self.counters.connect_rejected += 1
-            return None
-        fut: asyncio.Future[Accepted | None] = self.loop.create_future()
-        self._pending[req.request_id] = fut
-        try:
-            await entry[1](req)
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            self.counters.connect_rejected += 1
-            return None
-        finally:
-            self._pending.pop(req.request_id, None)
+        """ControlHooks: a peer's PORT_STATUS_UPDATE, applied to our QPs to that host as
+        the port bitmap in its SACKs would be (:meth:`Ports.peer_status`)."""
+        self.ports.peer_status(host, bitmap)
 
     def new_request_id(self) -> int:
-        self._next_request += 1
-        return self._next_request
+        return self.listeners.new_request_id()
 
     def reject(self, request_id: int) -> None:
         """The listening application refused: the peer's CONNECT is answered at once."""
-        fut = self._pending.get(request_id)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        self.listeners.reject(request_id)
 
     def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:
-        fut = self._pending.get(request_id)
-        if fut is None or fut.done():
-            raise LocalError(f"no pending connection request {request_id}")
-        qp = self.qp(qpn)
-        accepted = Accepted(qpn, qp.psn, private_data)
-        fut.set_result(accepted)
+        accepted = Accepted(qpn, self.qp(qpn).psn, private_data)
+        self.listeners.accept(request_id, accepted)
         return accepted
 
     # Connectionless EV probes (the controller API's EV_PROBE) ----------------------------
@@ -572,39 +484,18 @@ class Node:
             return None
         return int(name[1:])
 
-    def _port_bits(self) -> int:
-        return sum(1 << p for p in range(self.fabric.planes) if self.port_up(p))
-
-    # Ports ------------------------------------------------------------------------------
+    # Ports (ports.py) -------------------------------------------------------------------
     def port_up(self, plane: int) -> bool:
-        return self.port_admin[plane] and self.port_link[plane]
+        return self.ports.up(plane)
 
     def set_port_admin(self, plane: int, enabled: bool) -> None:
-        self._check_plane(plane)
-        self._port_change(plane, lambda: self.port_admin.__setitem__(plane, enabled))
+        self.ports.set_admin(plane, enabled)
 
     def set_port_link(self, plane: int, up: bool) -> None:
-        self._check_plane(plane)
-        self._port_change(plane, lambda: self.port_link.__setitem__(plane, up))
-
-    def _port_change(self, plane: int, change: Callable[[], None]) -> None:
-        before = self.port_up(plane)
-        change()
-        after = self.port_up(plane)
-        if before == after:
-            return
-        log.warning(
-            "event=plane_%s host=%s plane=%d", "up" if after else "down", self.cfg.host_name, plane
-        )
-        now = clock()
-        for qpn, qp in self.qps.items():
-            if qp.conn is not None:
-                qp.conn.set_port_state(plane, after, now)
-                self._transport().kick(qpn)
+        self.ports.set_link(plane, up)
 
     def _check_plane(self, plane: int) -> None:
-        if not 0 <= plane < self.fabric.planes:
-            raise LocalError(f"plane {plane} out of range 0..{self.fabric.planes - 1}")
+        self.ports.check(plane)
 
     # Events -----------------------------------------------------------------------------
     def _on_event(self, qpn: int, event: Event) -> None:
@@ -642,6 +533,9 @@ class Node:
         if self.transport is None:
             raise LocalError("mrcd is not running")
         return self.transport
+
+    def _kick(self, qpn: int) -> None:
+        self._transport().kick(qpn)
 
     def _check_running(self) -> None:
         if self.stopping:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import random
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from mrcstack.core.errors import LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
+    PortStateChanged,
     SendCompleted,
     WcStatus,
     WriteImmReceived,
@@ -42,6 +44,23 @@ def config(host: int, port: int, psk: Path) -> MrcdConfig:
         peers=tuple((f"h{h}", ("::1", port + 500 + h)) for h in (0, 3)),
         auth=AuthConfig(mode="psk", psk_file=psk),
     )
+
+
+def free_base(hosts: tuple[int, ...] = (0, 2, 3)) -> int:
+    """A port base whose data (UDP, base + host*16 + plane) and control (TCP, base + 500 +
+    host) ports on ::1 are free now, below the kernel's ephemeral range (clients' ports)."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(10000, 32000 - 600)
+        wanted = [(socket.SOCK_DGRAM, base + h * 16 + p) for h in hosts for p in range(4)]
+        wanted += [(socket.SOCK_STREAM, base + 500 + h) for h in hosts]
+        try:
+            with contextlib.ExitStack() as stack:
+                for kind, port in wanted:
+                    stack.enter_context(socket.socket(socket.AF_INET6, kind)).bind(("::1", port))
+        except OSError:
+            continue
+        return base
 
 
 class Recorder:
@@ -68,7 +87,7 @@ class Recorder:
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[list[Node]]:
     loop = asyncio.get_running_loop()
-    base = 30000 + os.getpid() % 4000 * 5
+    base = free_base()
     psk = tmp_path / "cluster.key"
     psk.write_text(os.urandom(32).hex())
     nodes = [Node(config(0, base, psk), loop), Node(config(3, base, psk), loop)]
@@ -315,8 +334,7 @@ async def test_a_failed_start_closes_what_it_opened(
     open: the same ports bind again at once."""
     a, _b = pair
     cfg = a.cfg
-    spare = 1 + max(h for h in range(FABRIC.hosts) if h not in (0, 3))  # h2 is free
-    cfg = dataclasses.replace(cfg, host=spare - 1, control_address=("::1", 0))
+    cfg = dataclasses.replace(cfg, host=2, control_address=("::1", 0))  # h2 runs no node
     if broken == "key file":
         cfg = dataclasses.replace(cfg, auth=AuthConfig(mode="psk", psk_file=tmp_path / "no.key"))
     else:
@@ -329,3 +347,35 @@ async def test_a_failed_start_closes_what_it_opened(
     assert node.transport is None and node.control_client is None
     for plane in range(FABRIC.planes):
         open_plane_socket(node.data_address(node.host, plane)).close()
+
+
+async def test_port_status_update_takes_a_peers_plane_out_and_back(pair: list[Node]) -> None:
+    """A peer's PORT_STATUS_UPDATE acts on our QPs to it like the bitmap in its SACKs: its
+    down plane is out of use at once (the next packets avoid it), and back when it says so."""
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    dst = bytearray(1 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    conn = a.qp(qa).conn
+    assert conn is not None
+    stuck_qp = a.create_qp(a.open_context(), QpAttrs(), ra)  # never connected: untouched
+
+    a.on_port_status(3, 0b1011)  # h3: plane 2 is down
+    assert not conn.evs.plane_usable(2) and conn.evs.plane_usable(1)
+    assert PortStateChanged(2, False, remote=True) in ra.events
+    assert a.qp(stuck_qp).conn is None
+    a.on_port_status(1, 0b0000)  # another host: nothing of ours goes there
+    assert conn.evs.plane_usable(1)
+    sent = list(conn.stats.packets_sent)
+    a.post_write(qa, 1, memoryview(os.urandom(32 << 10)), mr.va, mr.rkey, imm=None)
+    await asyncio.sleep(0)  # the first flight leaves (before any ACK could say otherwise)
+    first = [n - s for n, s in zip(conn.stats.packets_sent, sent, strict=True)]
+    assert first[2] == 0 and sum(first) >= 4, first
+    await ra.wait_for(SendCompleted)
+    a.on_port_status(3, 0b1111)  # back
+    assert conn.evs.plane_usable(2)
+    assert PortStateChanged(2, True, remote=True) in ra.events
+    sent = list(conn.stats.packets_sent)
+    a.post_write(qa, 2, memoryview(os.urandom(1 << 20)), mr.va, mr.rkey, imm=None)
+    await ra.wait_for(SendCompleted, 2)
+    assert conn.stats.packets_sent[2] > sent[2]
