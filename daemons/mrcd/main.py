@@ -27,7 +27,7 @@ import uvloop
 
 from daemons.mrcd.appserver import AppServer
 from daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
-from daemons.mrcd.linkwatch import LinkWatcher
+from daemons.mrcd.linkwatch import watch_planes
 from daemons.mrcd.metrics import ListenAddressError, make_registry, serve
 from daemons.mrcd.node import Node
 from mrcstack.core.errors import LocalError
@@ -82,11 +82,7 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
         cleanups.append(metrics.stop)
         log.info("event=metrics_listening url=%s", metrics.url)
         if cfg.data_mode == "srv6":
-            nics = {f"nic{p}": p for p in range(cfg.fabric.planes)}
-            watcher = LinkWatcher(
-                loop, lambda name, up: node.set_port_link(nics[name], up), set(nics)
-            )
-            watcher.start()
+            watcher = watch_planes(loop, cfg.interfaces, node.set_port_link)
             cleanups.append(watcher.stop)
         app = AppServer(node, cfg.api_socket)
         await app.start()

@@ -158,7 +158,7 @@ class Node:
                 self.sockets.append(
                     open_plane_socket(
                         self.data_address(self.host, plane),
-                        device=f"nic{plane}" if self.cfg.bind_devices else None,
+                        device=self.cfg.interfaces[plane] if self.cfg.bind_devices else None,
                     )
                 )
         except OSError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from daemons.mrcd.config import MrcdConfig
 from mrcstack.api import (
     ApiError,
     AsyncEvent,
@@ -78,6 +79,12 @@ t1_per_plane = 2
         ("[mrcd]\nhost = 0\nlog_level = 'loud'\n", "mrcd.log_level"),
         ("[mrcd]\nhost = 0\ndrain_timeout = -1\n", "mrcd.drain_timeout: must be a number"),
         ("[mrcd]\nhost = 0\ndrain_timeout = '2s'\n", "mrcd.drain_timeout: must be a number"),
+        ("[mrcd]\nhost = 0\ninterfaces = ['ens1f0']\n", "mrcd.interfaces: 1 names for 4 planes"),
+        ("[mrcd]\nhost = 0\ninterfaces = 'ens1f0'\n", "mrcd.interfaces: must be a list"),
+        ("[mrcd]\nhost = 0\ninterfaces = ['a', 'b', 'c', 'd/e']\n", "mrcd.interfaces[3]: not an"),
+        ("[mrcd]\nhost = 0\ninterfaces = ['a', 'b', 'a', 'd']\n", "mrcd.interfaces[2]: 'a' is"),
+        ("[mrcd]\nhost = 0\n[mrcd.interfaces]\n0 = 'a'\n", "mrcd.interfaces.1: missing"),
+        ("[mrcd]\nhost = 0\n[mrcd.interfaces]\n4 = 'a'\n", "mrcd.interfaces.4: not a plane"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, message: str) -> None:
@@ -89,6 +96,25 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, message: s
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+@pytest.mark.parametrize(
+    "text,names",
+    [
+        ("", ("nic0", "nic1")),  # the testbed's ports
+        ('interfaces = ["ens1f0", "ens1f1np1"]', ("ens1f0", "ens1f1np1")),
+        ('[mrcd.interfaces]\n1 = "eth1"\n0 = "eth0"', ("eth0", "eth1")),
+    ],
+)
+def test_interfaces_default_to_the_testbeds_and_follow_the_config(
+    text: str, names: tuple[str, ...]
+) -> None:
+    head = "[mrcd]\nhost = 0\n[mrcd.auth]\npsk_file = '/k'\n"
+    if not text.startswith("["):
+        head = head.replace("host = 0\n", f"host = 0\n{text}\n")
+        text = ""
+    cfg = MrcdConfig.from_toml(f"{head}{text}\n[fabric]\nplanes = 2\n")
+    assert cfg.interfaces == names
 
 
 def test_bad_flag_and_missing_file(tmp_path: Path) -> None:
