@@ -163,33 +163,41 @@ async def _rtt_samples() -> None:
         pair.close()
 
 
+#: A BTH for QP 2 (side 1's connection) and garbage after: its decoder rejects it (counted).
+JUNK_FOR_QP2 = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
+
+
+def fed(conn: Connection) -> list[tuple[int, bool]]:
+    """(port, ecn) of every datagram the transport feeds ``conn`` from now on."""
+    seen: list[tuple[int, bool]] = []
+    receive = conn.receive_datagram
+
+    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
+        seen.append((port, ecn))
+        receive(data, now=now, port=port, ecn=ecn)
+
+    conn.receive_datagram = spy  # type: ignore[method-assign]
+    return seen
+
+
 async def test_plane_sockets_are_read_in_turns() -> None:
     """Datagrams waiting on several plane sockets reach the core in turns of READ_TURN per
     socket, so a plane's acks are not fed long after another plane's later ones."""
     pair = Pair(asyncio.get_running_loop())
-    seen: list[int] = []
     conn = pair.conns[1]
-    receive = conn.receive_datagram
-
-    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
-        seen.append(port)
-        receive(data, now=now, port=port, ecn=ecn)
-
-    conn.receive_datagram = spy  # type: ignore[method-assign]
+    feed = fed(conn)
     try:
         per_plane = 3 * READ_TURN + 5
-        # A BTH for QP 2 (side 1's connection) and garbage after: the core rejects them
-        # (counted), which is all this test needs.
-        junk = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
         loop = asyncio.get_running_loop()
         for sock in pair.socks[1]:
             loop.remove_reader(sock.fileno())  # hold reading until both are full
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
             for plane in range(PLANES):
                 for _ in range(per_plane):
-                    s.sendto(junk, ("::1", pair.ports[1][plane]))
+                    s.sendto(JUNK_FOR_QP2, ("::1", pair.ports[1][plane]))
         await asyncio.sleep(0.05)
         pair.transports[1]._on_readable(0)
+        seen = [port for port, _ecn in feed]
         assert len(seen) == PLANES * per_plane
         runs: list[int] = []
         for i, port in enumerate(seen):
@@ -206,7 +214,6 @@ async def test_plane_sockets_are_read_in_turns() -> None:
 
 # ECN: the traffic class of every datagram reaches the core ----------------------------------
 TCLASS_CE = 0x03
-JUNK_FOR_QP2 = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
 
 
 def sender_with_tclass(tclass: int) -> socket.socket:
@@ -245,15 +252,7 @@ async def test_every_datagram_reaches_the_core_with_its_own_ecn_mark() -> None:
     to the connection with ecn=True exactly when it arrived CE (ECT(0), ECT(1), not-ECT and
     other DSCP bits are not a mark)."""
     pair = Pair(asyncio.get_running_loop())
-    seen: list[bool] = []
-    conn = pair.conns[1]
-    receive = conn.receive_datagram
-
-    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
-        seen.append(ecn)
-        receive(data, now=now, port=port, ecn=ecn)
-
-    conn.receive_datagram = spy  # type: ignore[method-assign]
+    feed = fed(pair.conns[1])
     loop = asyncio.get_running_loop()
     classes = [TCLASS_CE, 0x02, 0x01, 0x00, 0xB8 | TCLASS_CE, 0xB8]
     order = [classes[i * 7 % len(classes)] for i in range(3 * READ_TURN + 5)]
@@ -265,7 +264,7 @@ async def test_every_datagram_reaches_the_core_with_its_own_ecn_mark() -> None:
             senders[tclass].sendto(JUNK_FOR_QP2, ("::1", pair.ports[1][0]))
         await asyncio.sleep(0.05)
         pair.transports[1]._on_readable(0)
-        assert seen == [t & 3 == 3 for t in order]
+        assert [ecn for _port, ecn in feed] == [t & 3 == 3 for t in order]
     finally:
         for s in senders.values():
             s.close()
