@@ -4,10 +4,12 @@ mrcd must see the traffic class of every datagram (a switch's CE mark is the ECN
 the core), which needs ``IPV6_RECVTCLASS`` and the ancillary data of ``recvmsg``.  Python's
 ``socket.recvmsg_into`` builds a list, a tuple and a bytes object of ancillary data per call:
 measured here it costs about 550 ns per datagram more than ``recvfrom_into`` (1.7 against
-1.15 us), a third of the adapter's whole receive path.  ``recvmmsg`` into buffers made once
-and reused (data slots, names, control messages) reads up to ``vlen`` datagrams per system
-call and leaves the traffic class at a fixed offset of each datagram's control buffer, so
-a datagram costs about 0.9 us with its ECN bits, less than ``recvfrom_into`` without them.
+1.15 us a call), a quarter more on the adapter's whole receive path (2 us a datagram).
+``recvmmsg`` into buffers made once and reused (data slots, names, control messages) reads
+up to ``vlen`` datagrams per system call and leaves the traffic class at a fixed offset of
+each datagram's control buffer: about 0.9 us a datagram with its ECN bits in full batches,
+less than ``recvfrom_into`` without them (the adapter: 2.0 -> 1.5 us a datagram; a lone
+datagram per wakeup 3.7 -> 3.9 us).
 
 Layout: slot ``i`` of :attr:`BatchReceiver.data` (``i * slot`` ..) holds datagram ``i`` of
 the last batch; :meth:`BatchReceiver.length`, :meth:`BatchReceiver.ce` and
