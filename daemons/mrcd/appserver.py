@@ -41,6 +41,8 @@ READS_PER_CALLBACK = 16
 WRITE_LIMIT = 64 << 20
 #: Descriptors a client may have in flight before the request that consumes them arrives.
 MAX_PENDING_FDS = 8
+#: Seconds :meth:`AppServer.stop` waits for clients to read what is queued for them.
+LINGER = 1.0
 _CREDS = struct.Struct("3i")
 
 
@@ -260,6 +262,13 @@ class AppServer:
         if sock is not None:
             self.node.loop.remove_reader(sock.fileno())
             sock.close()
+        # What is already queued for a client (the completions of its flushed writes) is
+        # written before its connection closes, unless it stops reading for LINGER s.
+        for session in self.sessions:
+            session.flush()
+        deadline = self.node.loop.time() + LINGER
+        while any(s.io.backlog for s in self.sessions) and self.node.loop.time() < deadline:
+            await asyncio.sleep(0.005)
         for session in list(self.sessions):
             session.shutdown("mrcd stopping")
         self.sessions.clear()

@@ -23,6 +23,9 @@ DEFAULT_WEB = "127.0.0.1:9464"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTH_MODES = ("psk", "keypair")
 DATA_MODES = ("srv6", "loopback")
+#: Seconds SIGTERM gives pending writes to complete before the rest fail (WR_FLUSH_ERR).
+DRAIN_TIMEOUT = 2.0
+MAX_DRAIN_TIMEOUT = 3600.0
 
 Address = tuple[str, int]
 
@@ -75,7 +78,21 @@ class MrcdConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     data_mode: str = "srv6"  # "loopback": plane sockets on ::1 (tests, laptops)
     data_port: int = DATA_PORT  # srv6 mode; loopback mode: base port, + host*16 + plane
-    bind_devices: bool = False  # SO_BINDTODEVICE nic<p> (needs CAP_NET_RAW)
+    bind_devices: bool = False  # SO_BINDTODEVICE to the plane's interface (CAP_NET_RAW)
+    drain_timeout: float = DRAIN_TIMEOUT  # SIGTERM: seconds pending writes get to finish
+    #: The NIC port (network interface) of each plane, whose link state mrcd watches; empty
+    #: means the testbed's names, nic0 .. nic<planes-1>.
+    interfaces: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.interfaces:
+            names = tuple(f"nic{p}" for p in range(self.fabric.planes))
+            object.__setattr__(self, "interfaces", names)
+        elif len(self.interfaces) != self.fabric.planes:
+            raise ConfigError(
+                f"mrcd.interfaces: {len(self.interfaces)} names for "
+                f"{self.fabric.planes} planes (one per plane)"
+            )
 
     @property
     def host_name(self) -> str:
@@ -128,6 +145,8 @@ _KEYS = {
     "data_mode",
     "data_port",
     "bind_devices",
+    "drain_timeout",
+    "interfaces",
 }
 
 
@@ -150,6 +169,13 @@ def _bool(table: Mapping[str, object], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"mrcd.{key}: must be true or false, got {value!r}")
     return value
+
+
+def _seconds(table: Mapping[str, object], key: str, default: float, limit: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= limit:
+        raise ConfigError(f"mrcd.{key}: must be a number of seconds in 0..{limit:g}, got {value!r}")
+    return float(value)
 
 
 def _table(table: Mapping[str, object], key: str) -> Mapping[str, object]:
@@ -187,6 +213,8 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
     port = _int(table, "data_port", DATA_PORT)
     if not 1 <= port <= 65535 - 16 * fabric.hosts:
         raise ConfigError(f"mrcd.data_port: out of range: {port}")
+    drain = _seconds(table, "drain_timeout", DRAIN_TIMEOUT, MAX_DRAIN_TIMEOUT)
+    interfaces = _interfaces(table.get("interfaces"), fabric.planes)
     peers_table = _table(table, "peers")
     peers = []
     for name, addr in sorted(peers_table.items()):
@@ -209,7 +237,55 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         data_mode=mode,
         data_port=port,
         bind_devices=_bool(table, "bind_devices", False),
+        drain_timeout=drain,
+        interfaces=interfaces,
     )
+
+
+#: Linux interface names: 1..15 bytes (IFNAMSIZ 16), not "." or "..", no "/", ":" or space.
+IFNAME_MAX = 15
+_IFNAME = re.compile(r"(?!\.{1,2}$)[^/:\s]+")
+
+
+def _interfaces(value: object, planes: int) -> tuple[str, ...]:
+    """``interfaces = ["ens1f0", ...]`` (one per plane, in plane order) or a table
+    ``[mrcd.interfaces]`` ``0 = "ens1f0"`` naming every plane; absent: the testbed's."""
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        if len(value) != planes:
+            raise ConfigError(
+                f"mrcd.interfaces: {len(value)} names for {planes} planes (one per plane)"
+            )
+        named = {str(p): name for p, name in enumerate(value)}
+        keys = [f"mrcd.interfaces[{p}]" for p in range(planes)]
+    elif isinstance(value, Mapping):
+        for key in value:
+            if not (key.isdigit() and int(key) < planes and key == str(int(key))):
+                raise ConfigError(f"mrcd.interfaces.{key}: not a plane (0..{planes - 1})")
+        missing = [p for p in range(planes) if str(p) not in value]
+        if missing:
+            raise ConfigError(f"mrcd.interfaces.{missing[0]}: missing (one name per plane)")
+        named = dict(value)
+        keys = [f"mrcd.interfaces.{p}" for p in range(planes)]
+    else:
+        raise ConfigError("mrcd.interfaces: must be a list of names or a table plane = name")
+    names: list[str] = []
+    for plane, key in enumerate(keys):
+        name = named[str(plane)]
+        if (
+            not isinstance(name, str)
+            or _IFNAME.fullmatch(name) is None
+            or len(name.encode()) > IFNAME_MAX
+        ):
+            raise ConfigError(
+                f"{key}: not an interface name (1-{IFNAME_MAX} bytes, no '/', ':' or "
+                f"spaces, not '.' or '..'): {name!r}"
+            )
+        if name in names:
+            raise ConfigError(f"{key}: {name!r} is already plane {names.index(name)}'s")
+        names.append(name)
+    return tuple(names)
 
 
 def _auth(table: Mapping[str, object]) -> AuthConfig:

@@ -35,7 +35,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger("mrcd.linkwatch")
@@ -318,6 +318,30 @@ class LinkWatcher:
             self.callback(name, up)
         except Exception:
             log.exception("event=linkwatch_callback_failed ifname=%s", name)
+
+
+def watch_planes(
+    loop: asyncio.AbstractEventLoop,
+    interfaces: Sequence[str],
+    set_link: Callable[[int, bool], None],
+) -> LinkWatcher:
+    """Watch plane p's interface ``interfaces[p]``, reporting ``set_link(p, up)``; started.
+
+    An interface that does not exist is named in one warning line: its plane counts as up
+    until the interface appears (then its state is reported like any other's).
+    """
+    planes = {name: plane for plane, name in enumerate(interfaces)}
+    watcher = LinkWatcher(loop, lambda name, up: set_link(planes[name], up), set(planes))
+    watcher.start()
+    missing = [name for name in interfaces if name not in watcher.state]
+    if missing:
+        log.warning(
+            "event=interfaces_missing names=%s planes=%s hint=%r",
+            ",".join(missing),
+            ",".join(str(planes[name]) for name in missing),
+            "set mrcd.interfaces to this host's NIC port of each plane",
+        )
+    return watcher
 
 
 # A tiny CLI for operators and tests -----------------------------------------------------------

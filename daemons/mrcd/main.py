@@ -2,8 +2,13 @@
 
 Lifecycle in the manner of aiohttp's runner: each part starts in order and is recorded, and
 ``finally`` tears down whatever did start, one step at a time, so a failed start leaves
-nothing behind.  SIGTERM and SIGINT ask for a graceful stop: pending writes get a moment to
-finish, the rest complete with an error, sockets close.
+nothing behind.
+
+SIGTERM and SIGINT ask for a graceful stop, in this order: no new work is taken (posts, new
+QPs and connection requests are refused); writes already posted get ``drain_timeout``
+seconds (default 2) to complete; the rest complete with WR_FLUSH_ERR and their QPs report
+QP_FATAL; every API client then gets DEVICE_FATAL after its last completion, and the API
+socket, the link watch, /metrics, the control channel and the plane sockets close.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -21,7 +27,7 @@ import uvloop
 
 from daemons.mrcd.appserver import AppServer
 from daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
-from daemons.mrcd.linkwatch import LinkWatcher
+from daemons.mrcd.linkwatch import watch_planes
 from daemons.mrcd.metrics import ListenAddressError, make_registry, serve
 from daemons.mrcd.node import Node
 from mrcstack.core.errors import LocalError
@@ -60,7 +66,8 @@ def setup_logging(level: str) -> None:
 
 
 async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or SIGTERM/SIGINT), then tear down in reverse order."""
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), stop gracefully (see above), then
+    tear down in reverse order."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -70,23 +77,24 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
     node = Node(cfg, loop)
     try:
         await node.start()
-        cleanups.append(node.stop)
+        cleanups.append(functools.partial(node.stop, drain_timeout=0))
         metrics = await serve(make_registry(node.snapshot), web)
         cleanups.append(metrics.stop)
         log.info("event=metrics_listening url=%s", metrics.url)
         if cfg.data_mode == "srv6":
-            nics = {f"nic{p}": p for p in range(cfg.fabric.planes)}
-            watcher = LinkWatcher(
-                loop, lambda name, up: node.set_port_link(nics[name], up), set(nics)
-            )
-            watcher.start()
+            watcher = watch_planes(loop, cfg.interfaces, node.set_port_link)
             cleanups.append(watcher.stop)
         app = AppServer(node, cfg.api_socket)
         await app.start()
         cleanups.append(app.stop)
         log.info("event=ready host=%s", cfg.host_name)
         await stop.wait()
-        log.info("event=stopping host=%s", cfg.host_name)
+        log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)
+        node.quiesce()
+        drained = await node.drain(cfg.drain_timeout)
+        flushed = node.fail_all("mrcd stopping")
+        log.info("event=drained host=%s complete=%s flushed_writes=%d",
+                 cfg.host_name, drained, flushed)  # fmt: skip
     finally:
         for cleanup in reversed(cleanups):
             try:

@@ -64,6 +64,8 @@ REJECT_REASONS = (
     "no_reverse_path",
     "unknown_qpn",  # transport: no QP with that number
     "malformed",  # transport: not even a BTH
+    "probe_source",  # QPN 0: a probe from no host's NIC (daemons/mrcd/probes.py)
+    "probe_unexpected",  # QPN 0: a well-formed packet that is no probe
 )
 EV_STATES = tuple(s.value for s in EvState)
 #: At most this many distinct reasons per family; more fold into "other" (bounded labels).

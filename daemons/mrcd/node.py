@@ -1,21 +1,23 @@
 """The node: everything one mrcd runs, behind the calls its API servers make.
 
-It owns the plane sockets and the transport, the QP table, the per-application contexts
-(protection domains with their memory tables), port state (link and admin), and the event
-fan-out to controllers, logs and metrics.  QP attributes travel over the control channel
+It owns the plane sockets and the transport, the QP table (records in ``qps.py``), the
+per-application contexts (protection domains with their memory tables), its lifecycle
+(start, quiesce, drain, stop), and the event fan-out to controllers, logs and metrics.
+Around it: ``ports.py`` (our ports' link and admin state, peers' port bitmaps),
+``listeners.py`` (peers' connection requests for listening applications), ``probes.py``
+(connectionless EV probes on QPN 0).  QP attributes travel over the control channel
 (``control.py``); this module only decides what to do with them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
 from types import MappingProxyType
@@ -29,10 +31,14 @@ from daemons.mrcd.control import (
     Reject,
 )
 from daemons.mrcd.controlserver import ControlServer, ControlStats
+from daemons.mrcd.listeners import Listener, Listeners
 from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
+from daemons.mrcd.ports import Ports
+from daemons.mrcd.probes import Prober
 from daemons.mrcd.profiles import ProfileStore
+from daemons.mrcd.qps import Accepted, Context, IncomingConnect, Qp, QpAttrs, QpState
 from daemons.mrcd.records import ControlError
-from daemons.mrcd.transport import PROBE_QPN, Address, Transport, clock, open_plane_socket
+from daemons.mrcd.transport import Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
 from mrcstack.api.limits import QPN_LIMIT
 from mrcstack.core.config import ConnectionConfig
@@ -47,20 +53,21 @@ from mrcstack.core.events import (
     SendCompleted,
     WcStatus,
 )
-from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
+from mrcstack.core.memory import Access, MemoryRegion
 from mrcstack.fabric import Fabric
-from mrcstack.wire import (
-    CrcIntegrity,
-    DecodeError,
-    ProbePacket,
-    ProbeReplyPacket,
-    decode,
-    encode,
-)
 
+# The QP records live in qps.py; callers may keep importing them from here.
+__all__ = [
+    "Accepted",
+    "Context",
+    "IncomingConnect",
+    "Node",
+    "NodeCounters",
+    "Qp",
+    "QpAttrs",
+    "QpState",
+]
 log = logging.getLogger("mrcd")
-#: Connectionless probes are checked by CRC only: they carry no data and touch no memory.
-_CRC = CrcIntegrity()
 
 #: Loopback data mode: each host's plane sockets use data_port + host * PORT_STRIDE + plane.
 PORT_STRIDE = 16
@@ -70,88 +77,15 @@ PORT_STRIDE = 16
 INITIAL_RTO = 0.05
 
 
-class QpState(enum.Enum):
-    """Verbs QP states, as far as MRC uses them."""
-
-    RESET = "reset"
-    RTS = "rts"  # connected: ready to send
-    ERROR = "error"
-
-
-@dataclass(frozen=True, slots=True)
-class QpAttrs:
-    """MRC QP attributes (mrc.h names).  Durations in seconds."""
-
-    max_wimm: int = 1024
-    max_wimm_dest: int = 1024
-    # Minimum retransmission timeout.  A Python endpoint on a busy host is sometimes not
-    # scheduled for several milliseconds (CFS time slices): a smaller floor turns those
-    # silences into spurious timeouts.  Losses on a live connection are found by RACK.
-    timeout: float = 10e-3
-    linear_cnt: int = 3
-    exp_cnt: int = 6
-    ev_profile_id: int = 0
-    cc_profile_id: int = 0
-    mtu_payload: int = 8192
-    ack_coalesce: int | None = None  # None: the daemon's setting
-
-
-@dataclass(frozen=True, slots=True)
-class IncomingConnect:
-    """A peer asks to connect one of its QPs to a service we listen on."""
-
-    remote_host: int
-    remote_qpn: int
-    remote_psn: int
-    service: int
-    private_data: bytes
-    request_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    qpn: int
-    psn: int
-    private_data: bytes
-    #: Set once the peer's CONNECT is answered: None if the QP is in RTS, else why not.
-    connected: asyncio.Future[str | None] = field(compare=False, repr=False)
-
-
-class Context:
-    """One application connection: a protection domain with its regions and QPs."""
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-        self.memory = MemoryTable(rkey_seed=random.SystemRandom().randrange(1, 1 << 31))
-        self.qpns: set[int] = set()
-        self.services: set[int] = set()
-
-
-@dataclass(slots=True)
-class Qp:
-    qpn: int
-    ctx: Context
-    attrs: QpAttrs
-    on_event: Callable[[int, Event], None]
-    psn: int
-    state: QpState = QpState.RESET
-    remote_host: int = -1
-    remote_qpn: int = -1
-    conn: Connection | None = None
-    failure: str | None = None
-
-
 @dataclass(slots=True)
 class NodeCounters:
     """Node-level counters (the core and the transport keep their own)."""
 
     auth_failures: int = 0
-    connect_rejected: int = 0
     connections_total: int = 0
     operator_events: dict[str, int] = field(default_factory=dict)
 
 
-Listener = Callable[[IncomingConnect], Awaitable[None]]
 EvListener = Callable[[int, EvStateChanged], None]
 
 
@@ -159,15 +93,19 @@ class Node:
     """One mrcd: call :meth:`start` inside the running loop, :meth:`stop` to finish."""
 
     def __init__(self, cfg: MrcdConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the loop the node will run on; by default the running one (so a Node
+        is made inside a coroutine, or given its loop explicitly)."""
         self.cfg = cfg
         self.fabric = cfg.fabric
         self.host = cfg.host
-        self.loop = loop or asyncio.get_event_loop()
+        self.loop = loop if loop is not None else asyncio.get_running_loop()
         self.rng = random.SystemRandom()
         self.contexts: dict[int, Context] = {}
         self.qps: dict[int, Qp] = {}
-        self.port_admin = [True] * cfg.fabric.planes
-        self.port_link = [True] * cfg.fabric.planes
+        self.ports = Ports(cfg.fabric.planes, cfg.host_name, self.qps, clock,
+                           self._kick, self._on_event)  # fmt: skip
+        # Our ports' flags (the controller API and the metrics read them).
+        self.port_admin, self.port_link = self.ports.admin, self.ports.link
         self.counters = NodeCounters()
         self.sockets: list[socket.socket] = []
         self.transport: Transport | None = None
@@ -175,64 +113,102 @@ class Node:
         self.control_client: ControlClient | None = None
         self.ev_listeners: list[EvListener] = []
         self.profiles = ProfileStore(cfg.fabric)
-        self._listeners: dict[int, tuple[Context, Listener]] = {}
-        self._pending: dict[int, asyncio.Future[Accepted | None]] = {}
+        self.listeners = Listeners(self.loop)
         self._next_ctx = 1
-        self._probes: dict[tuple[int, int], asyncio.Future[float]] = {}
-        self._probe_seq = 0
-        self._next_request = 1
+        self.prober = Prober(
+            self.loop, self._resolve, self.host_of, self._send_raw, self.ports.bits
+        )
         # Dead connections' counters stay in the totals (Prometheus counters never go down).
         self.retired = Totals(cfg.fabric.planes)
         self.rtt = Buckets()
         self.write_completion = Buckets()
-        self._posted: dict[tuple[int, int], float] = {}  # (qpn, wr_id) -> post time
+        #: Set by :meth:`quiesce`: no new work (posts, QPs, connections) is taken.
+        self.stopping = False
         self.started_at = time.time()
         self.control_stats = ControlStats()  # the control server's, once it runs
 
     # Lifecycle --------------------------------------------------------------------------
     async def start(self, *, start_control: bool = True) -> None:
-        cfg = self.cfg
+        """Open the plane sockets, the transport and the control channel.
+
+        A failed start (a port in use, an unreadable key file) closes whatever it opened
+        before raising, so the same node, or a new one, can start again on the same ports.
+        """
+        try:
+            self._open_data_path()
+            cfg = self.cfg
+            self.control_client = ControlClient(cfg.host_name, cfg.auth, dict(cfg.peers))
+            if start_control:
+                server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
+                try:
+                    await server.start()
+                except OSError as exc:
+                    raise LocalError(
+                        f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
+                    ) from None
+                self.control_server = server
+                self.control_stats = server.stats
+        except BaseException:
+            await self._close()
+            raise
+        log.info("event=started host=%s planes=%d", self.cfg.host_name, self.fabric.planes)
+
+    def _open_data_path(self) -> None:
         try:
             for plane in range(self.fabric.planes):
                 self.sockets.append(
                     open_plane_socket(
                         self.data_address(self.host, plane),
-                        device=f"nic{plane}" if cfg.bind_devices else None,
+                        device=self.cfg.interfaces[plane] if self.cfg.bind_devices else None,
                     )
                 )
         except OSError as exc:
-            for sock in self.sockets:
-                sock.close()
-            self.sockets.clear()
             raise LocalError(f"cannot open plane sockets: {exc}") from None
-        self.transport = Transport(self.loop, self.sockets, self._resolve, self._connectionless)
-        peers = dict(cfg.peers)
-        self.control_client = ControlClient(cfg.host_name, cfg.auth, peers)
-        if start_control:
-            server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
-            try:
-                await server.start()
-            except OSError as exc:
-                await self.stop(drain_timeout=0)
-                raise LocalError(
-                    f"cannot listen on control address {cfg.control_address}: {exc.strerror}"
-                ) from None
-            self.control_server = server
-            self.control_stats = server.stats
-        log.info("event=started host=%s planes=%d", cfg.host_name, self.fabric.planes)
+        self.transport = Transport(self.loop, self.sockets, self._resolve, self.prober.on_datagram)
+
+    def quiesce(self) -> None:
+        """Take no new work: posts, new QPs and connection requests (ours and the peers')
+        are refused; what is already posted carries on."""
+        if not self.stopping:
+            self.stopping = True
+            log.info("event=quiescing host=%s writes_in_flight=%d", self.cfg.host_name,
+                     self.writes_in_flight())  # fmt: skip
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until no QP has a write pending; True if none has."""
+        deadline = self.loop.time() + timeout
+        while any(qp.conn is not None and not qp.conn.idle for qp in self.qps.values()):
+            if self.loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def fail_all(self, reason: str) -> int:
+        """Fail every live connection from this side: each pending write completes with
+        FLUSHED and each owner hears ConnectionFailed (the QPs stay, in the error state,
+        until their owners destroy them).  Returns how many writes were flushed."""
+        flushed = self.writes_in_flight()
+        for qpn, qp in list(self.qps.items()):
+            self._abort(qpn, qp, reason)
+        return flushed
 
     async def stop(self, drain_timeout: float = 2.0) -> None:
-        """Let pending writes finish for a moment, then flush the rest with errors."""
-        deadline = self.loop.time() + drain_timeout
-        while self.loop.time() < deadline and any(
-            qp.conn is not None and not qp.conn.idle for qp in self.qps.values()
-        ):
-            await asyncio.sleep(0.01)
+        """Stop gracefully: :meth:`quiesce`, let pending writes finish for up to
+        ``drain_timeout`` s (:meth:`drain`), fail the rest (:meth:`fail_all`), then destroy
+        every QP and close the control channel and the sockets."""
+        self.quiesce()
+        if not await self.drain(drain_timeout):
+            log.warning("event=drain_timeout host=%s writes_in_flight=%d seconds=%g",
+                        self.cfg.host_name, self.writes_in_flight(), drain_timeout)  # fmt: skip
+        self.fail_all("mrcd stopping")
+        await self._close()
+        log.info("event=stopped host=%s", self.cfg.host_name)
+
+    async def _close(self) -> None:
+        """Release everything; tolerates a half-finished start and being called twice."""
         for qpn in list(self.qps):
             self.destroy_qp(qpn, reason="mrcd stopping")
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_result(None)
+        self.listeners.close()
         if self.control_server is not None:
             await self.control_server.stop()
             self.control_server = None
@@ -245,7 +221,6 @@ class Node:
         for sock in self.sockets:
             sock.close()
         self.sockets.clear()
-        log.info("event=stopped host=%s", self.cfg.host_name)
 
     # Addresses --------------------------------------------------------------------------
     def data_address(self, host: int, plane: int) -> Address:
@@ -269,8 +244,7 @@ class Node:
     def close_context(self, ctx: Context) -> None:
         for qpn in list(ctx.qpns):
             self.destroy_qp(qpn, reason="context closed")
-        for service in ctx.services:
-            self._listeners.pop(service, None)
+        self.listeners.forget(ctx)
         for region in ctx.memory.regions():
             ctx.memory.deregister(region.rkey)
         self.contexts.pop(ctx.ident, None)
@@ -284,6 +258,7 @@ class Node:
     ) -> int:
         if ctx.ident not in self.contexts:
             raise LocalError("context is closed")
+        self._check_running()
         while True:
             qpn = self.rng.randrange(1, QPN_LIMIT)
             if qpn not in self.qps:
@@ -307,6 +282,7 @@ class Node:
             raise LocalError(f"QP {qpn} is {qp.state.value}, not reset")
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
             raise LocalError(f"bad remote host {remote_host}")
+        self._check_running()
         transport = self._transport()
         attrs = qp.attrs
         config = ConnectionConfig(
@@ -331,9 +307,7 @@ class Node:
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
         )
         conn.sender.on_rtt = self.rtt.observe
-        for plane in range(self.fabric.planes):
-            if not self.port_up(plane):
-                conn.set_port_state(plane, False, now)
+        self.ports.new_connection(conn)
         qp.conn = conn
         qp.remote_host = remote_host
         qp.remote_qpn = remote_qpn
@@ -360,31 +334,41 @@ class Node:
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
+        self._check_running()
         now = clock()
         qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
-        self._posted[(qpn, wr_id)] = now
+        qp.posted[wr_id] = now
         self._transport().kick(qpn)
 
     def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
-        qp = self.qps.pop(qpn, None)
+        """Pending writes complete FLUSHED (the owner hears each once), then the QP goes."""
+        qp = self.qps.get(qpn)
         if qp is None:
             return
+        self._abort(qpn, qp, reason)
+        del self.qps[qpn]
         qp.ctx.qpns.discard(qpn)
         if qp.conn is not None:
             if self.transport is not None:
                 self.transport.remove(qpn)
-            if qp.conn.failed is None:
-                qp.conn.abort(reason)
-            while (ev := qp.conn.next_event()) is not None:
-                qp.on_event(qpn, ev)
             self.retired.add(qp.conn.stats)
+
+    def _abort(self, qpn: int, qp: Qp, reason: str) -> None:
+        """Fail a connection from this side, delivering what it has to say at once
+        (completions, ConnectionFailed) through the same path as the transport does."""
+        conn = qp.conn
+        if conn is None:
+            qp.state, qp.failure = QpState.ERROR, reason
+            return
+        if conn.failed is None:
+            qp.state, qp.failure = QpState.ERROR, reason  # ours: not logged as a failure
+            conn.abort(reason)
+        while (event := conn.next_event()) is not None:
+            self._on_event(qpn, event)
 
     # Connection setup over the control channel (hooks called by control.py) -----------
     def listen(self, ctx: Context, service: int, on_request: Listener) -> None:
-        if service in self._listeners:
-            raise LocalError(f"service {service} already has a listener")
-        self._listeners[service] = (ctx, on_request)
-        ctx.services.add(service)
+        self.listeners.listen(ctx, service, on_request)
 
     async def connect_qp(
         self,
@@ -402,6 +386,7 @@ class Node:
         qp = self.qp(qpn)
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
             raise LocalError(f"bad remote host {remote_host}")
+        self._check_running()
         if self.control_client is None:
             raise LocalError("mrcd is not running")
         peer = Fabric.host_name(remote_host)
@@ -427,6 +412,8 @@ class Node:
 
     async def on_connect(self, req: ConnectRequest) -> Accept | Reject:
         """ControlHooks: a peer's CONNECT, for the application listening on its service."""
+        if self.stopping:
+            return Reject("mrcd is stopping")
         if req.planes != self.fabric.planes:
             return Reject(f"plane count differs: {req.planes} != {self.fabric.planes}")
         incoming = IncomingConnect(
@@ -435,9 +422,9 @@ class Node:
             remote_psn=req.src_psn,
             service=req.service,
             private_data=req.private_data,
-            request_id=self.new_request_id(),
+            request_id=self.listeners.new_request_id(),
         )
-        accepted = await self.offer(incoming)
+        accepted = await self.listeners.offer(incoming)
         if accepted is None:
             return Reject(f"nothing accepted service {req.service}")
         try:
@@ -450,52 +437,28 @@ class Node:
         return Accept(accepted.qpn, accepted.psn, accepted.private_data)
 
     def on_port_status(self, host: int, bitmap: int) -> None:
-        """ControlHooks: a peer's port bitmap (the data path's SACKs carry it too)."""
-        log.info("event=peer_port_status host=h%d bitmap=%#x", host, bitmap)
-
-    async def offer(self, req: IncomingConnect, timeout: float = 10.0) -> Accepted | None:
-        """Hand a connection request to the listening application, wait for its accept."""
-        entry = self._listeners.get(req.service)
-        if entry is None:
-            self.counters.connect_rejected += 1
-            return None
-        fut: asyncio.Future[Accepted | None] = self.loop.create_future()
-        self._pending[req.request_id] = fut
-        try:
-            await entry[1](req)
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            self.counters.connect_rejected += 1
-            return None
-        finally:
-            self._pending.pop(req.request_id, None)
+        """ControlHooks: a peer's PORT_STATUS_UPDATE, applied to our QPs to that host as
+        the port bitmap in its SACKs would be (:meth:`Ports.peer_status`)."""
+        self.ports.peer_status(host, bitmap)
 
     def new_request_id(self) -> int:
-        self._next_request += 1
-        return self._next_request
+        return self.listeners.new_request_id()
 
     def reject(self, request_id: int) -> None:
         """The listening application refused: the peer's CONNECT is answered at once."""
-        fut = self._pending.get(request_id)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        self.listeners.reject(request_id)
 
     def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:
-        fut = self._pending.get(request_id)
-        if fut is None or fut.done():
-            raise LocalError(f"no pending connection request {request_id}")
-        qp = self.qp(qpn)
-        accepted = Accepted(qpn, qp.psn, private_data, self.loop.create_future())
-        fut.set_result(accepted)
+        accepted = Accepted(qpn, self.qp(qpn).psn, private_data, self.loop.create_future())
+        self.listeners.accept(request_id, accepted)
         return accepted
 
     # Connectionless EV probes (the controller API's EV_PROBE) ----------------------------
     async def probe(self, remote_host: int, plane: int, ev: int, timeout: float = 1.0) -> float:
         """Send an EV probe along one path to ``remote_host``'s mrcd; return the RTT.
 
-        The probe is an MRC probe packet to QPN 0, sent to the path's uSID address; the peer
-        answers along the reverse path through the same T1.  Raises TimeoutError if nothing
-        comes back (the path, or the peer, is down).
+        Raises TimeoutError if nothing comes back (the path, or the peer, is down); see
+        :mod:`daemons.mrcd.probes`.
         """
         self._check_plane(plane)
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:
@@ -505,42 +468,13 @@ class Node:
             dst = self._resolve(remote_host, plane, ev)
         except ValueError as exc:
             raise LocalError(str(exc)) from None
-        self._probe_seq += 1
-        ts_ns = time.monotonic_ns()
-        pkt = ProbePacket(PROBE_QPN, ev, plane, self._probe_seq, ts_ns)
-        fut: asyncio.Future[float] = self.loop.create_future()
-        self._probes[(ev, ts_ns)] = fut
-        try:
-            if not self._transport().send_raw(plane, encode(pkt, _CRC), dst):
-                raise TimeoutError(f"plane {plane} refused the probe")
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._probes.pop((ev, ts_ns), None)
+        self._transport()
+        return await self.prober.probe(plane, ev, dst, timeout)
 
-    def _connectionless(self, data: memoryview, source: Address, plane: int) -> None:
-        """A datagram for QPN 0: answer probes, match probe replies.  Never raises."""
-        try:
-            pkt = decode(data, _CRC)
-        except DecodeError:
-            return
-        if type(pkt) is ProbePacket:
-            prober = self._host_of(source, plane)
-            if prober is None:
-                return
-            reply = ProbeReplyPacket(
-                PROBE_QPN, pkt.ev, plane, pkt.tx_seq, pkt.ev, pkt.ts_ns, self._port_bits()
-            )
-            try:
-                dst = self._resolve(prober, plane, pkt.ev)
-            except ValueError:
-                return
-            self._transport().send_raw(plane, encode(reply, _CRC), dst)
-        elif type(pkt) is ProbeReplyPacket:
-            fut = self._probes.get((pkt.echo_ev, pkt.echo_ts_ns))
-            if fut is not None and not fut.done():
-                fut.set_result((time.monotonic_ns() - pkt.echo_ts_ns) / 1e9)
+    def _send_raw(self, plane: int, data: bytes, dst: Address) -> bool:
+        return self._transport().send_raw(plane, data, dst)
 
-    def _host_of(self, source: Address, plane: int) -> int | None:
+    def host_of(self, source: Address, plane: int) -> int | None:
         """Which host sent this: its NIC SID names it (loopback mode: its port does)."""
         if self.cfg.data_mode == "loopback":
             host, rest = divmod(source[1] - self.cfg.data_port, PORT_STRIDE)
@@ -553,39 +487,18 @@ class Node:
             return None
         return int(name[1:])
 
-    def _port_bits(self) -> int:
-        return sum(1 << p for p in range(self.fabric.planes) if self.port_up(p))
-
-    # Ports ------------------------------------------------------------------------------
+    # Ports (ports.py) -------------------------------------------------------------------
     def port_up(self, plane: int) -> bool:
-        return self.port_admin[plane] and self.port_link[plane]
+        return self.ports.up(plane)
 
     def set_port_admin(self, plane: int, enabled: bool) -> None:
-        self._check_plane(plane)
-        self._port_change(plane, lambda: self.port_admin.__setitem__(plane, enabled))
+        self.ports.set_admin(plane, enabled)
 
     def set_port_link(self, plane: int, up: bool) -> None:
-        self._check_plane(plane)
-        self._port_change(plane, lambda: self.port_link.__setitem__(plane, up))
-
-    def _port_change(self, plane: int, change: Callable[[], None]) -> None:
-        before = self.port_up(plane)
-        change()
-        after = self.port_up(plane)
-        if before == after:
-            return
-        log.warning(
-            "event=plane_%s host=%s plane=%d", "up" if after else "down", self.cfg.host_name, plane
-        )
-        now = clock()
-        for qpn, qp in self.qps.items():
-            if qp.conn is not None:
-                qp.conn.set_port_state(plane, after, now)
-                self._transport().kick(qpn)
+        self.ports.set_link(plane, up)
 
     def _check_plane(self, plane: int) -> None:
-        if not 0 <= plane < self.fabric.planes:
-            raise LocalError(f"plane {plane} out of range 0..{self.fabric.planes - 1}")
+        self.ports.check(plane)
 
     # Events -----------------------------------------------------------------------------
     def _on_event(self, qpn: int, event: Event) -> None:
@@ -607,14 +520,15 @@ class Node:
                 "event=peer_plane_%s qpn=%d plane=%d", "up" if event.up else "down", qpn, event.port
             )
         elif type(event) is SendCompleted:
-            posted = self._posted.pop((qpn, event.wr_id), None)
+            posted = None if qp is None else qp.posted.pop(event.wr_id, None)
             if posted is not None and event.status is WcStatus.SUCCESS:
                 self.write_completion.observe(clock() - posted)
         elif type(event) is ConnectionFailed:
-            log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
+            if qp is None or qp.failure is None:  # else we failed it ourselves (_abort)
+                log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
             if qp is not None:
                 qp.state = QpState.ERROR
-                qp.failure = event.reason
+                qp.failure = qp.failure or event.reason
         if qp is not None:
             qp.on_event(qpn, event)
 
@@ -622,6 +536,13 @@ class Node:
         if self.transport is None:
             raise LocalError("mrcd is not running")
         return self.transport
+
+    def _kick(self, qpn: int) -> None:
+        self._transport().kick(qpn)
+
+    def _check_running(self) -> None:
+        if self.stopping:
+            raise LocalError("mrcd is stopping: no new work is taken")
 
     # Introspection ----------------------------------------------------------------------
     def ev_states(self, qpn: int | None = None) -> list[dict[str, object]]:
@@ -642,6 +563,10 @@ class Node:
                 )
         return out
 
+    def writes_in_flight(self) -> int:
+        """Writes posted and not completed yet, over every QP."""
+        return sum(len(qp.posted) for qp in self.qps.values())
+
     def connections(self) -> list[Connection]:
         return [qp.conn for qp in self.qps.values() if qp.conn is not None]
 
@@ -658,6 +583,7 @@ class Node:
                 "rejections", {"unknown_qpn": ts.unknown_qpn, "malformed": ts.malformed}
             )
             totals.add_send_errors(ts.send_errors)
+        totals.add_reasons("rejections", self.prober.rejected)
         return NodeSnapshot(
             host=self.cfg.host_name,
             version=__version__,

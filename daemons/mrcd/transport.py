@@ -2,10 +2,12 @@
 
 linux-facts.md measured asyncio's DatagramProtocol at 30-50k packets/s here and a reader
 callback that drains a non-blocking socket with ``recv_into`` at over a million: so each
-plane's socket gets ``loop.add_reader`` and a callback that drains it into one reused buffer.
-Packets are placed synchronously during ``receive_datagram``, so nothing keeps a view of the
-buffer after the call returns.  After a drained batch each touched connection is flushed
-once (feed, drain events, transmit), then the single timer is re-armed.
+plane's socket gets ``loop.add_reader`` and a callback that drains it into reused buffers,
+``READ_TURN`` datagrams per ``recvmmsg`` call, each with its traffic class (the ECN bits a
+switch may have set to CE, passed to the core: ``rxbatch.py``).  Packets are placed
+synchronously during ``receive_datagram``, so nothing keeps a view of the buffers after the
+call returns.  After a drained batch each touched connection is flushed once (feed, drain
+events, transmit), then the single timer is re-armed.
 
 The core's clock is ``time.monotonic``, read per datagram, not ``loop.time()``: uvloop's is
 libuv's cached millisecond clock, which turns sub-millisecond RTTs into 0 or 1 ms and made
@@ -24,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from daemons.mrcd import rxbatch
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event
 from mrcstack.wire import DecodeError, peek_qpn
@@ -33,8 +36,6 @@ from mrcstack.wire import DecodeError, peek_qpn
 #: trap 2).  Integrity is the MRC packet's own CRC or AES-GCM tag.
 UDP_NO_CHECK6_TX = 101
 UDP_NO_CHECK6_RX = 102
-#: Largest datagram we read; MRC packets are at most one MTU (65535 covers jumbo loopback).
-RECV_BUFFER = 65536
 #: Datagrams drained (from all plane sockets) per readable callback before yielding to the
 #: loop (fairness), in turns of READ_TURN per socket.
 DRAIN_LIMIT = 256
@@ -51,6 +52,8 @@ clock = time.monotonic
 PROBE_QPN = 0
 #: IPv6 traffic class ECT(0): packets are ECN-capable so switches may mark instead of drop.
 TCLASS_ECT0 = 0x02
+#: The ECN bits of a datagram a switch marked Congestion Experienced.
+ECN_CE = rxbatch.ECN_CE
 
 Address = tuple[str, int]
 #: (remote host, plane, EV) -> destination socket address: a uSID address on a real fabric.
@@ -79,12 +82,14 @@ class _Qp:
 
 
 def open_plane_socket(address: Address, *, device: str | None = None) -> socket.socket:
-    """A non-blocking UDP/IPv6 socket with zero checksums, ECT(0), big buffers."""
+    """A non-blocking UDP/IPv6 socket with zero checksums, ECT(0) on what it sends, each
+    received datagram's traffic class delivered (ECN), big buffers."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_ECT0)
+        rxbatch.enable_tclass(sock)
         for force, plain in (
             (_SO_RCVBUFFORCE, socket.SO_RCVBUF),
             (_SO_SNDBUFFORCE, socket.SO_SNDBUF),
@@ -121,8 +126,7 @@ class Transport:
         self.stats = TransportStats()
         self._qps: dict[int, _Qp] = {}
         self._addr_cache: dict[tuple[int, int, int], Address] = {}
-        self._buf = bytearray(RECV_BUFFER)
-        self._view = memoryview(self._buf)
+        self._rx = rxbatch.BatchReceiver(READ_TURN)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._backlog: deque[tuple[int, bytes, Address]] = deque()
@@ -180,43 +184,51 @@ class Transport:
             self._flush_pending()
 
     def _drain(self) -> None:
-        view = self._view
+        rx = self._rx
+        recv = rx.recv
+        data, slot = rx.data, rx.slot
+        u32, length_at = rx.u32, rx.length_at
+        size_t, controllen_at = rx.size_t, rx.controllen_at
+        control, tclass_at = rx.control, rx.tclass_at
         qps = self._qps
         touched = self._pending_flush
         stats = self.stats
         now_ = clock
-        readers = [(plane, sock.recvfrom_into) for plane, sock in enumerate(self.sockets)]
+        readers = [(plane, sock.fileno()) for plane, sock in enumerate(self.sockets)]
         budget = DRAIN_LIMIT
         while readers and budget > 0:
             still = []
-            for plane, recvfrom_into in readers:
-                for _ in range(READ_TURN):
-                    try:
-                        n, source = recvfrom_into(view)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:
-                        stats.malformed += 1
-                        continue
+            for plane, fd in readers:
+                try:
+                    k = recv(fd)
+                except OSError:  # an error the kernel reports once (ICMP): read on
+                    stats.malformed += 1
                     budget -= 1
-                    stats.datagrams_in += 1
-                    data = view[:n]
+                    still.append((plane, fd))
+                    continue
+                budget -= k
+                stats.datagrams_in += k
+                for i in range(k):
+                    start = i * slot
+                    datagram = data[start : start + u32[length_at[i]]]
                     try:
-                        qpn = peek_qpn(data)
+                        qpn = peek_qpn(datagram)
                     except DecodeError:
                         stats.malformed += 1
                         continue
                     qp = qps.get(qpn)
                     if qp is None:
                         if qpn == PROBE_QPN and self.connectionless is not None:
-                            self.connectionless(data, (source[0], source[1]), plane)
+                            self.connectionless(datagram, rx.source(i), plane)
                         else:
                             stats.unknown_qpn += 1
                         continue
-                    qp.conn.receive_datagram(data, now=now_(), port=plane)
+                    # The traffic class's ECN bits (no control message: not marked).
+                    ce = size_t[controllen_at[i]] != 0 and control[tclass_at[i]] & ECN_CE == ECN_CE
+                    qp.conn.receive_datagram(datagram, now=now_(), port=plane, ecn=ce)
                     touched.add(qpn)
-                else:
-                    still.append((plane, recvfrom_into))  # a full turn: maybe more there
+                if k == READ_TURN:
+                    still.append((plane, fd))  # a full turn: maybe more there
             readers = still
 
     # Transmit and timers ------------------------------------------------------------------

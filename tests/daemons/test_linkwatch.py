@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import queue
 import secrets
@@ -45,6 +46,7 @@ from daemons.mrcd.linkwatch import (
     OperState,
     getlink_dump_request,
     parse_messages,
+    watch_planes,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,6 +179,28 @@ async def test_callback_errors_are_contained() -> None:
     watcher.start()
     watcher.stop()
     assert "lo" in calls  # every link reported despite the exceptions
+
+
+async def test_watch_planes_maps_interfaces_to_planes_and_names_the_missing_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """mrcd watches the configured interface of each plane; one warning line names those
+    that do not exist (a real host left with the testbed's nic0..: nothing would be seen)."""
+    missing = "mrcnone" + secrets.token_hex(4)  # 15 characters, surely no interface here
+    seen: list[tuple[int, bool]] = []
+    with caplog.at_level(logging.WARNING, logger="mrcd"):
+        watcher = watch_planes(
+            asyncio.get_running_loop(), ["lo", missing], lambda p, up: seen.append((p, up))
+        )
+    watcher.stop()
+    assert seen == [(0, True)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"event=interfaces_missing names={missing} planes=1" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mrcd"):
+        watch_planes(asyncio.get_running_loop(), ["lo"], lambda p, up: None).stop()
+    assert not caplog.records
 
 
 # Root: a veth pair in a namespace of our own -----------------------------------------------------

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
-from collections.abc import AsyncIterator
+import random
+import socket
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -12,11 +16,20 @@ from prometheus_client import generate_latest
 
 from daemons.mrcd.config import AuthConfig, MrcdConfig
 from daemons.mrcd.metrics import make_registry
-from daemons.mrcd.node import IncomingConnect, Node, QpAttrs
+from daemons.mrcd.node import IncomingConnect, Node, QpAttrs, QpState
+from daemons.mrcd.transport import PROBE_QPN, open_plane_socket
 from mrcstack.core.errors import LocalError
-from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
+from mrcstack.core.events import (
+    ConnectionFailed,
+    Event,
+    PortStateChanged,
+    SendCompleted,
+    WcStatus,
+    WriteImmReceived,
+)
 from mrcstack.core.memory import Access
 from mrcstack.fabric import Fabric
+from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
 
@@ -31,6 +44,23 @@ def config(host: int, port: int, psk: Path) -> MrcdConfig:
         peers=tuple((f"h{h}", ("::1", port + 500 + h)) for h in (0, 3)),
         auth=AuthConfig(mode="psk", psk_file=psk),
     )
+
+
+def free_base(hosts: tuple[int, ...] = (0, 2, 3)) -> int:
+    """A port base whose data (UDP, base + host*16 + plane) and control (TCP, base + 500 +
+    host) ports on ::1 are free now, below the kernel's ephemeral range (clients' ports)."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(10000, 32000 - 600)
+        wanted = [(socket.SOCK_DGRAM, base + h * 16 + p) for h in hosts for p in range(4)]
+        wanted += [(socket.SOCK_STREAM, base + 500 + h) for h in hosts]
+        try:
+            with contextlib.ExitStack() as stack:
+                for kind, port in wanted:
+                    stack.enter_context(socket.socket(socket.AF_INET6, kind)).bind(("::1", port))
+        except OSError:
+            continue
+        return base
 
 
 class Recorder:
@@ -57,7 +87,7 @@ class Recorder:
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[list[Node]]:
     loop = asyncio.get_running_loop()
-    base = 30000 + os.getpid() % 4000 * 5
+    base = free_base()
     psk = tmp_path / "cluster.key"
     psk.write_text(os.urandom(32).hex())
     nodes = [Node(config(0, base, psk), loop), Node(config(3, base, psk), loop)]
@@ -184,3 +214,168 @@ async def test_connectionless_ev_probe_measures_a_path(pair: list[Node]) -> None
         await a.probe(1, 0, 0x000, timeout=0.2)  # no mrcd on h1: nothing answers
     with pytest.raises(LocalError):
         await a.probe(3, 1, 0x200, timeout=0.2)  # an EV of plane 2 on plane 1
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_malformed_datagrams_for_qpn_0_are_counted_by_reason(pair: list[Node]) -> None:
+    """QPN 0 carries only CRC-checked probes: anything else sent there is rejected and
+    counted (bounded reasons), like datagrams for a live QP."""
+    a, b = pair
+    dst = b.data_address(b.host, 1)
+    probe = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1, 5), CrcIntegrity())
+    data = DataPacket(qpn=PROBE_QPN, psn=1, va=0, rkey=1, payload=b"x", ev=0x101, port=1,
+                      tx_seq=1, ts_ns=0)  # fmt: skip
+    sent = {
+        "bad_checksum": probe[:-1] + bytes([probe[-1] ^ 1]),  # a forged or corrupted probe
+        "truncated": probe[:20],
+        "bad_opcode": bytes(12),  # a bare BTH for QPN 0
+        "probe_unexpected": encode(data, CrcIntegrity()),  # well formed, but data on QPN 0
+        "probe_source": probe,  # a good probe from an address that is no host's NIC
+    }
+    before = dict(b.snapshot().traffic.rejections)
+    with contextlib.ExitStack() as stack:
+        while True:  # an ephemeral port that is no host's plane-1 port (almost any)
+            s = stack.enter_context(socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+            s.bind(("::1", 0))
+            if b.host_of(s.getsockname()[:2], 1) is None:
+                break
+        for datagram in sent.values():
+            s.sendto(datagram, dst)
+
+    def rejected() -> dict[str, int]:
+        after = b.snapshot().traffic.rejections
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+    await wait_until(lambda: sum(rejected().values()) >= len(sent))
+    assert rejected() == dict.fromkeys(sent, 1)
+    assert await a.probe(3, 1, 0x101, timeout=2.0) > 0  # real probes still work
+    text = generate_latest(make_registry(b.snapshot)).decode()
+    assert 'mrc_rejected_packets_total{reason="probe_source"} 1.0' in text
+
+
+async def test_destroy_completes_each_pending_write_once_and_keeps_no_record(
+    pair: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    b.destroy_qp(qb)  # nothing will ever acknowledge our writes
+    for wr_id in range(3):
+        a.post_write(qa, wr_id, memoryview(os.urandom(1 << 16)), 0x1000, 1, None)
+    assert a.writes_in_flight() == 3
+    a.destroy_qp(qa)
+    done = [e for e in ra.events if isinstance(e, SendCompleted)]
+    assert done == [SendCompleted(i, WcStatus.FLUSHED, 1 << 16) for i in range(3)]
+    assert a.writes_in_flight() == 0 and qa not in a.qps
+    assert "event=connection_failed" not in caplog.text  # our own teardown is no failure
+
+
+async def test_a_failed_connection_keeps_no_record_of_its_writes(pair: list[Node]) -> None:
+    a, b = pair
+    attrs = QpAttrs(timeout=1e-3, linear_cnt=1, exp_cnt=1)
+    qa, qb, ra, _rb = await connect(pair, attrs)
+    b.destroy_qp(qb)
+    for wr_id in range(3):
+        a.post_write(qa, wr_id, memoryview(os.urandom(1 << 16)), 0x1000, 1, None)
+    (failed,) = await ra.wait_for(ConnectionFailed)
+    assert [e.status for e in ra.events if isinstance(e, SendCompleted)] == [
+        WcStatus.RETRY_EXCEEDED,
+        WcStatus.FLUSHED,
+        WcStatus.FLUSHED,
+    ]
+    assert a.writes_in_flight() == 0 and a.qp(qa).failure == failed.reason
+
+
+async def test_quiesce_drain_and_fail_all(
+    pair: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping node takes no new work, lets what is posted finish, fails the rest."""
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    stuck, gone, rs, _ = await connect(pair, QpAttrs())
+    b.destroy_qp(gone)
+    dst = bytearray(4 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    src = os.urandom(4 << 20)
+    a.post_write(qa, 1, memoryview(src), mr.va, mr.rkey, imm=None)
+    a.post_write(stuck, 2, memoryview(src[:4096]), 0x1000, 1, imm=None)
+    a.quiesce()
+    with pytest.raises(LocalError, match="stopping"):
+        a.post_write(qa, 3, memoryview(src[:10]), mr.va, mr.rkey, imm=None)
+    with pytest.raises(LocalError, match="stopping"):
+        a.create_qp(a.qp(qa).ctx, QpAttrs(), ra)
+    with pytest.raises(LocalError, match="stopping"):
+        await a.connect_qp(qa, 3, 7)
+    # The write with a live peer completes while quiesced; the stuck one cannot.
+    await ra.wait_for(SendCompleted)
+    assert not await a.drain(0.05)
+    assert a.fail_all("mrcd stopping") == 1
+    assert [e for e in ra.events if isinstance(e, SendCompleted)] == [
+        SendCompleted(1, WcStatus.SUCCESS, 4 << 20)
+    ]
+    assert [e for e in rs.events if isinstance(e, SendCompleted)] == [
+        SendCompleted(2, WcStatus.FLUSHED, 4096)
+    ]
+    assert isinstance(rs.events[-1], ConnectionFailed) and a.qp(stuck).state is QpState.ERROR
+    assert await a.drain(0) and a.writes_in_flight() == 0 and dst == src
+    assert "event=connection_failed" not in caplog.text
+
+
+@pytest.mark.parametrize("broken", ["key file", "control port"])
+async def test_a_failed_start_closes_what_it_opened(
+    pair: list[Node], tmp_path: Path, broken: str
+) -> None:
+    """A node that cannot start (an unreadable key, a control port in use) leaves no socket
+    open: the same ports bind again at once."""
+    a, _b = pair
+    cfg = a.cfg
+    cfg = dataclasses.replace(cfg, host=2, control_address=("::1", 0))  # h2 runs no node
+    if broken == "key file":
+        cfg = dataclasses.replace(cfg, auth=AuthConfig(mode="psk", psk_file=tmp_path / "no.key"))
+    else:
+        cfg = dataclasses.replace(cfg, control_address=a.cfg.control_address)  # a's: in use
+    fds = len(os.listdir("/proc/self/fd"))
+    node = Node(cfg, asyncio.get_running_loop())
+    with pytest.raises(LocalError):
+        await node.start()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert node.transport is None and node.control_client is None
+    for plane in range(FABRIC.planes):
+        open_plane_socket(node.data_address(node.host, plane)).close()
+
+
+async def test_port_status_update_takes_a_peers_plane_out_and_back(pair: list[Node]) -> None:
+    """A peer's PORT_STATUS_UPDATE acts on our QPs to it like the bitmap in its SACKs: its
+    down plane is out of use at once (the next packets avoid it), and back when it says so."""
+    a, b = pair
+    qa, qb, ra, _rb = await connect(pair, QpAttrs())
+    dst = bytearray(1 << 20)
+    mr = b.register(b.qp(qb).ctx, memoryview(dst), Access.REMOTE_WRITE)
+    conn = a.qp(qa).conn
+    assert conn is not None
+    stuck_qp = a.create_qp(a.open_context(), QpAttrs(), ra)  # never connected: untouched
+
+    a.on_port_status(3, 0b1011)  # h3: plane 2 is down
+    assert not conn.evs.plane_usable(2) and conn.evs.plane_usable(1)
+    assert PortStateChanged(2, False, remote=True) in ra.events
+    assert a.qp(stuck_qp).conn is None
+    a.on_port_status(1, 0b0000)  # another host: nothing of ours goes there
+    assert conn.evs.plane_usable(1)
+    sent = list(conn.stats.packets_sent)
+    a.post_write(qa, 1, memoryview(os.urandom(32 << 10)), mr.va, mr.rkey, imm=None)
+    await asyncio.sleep(0)  # the first flight leaves (before any ACK could say otherwise)
+    first = [n - s for n, s in zip(conn.stats.packets_sent, sent, strict=True)]
+    assert first[2] == 0 and sum(first) >= 4, first
+    await ra.wait_for(SendCompleted)
+    a.on_port_status(3, 0b1111)  # back
+    assert conn.evs.plane_usable(2)
+    assert PortStateChanged(2, True, remote=True) in ra.events
+    sent = list(conn.stats.packets_sent)
+    a.post_write(qa, 2, memoryview(os.urandom(1 << 20)), mr.va, mr.rkey, imm=None)
+    await ra.wait_for(SendCompleted, 2)
+    assert conn.stats.packets_sent[2] > sent[2]

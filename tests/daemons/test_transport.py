@@ -6,10 +6,12 @@ import asyncio
 import os
 import random
 import socket
+import time
 
 import pytest
 import uvloop
 
+from daemons.mrcd.rxbatch import BatchReceiver
 from daemons.mrcd.transport import READ_TURN, Transport, clock, open_plane_socket
 from mrcstack.core.cc import CCParams
 from mrcstack.core.config import ConnectionConfig
@@ -125,6 +127,7 @@ def test_plane_socket_has_zero_checksum_options() -> None:
     try:
         assert s.getsockopt(socket.IPPROTO_UDP, 101) == 1
         assert s.getsockopt(socket.IPPROTO_UDP, 102) == 1
+        assert s.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS) == 1
         assert not s.getblocking()
     finally:
         s.close()
@@ -160,33 +163,41 @@ async def _rtt_samples() -> None:
         pair.close()
 
 
+#: A BTH for QP 2 (side 1's connection) and garbage after: its decoder rejects it (counted).
+JUNK_FOR_QP2 = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
+
+
+def fed(conn: Connection) -> list[tuple[int, bool]]:
+    """(port, ecn) of every datagram the transport feeds ``conn`` from now on."""
+    seen: list[tuple[int, bool]] = []
+    receive = conn.receive_datagram
+
+    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
+        seen.append((port, ecn))
+        receive(data, now=now, port=port, ecn=ecn)
+
+    conn.receive_datagram = spy  # type: ignore[method-assign]
+    return seen
+
+
 async def test_plane_sockets_are_read_in_turns() -> None:
     """Datagrams waiting on several plane sockets reach the core in turns of READ_TURN per
     socket, so a plane's acks are not fed long after another plane's later ones."""
     pair = Pair(asyncio.get_running_loop())
-    seen: list[int] = []
     conn = pair.conns[1]
-    receive = conn.receive_datagram
-
-    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
-        seen.append(port)
-        receive(data, now=now, port=port, ecn=ecn)
-
-    conn.receive_datagram = spy  # type: ignore[method-assign]
+    feed = fed(conn)
     try:
         per_plane = 3 * READ_TURN + 5
-        # A BTH for QP 2 (side 1's connection) and garbage after: the core rejects them
-        # (counted), which is all this test needs.
-        junk = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
         loop = asyncio.get_running_loop()
         for sock in pair.socks[1]:
             loop.remove_reader(sock.fileno())  # hold reading until both are full
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
             for plane in range(PLANES):
                 for _ in range(per_plane):
-                    s.sendto(junk, ("::1", pair.ports[1][plane]))
+                    s.sendto(JUNK_FOR_QP2, ("::1", pair.ports[1][plane]))
         await asyncio.sleep(0.05)
         pair.transports[1]._on_readable(0)
+        seen = [port for port, _ecn in feed]
         assert len(seen) == PLANES * per_plane
         runs: list[int] = []
         for i, port in enumerate(seen):
@@ -197,5 +208,89 @@ async def test_plane_sockets_are_read_in_turns() -> None:
         assert max(runs) <= READ_TURN
         assert seen[: 2 * READ_TURN] == [0] * READ_TURN + [1] * READ_TURN
         assert sum(conn.stats.rejected.values()) == PLANES * per_plane
+    finally:
+        pair.close()
+
+
+# ECN: the traffic class of every datagram reaches the core ----------------------------------
+TCLASS_CE = 0x03
+
+
+def sender_with_tclass(tclass: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tclass)
+    return s
+
+
+def test_batch_receiver_reads_length_source_and_traffic_class() -> None:
+    rx_sock = open_plane_socket(("::1", 0))
+    rx = BatchReceiver(8)
+    try:
+        assert rx_sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS) == 1
+        assert rx.recv(rx_sock.fileno()) == 0  # nothing there: no error, no block
+        sent = [(0xB8 | TCLASS_CE, b"marked"), (0xB8 | 0x02, b""), (0x00, bytes(range(256)) * 255)]
+        sources = []
+        for tclass, payload in sent:
+            with sender_with_tclass(tclass) as s:
+                s.bind(("::1", 0))
+                s.sendto(payload, rx_sock.getsockname()[:2])
+                sources.append(s.getsockname()[:2])
+        time.sleep(0.01)
+        assert rx.recv(rx_sock.fileno()) == 3
+        for i, (tclass, payload) in enumerate(sent):
+            assert rx.datagram(i) == payload
+            assert rx.tclass(i) == tclass
+            assert rx.ce(i) is (tclass & 3 == 3)
+            assert rx.source(i) == sources[i]
+        assert rx.recv(rx_sock.fileno()) == 0
+    finally:
+        rx_sock.close()
+
+
+async def test_every_datagram_reaches_the_core_with_its_own_ecn_mark() -> None:
+    """Marked and unmarked datagrams interleaved over several receive batches: each is fed
+    to the connection with ecn=True exactly when it arrived CE (ECT(0), ECT(1), not-ECT and
+    other DSCP bits are not a mark)."""
+    pair = Pair(asyncio.get_running_loop())
+    feed = fed(pair.conns[1])
+    loop = asyncio.get_running_loop()
+    classes = [TCLASS_CE, 0x02, 0x01, 0x00, 0xB8 | TCLASS_CE, 0xB8]
+    order = [classes[i * 7 % len(classes)] for i in range(3 * READ_TURN + 5)]
+    senders = {t: sender_with_tclass(t) for t in classes}
+    try:
+        for sock in pair.socks[1]:
+            loop.remove_reader(sock.fileno())  # hold reading until all have arrived
+        for tclass in order:
+            senders[tclass].sendto(JUNK_FOR_QP2, ("::1", pair.ports[1][0]))
+        await asyncio.sleep(0.05)
+        pair.transports[1]._on_readable(0)
+        assert [ecn for _port, ecn in feed] == [t & 3 == 3 for t in order]
+    finally:
+        for s in senders.values():
+            s.close()
+        pair.close()
+
+
+async def test_ce_marks_are_counted_and_echoed_end_to_end() -> None:
+    """A sender whose packets all arrive CE (its sockets' traffic class set to CE, as a
+    marking switch would leave them): the receiver counts the marks and echoes them, the
+    sender counts the echoes (and NSCC sees them)."""
+    pair = Pair(asyncio.get_running_loop())
+    try:
+        for sock in pair.socks[0]:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_CE)
+        dst = bytearray(1 << 20)
+        mr = pair.mems[1].register(dst)
+        src = os.urandom(1 << 20)
+        pair.conns[0].post_write(1, src, mr.va, mr.rkey, imm=5, now=clock())
+        pair.transports[0].kick(1)
+        await asyncio.wait_for(pair.done.wait(), 30)
+        while not any(isinstance(e, SendCompleted) for e in pair.events[0]):
+            await asyncio.sleep(0.01)
+        assert dst == src
+        received = pair.conns[1].stats.packets_received
+        assert pair.conns[1].stats.ecn_received >= sum(received) // 2  # data packets: CE
+        assert pair.conns[0].stats.ecn_echoes > 0
+        assert pair.conns[0].stats.ecn_received == 0  # the ACKs were not marked
     finally:
         pair.close()
