@@ -69,12 +69,14 @@ from netns.state import (
 )
 from netns.topology import plan
 from netns.traffic import DEFAULT_PORT
+from tests.isolation import run_name
 from tests.test_testbed import FakeTools
 from tests.test_trim import CE, ECN_MASK, ECT0, L2_L4, check_trimmed, data_packets, psn_of
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC = Fabric()
-TESTBED = "tc"  # engineer C's testbed (names are lowercase: [a-z][a-z0-9]{0,5})
+#: The live testbed: a name of its own per run, so concurrent runs never share one.
+TESTBED = run_name("tc")
 
 
 # Names ---------------------------------------------------------------------------------------

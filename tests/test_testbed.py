@@ -1,8 +1,10 @@
 """The namespace testbed on the real kernel (root): forwarding, capture, crash recovery.
 
-One default testbed (``ta``: 4 planes, 2 racks x 2 hosts, 4 T1) is built for the module
+One default testbed (``ta...``: 4 planes, 2 racks x 2 hosts, 4 T1) is built for the module
 and removed in ``finally``; the crash and coexistence tests build their own small ones
-(``tak``, ``tak2``, ``ta1``, ``ta2``).  Every test removes what it built by exact name.
+(``tak...``, ``tb...``, ``t1...``, ``t2...``).  Each name ends in random characters drawn
+per run (concurrent runs never share a testbed), and every test removes what it built by
+exact name.
 Sockets are created inside host namespaces from this process (netns.traffic.netns_socket),
 so sending and receiving costs no ``ip netns exec`` process at all.
 """
@@ -59,8 +61,9 @@ from netns.traffic import (
     udp_receiver,
     udp_sender,
 )
+from tests.isolation import run_name
 
-NAME = "ta"
+NAME = run_name("ta")
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 40000
 GROUP = 6  # paths checked together: path i of a group sends 2**i packets (at most 63)
@@ -572,7 +575,7 @@ def test_sigkill_while_paused_after_a_build_step_then_clean(step: str) -> None:
     the steps up to it are done, whatever the machine's speed), killed with SIGKILL, then
     `clean` removes everything."""
     _require_kernel()
-    name = "tak"
+    name = run_name("tak")
     testbed.clean(name)
     env = os.environ | {testbed.PAUSE_ENV: step}
     build = subprocess.Popen(
@@ -609,7 +612,7 @@ def test_sigkill_at_an_arbitrary_moment_of_a_large_build_then_clean() -> None:
     complete testbed, which `clean` must remove just the same (the paused test above pins
     each step deterministically)."""
     _require_kernel()
-    name = "tak2"
+    name = run_name("tb")
     testbed.clean(name)
     build = subprocess.Popen(
         [sys.executable, "-m", "mrcstack", "testbed", "up", "--name", name,
@@ -643,7 +646,7 @@ def test_two_named_testbeds_do_not_interfere() -> None:
         planes=1, racks=2, hosts_per_rack=1, t1_per_plane=1, host_link_bps=200e6,
         fabric_link_bps=200e6, queue_bytes=65536,
     )  # fmt: skip
-    names = ("ta1", "ta2")
+    names = (run_name("t1"), run_name("t2"))
     for name in names:
         testbed.clean(name)
     try:

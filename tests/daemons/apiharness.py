@@ -29,6 +29,7 @@ from mrcstack.api import (
     WorkCompletion,
 )
 from mrcstack.fabric import Fabric
+from tests.isolation import control_port, free_base
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
 WAIT = 30.0  # safety limit for anything that should happen; never a timing assertion
@@ -75,17 +76,17 @@ class Daemons:
         return self
 
     async def _start(self) -> None:
-        base = 20000 + os.getpid() % 1000 * 40
+        base = free_base(self.hosts, FABRIC.planes)
         psk = self.tmp / "cluster.key"
         psk.write_text(os.urandom(32).hex())
-        peers = tuple((f"h{h}", ("::1", base + 700 + h)) for h in self.hosts)
+        peers = tuple((f"h{h}", ("::1", control_port(base, h))) for h in self.hosts)
         for host in self.hosts:
             cfg = MrcdConfig(
                 host=host,
                 fabric=FABRIC,
                 data_mode="loopback",
                 data_port=base,
-                control_address=("::1", base + 700 + host),
+                control_address=("::1", control_port(base, host)),
                 peers=peers,
                 auth=AuthConfig(mode="psk", psk_file=psk),
             )

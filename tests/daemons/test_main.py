@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -33,6 +32,7 @@ from mrcstack.api import (
     WorkCompletion,
     WriteWr,
 )
+from tests.isolation import control_port, free_base
 
 MRCD = [sys.executable, "-m", "daemons.mrcd.main"]
 
@@ -46,14 +46,15 @@ def free_port() -> int:
 def write_config(tmp: Path, extra: str = "") -> Path:
     psk = tmp / "cluster.key"
     psk.write_text(os.urandom(32).hex())
+    base = free_base((0,), planes=2)
     cfg = tmp / "mrcd.toml"
     cfg.write_text(
         f"""
 [mrcd]
 host = 0
 data_mode = "loopback"
-data_port = {20000 + os.getpid() % 5000 * 4}
-control_address = "[::1]:{free_port()}"
+data_port = {base}
+control_address = "[::1]:{control_port(base, 0)}"
 api_socket = "{tmp / "mrcd.sock"}"
 {extra}
 [mrcd.auth]
@@ -174,39 +175,24 @@ MIB = 1 << 20
 PAIR_FABRIC = "[fabric]\nplanes = 2\nracks = 2\nhosts_per_rack = 1\nt1_per_plane = 2\n"
 
 
-def free_data_base(hosts: int = 2, planes: int = 2) -> int:
-    """A loopback data-port base whose ports (base + host*16 + plane) are all free now."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 60000 - 16 * hosts)
-        try:
-            with contextlib.ExitStack() as stack:
-                for host in range(hosts):
-                    for plane in range(planes):
-                        s = stack.enter_context(socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
-                        s.bind(("::1", base + host * 16 + plane))
-        except OSError:
-            continue
-        return base
-
-
 class Mrcd:
     """One mrcd process (h0 or h1 of a 2-host loopback fabric) started from its config file."""
 
-    def __init__(self, tmp: Path, host: int, base: int, controls: list[int], drain: float) -> None:
+    def __init__(self, tmp: Path, host: int, base: int, drain: float) -> None:
+        """``base``: the pair's :func:`free_base` (data and control ports)."""
         psk = tmp / "cluster.key"
         if not psk.exists():
             psk.write_text(os.urandom(32).hex())
         self.sock = tmp / f"h{host}.sock"
         self.log = tmp / f"h{host}-{drain:g}.log"
         self.config = tmp / f"h{host}-{drain:g}.toml"
-        peers = "\n".join(f'h{h} = "[::1]:{port}"' for h, port in enumerate(controls))
+        peers = "\n".join(f'h{h} = "[::1]:{control_port(base, h)}"' for h in (0, 1))
         self.config.write_text(
             f"""[mrcd]
 host = {host}
 data_mode = "loopback"
 data_port = {base}
-control_address = "[::1]:{controls[host]}"
+control_address = "[::1]:{control_port(base, host)}"
 api_socket = "{self.sock}"
 web_listen_address = "127.0.0.1:0"
 drain_timeout = {drain}
@@ -326,10 +312,10 @@ def events(ctx: Context) -> list[AsyncEvent]:
 def test_sigterm_lets_pending_writes_finish_then_flushes_the_rest(tmp_path: Path) -> None:
     """Every posted write gets exactly one completion: writes that can finish within the
     drain period succeed, the rest fail with WR_FLUSH_ERR; then DEVICE_FATAL, exit 0."""
-    base, controls = free_data_base(), [free_port(), free_port()]
-    b = Mrcd(tmp_path, 1, base, controls, drain=30)
-    patient = Mrcd(tmp_path, 0, base, controls, drain=30)
-    hasty = Mrcd(tmp_path, 0, base, controls, drain=0.2)  # the same ports, after patient
+    base = free_base((0, 1), planes=2)
+    b = Mrcd(tmp_path, 1, base, drain=30)
+    patient = Mrcd(tmp_path, 0, base, drain=30)
+    hasty = Mrcd(tmp_path, 0, base, drain=0.2)  # the same ports, after patient
     n, size = 8, 256 * KIB
     with daemons(b, patient, hasty):
         b.start()
@@ -373,9 +359,9 @@ def test_sigterm_lets_pending_writes_finish_then_flushes_the_rest(tmp_path: Path
 def test_restart_on_the_same_config_leaves_nothing_behind(tmp_path: Path) -> None:
     """Start, transfer, SIGTERM, start again on the same config: the same ports and API
     socket bind again, and neither daemon keeps a descriptor or a mapping it should not."""
-    base, controls = free_data_base(), [free_port(), free_port()]
-    a = Mrcd(tmp_path, 0, base, controls, drain=2)
-    b = Mrcd(tmp_path, 1, base, controls, drain=2)
+    base = free_base((0, 1), planes=2)
+    a = Mrcd(tmp_path, 0, base, drain=2)
+    b = Mrcd(tmp_path, 1, base, drain=2)
     with daemons(a, b):
         b.start()
         b_fds = b.fds()

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import random
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ from mrcstack.core.events import (
 from mrcstack.core.memory import Access
 from mrcstack.fabric import Fabric
 from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
+from tests.isolation import control_port, free_base
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
 
@@ -40,27 +40,10 @@ def config(host: int, port: int, psk: Path) -> MrcdConfig:
         fabric=FABRIC,
         data_mode="loopback",
         data_port=port,
-        control_address=("::1", port + 500 + host),
-        peers=tuple((f"h{h}", ("::1", port + 500 + h)) for h in (0, 3)),
+        control_address=("::1", control_port(port, host)),
+        peers=tuple((f"h{h}", ("::1", control_port(port, h))) for h in (0, 3)),
         auth=AuthConfig(mode="psk", psk_file=psk),
     )
-
-
-def free_base(hosts: tuple[int, ...] = (0, 2, 3)) -> int:
-    """A port base whose data (UDP, base + host*16 + plane) and control (TCP, base + 500 +
-    host) ports on ::1 are free now, below the kernel's ephemeral range (clients' ports)."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(10000, 32000 - 600)
-        wanted = [(socket.SOCK_DGRAM, base + h * 16 + p) for h in hosts for p in range(4)]
-        wanted += [(socket.SOCK_STREAM, base + 500 + h) for h in hosts]
-        try:
-            with contextlib.ExitStack() as stack:
-                for kind, port in wanted:
-                    stack.enter_context(socket.socket(socket.AF_INET6, kind)).bind(("::1", port))
-        except OSError:
-            continue
-        return base
 
 
 class Recorder:
@@ -87,7 +70,7 @@ class Recorder:
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[list[Node]]:
     loop = asyncio.get_running_loop()
-    base = free_base()
+    base = free_base((0, 2, 3), FABRIC.planes)
     psk = tmp_path / "cluster.key"
     psk.write_text(os.urandom(32).hex())
     nodes = [Node(config(0, base, psk), loop), Node(config(3, base, psk), loop)]

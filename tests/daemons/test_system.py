@@ -22,10 +22,8 @@ import contextlib
 import os
 import random
 import re
-import secrets
 import shutil
 import socket
-import string
 import struct
 import subprocess
 import threading
@@ -63,10 +61,11 @@ from netns.faults import Faults
 from netns.run import TestbedError, call_in_netns
 from netns.state import TestbedState, faults_path, load
 from netns.traffic import udp_sender
+from tests.isolation import run_name
 
 #: A name of its own per run ([a-z][a-z0-9]{0,5}): concurrent runs of this module (other
 #: worktrees, CI) must never build, or clean, each other's testbed.
-TESTBED = "ts" + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(4))
+TESTBED = run_name("ts")
 FABRIC = Fabric()
 WAIT = 60.0  # safety limit for anything that should happen; never a timing assertion
 MIB = 1 << 20

@@ -61,12 +61,13 @@ from netns.scenario import parse_scenario
 from netns.state import TestbedState, exists, faults_path, load
 from netns.topology import mgmt_address
 from tests.daemons.apiharness import Daemons
+from tests.isolation import run_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-# Testbed names unique to this test process (other runs may share the machine).
-TESTBED = f"tt{os.getpid() % 10000:04d}"
-DEMO_BED = f"td{os.getpid() % 10000:04d}"
+#: Names of their own per run: concurrent runs must never build, or clean, each other's.
+TESTBED = run_name("tt")
+DEMO_BED = run_name("td")
 ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
 WAIT = 120.0
 TARGET_H0 = f"[{mgmt_address(DEMO_BED, 0)}]:{METRICS_PORT}"
