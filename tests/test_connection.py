@@ -21,9 +21,11 @@ from mrcstack.core.events import (
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
+from mrcstack.wire import Opcode
 from tests.pairnet import Faults, PairNet
 
 GUARD = 64
+DATA = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
 
 
 def region(net: PairNet, side: int, size: int) -> tuple[bytearray, int, int]:
@@ -227,6 +229,37 @@ def test_plane_down_locally_stops_its_use_and_peer_learns_it() -> None:
     net.conns[0].post_write(2, data, va, rkey, imm=4, now=net.now)
     net.run(net.now + 5.0, stop=lambda: len(sends(net)) == 2)
     assert net.conns[0].stats.packets_sent[1] - sent_before > 100
+
+
+def test_peer_ports_from_outside_the_data_path_act_like_a_sacks_bitmap() -> None:
+    """set_peer_ports (the adapter heard the peer's PORT_STATUS_UPDATE over its control
+    channel) takes the peer's down plane out of use at once, exactly as a SACK's bitmap
+    would; the bitmaps of later SACKs rule again.  A failed connection ignores it."""
+    net = PairNet(12, Faults(), planes=2, per_plane=2)
+    sender = net.conns[0]
+    data_ports: list[tuple[float, int]] = []
+    net.on_send = lambda side, d, now: (
+        data_ports.append((now, d.port)) if side == 0 and d.data[0] in DATA else None
+    )
+    assert sender.set_peer_ports(0b01, now=0.0)  # the peer's plane 1 is down
+    assert not sender.set_peer_ports(0b01, now=0.0)  # nothing changes
+    net.kick()
+    assert [e for e in net.events[0] if isinstance(e, PortStateChanged)] == [
+        PortStateChanged(1, False, remote=True)
+    ]
+    backing, va, rkey = region(net, 1, 100_000)
+    data = os.urandom(100_000)
+    sender.post_write(1, data, va, rkey, now=0.0)
+    net.kick()  # the first flight, before any SACK could say otherwise
+    assert data_ports and {port for _, port in data_ports} == {0}
+    net.run(5.0, stop=lambda: bool(sends(net)))  # the receiver's SACKs: both planes are up
+    assert backing[GUARD : GUARD + 100_000] == data
+    assert PortStateChanged(1, True, remote=True) in net.events[0]
+    assert {port for _, port in data_ports} == {0, 1}
+    sender.abort("gone")
+    assert not sender.set_peer_ports(0b00, now=net.now)
+    net.kick()
+    assert PortStateChanged(0, False, remote=True) not in net.events[0]
 
 
 def test_keyed_connection_rejects_forged_and_replayed_packets() -> None:

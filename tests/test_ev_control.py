@@ -116,6 +116,7 @@ def test_ev_min_active_changes_online() -> None:
     with pytest.raises(LocalError):
         sender.set_ev_min_active(-1)
     sender.set_ev_min_active(2)
+    assert sender.ev_min_active == 2
     assert sender.evs.apply(0x000, "timeout", "rto")  # the backup replaces it
     assert not sender.evs.apply(0x001, "timeout", "rto")  # would leave one usable EV
     sender.set_ev_min_active(1)

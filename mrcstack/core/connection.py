@@ -1,10 +1,10 @@
 """The sans-IO MRC connection (a QP): three inputs, two outputs, one timer.
 
-In: API calls (``post_write``, ``set_port_state``, the EV controls ``deny_evs``,
-``allow_evs``, ``replace_ev``, ``set_ev_min_active``), ``receive_datagram(data, now, port)``,
-``handle_timer(now)``.  Out: ``datagrams_to_send(now)`` and ``next_event()``; ``get_timer()``
-is the one deadline the adapter arms.  Nothing here reads a clock, opens a socket or draws
-global randomness.
+In: API calls (``post_write``, ``set_port_state``, ``set_peer_ports``, the EV controls
+``deny_evs``, ``allow_evs``, ``replace_ev``, ``set_ev_min_active``),
+``receive_datagram(data, now, port)``, ``handle_timer(now)``.  Out: ``datagrams_to_send(now)``
+and ``next_event()``; ``get_timer()`` is the one deadline the adapter arms.  Nothing here
+reads a clock, opens a socket or draws global randomness.
 """
 
 from __future__ import annotations
@@ -152,6 +152,17 @@ class Connection:
             if not up:
                 self.sender.port_lost(port)
 
+    def set_peer_ports(self, bits: int, now: float) -> bool:
+        """The peer's port bitmap (bit p set iff its plane-p port is up) from outside the data
+        path, e.g. its PORT_STATUS_UPDATE over the control channel: applied exactly as the
+        bitmap its SACKs and probe replies carry, which keep updating it afterwards.  A plane
+        the peer has down is out of use at once and what is in flight there counts as lost.
+        Returns True if any plane changed (each change is a ``PortStateChanged`` event);
+        a failed connection ignores it."""
+        if self.failed is not None:
+            return False
+        return self._peer_ports(bits)
+
     # Path control (the controller's EV operations) ------------------------------------
     def deny_evs(self, values: Iterable[int], *, now: float, reason: str = "controller") -> int:
         """DENY EVs (OCP MODIFY_EV_STATE): out of use and never probed until allowed.
@@ -181,6 +192,11 @@ class Connection:
         if count < 0:
             raise LocalError(f"ev_min_active must be >= 0, got {count}")
         self.evs.ev_min_active = count
+
+    @property
+    def ev_min_active(self) -> int:
+        """The ``ev_min_active`` in force: the config's, or the last :meth:`set_ev_min_active`."""
+        return self.evs.ev_min_active
 
     def ev_states(self) -> tuple[EvStatus, ...]:
         """Every EV of the set with its state, use and drop count, plane by plane."""
@@ -259,13 +275,17 @@ class Connection:
                     pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
                 )
 
-    def _peer_ports(self, bits: int) -> None:
+    def _peer_ports(self, bits: int) -> bool:
+        """Apply the peer's port bitmap; True if any plane changed."""
+        changed = False
         for port in range(self.cfg.planes):
             up = bool(bits >> port & 1)
             if self.evs.set_port(port, up, remote=True):
+                changed = True
                 self._emit(PortStateChanged(port, up, remote=True))
                 if not up:
                     self.sender.port_lost(port)
+        return changed
 
     # Output ---------------------------------------------------------------------------
     def _next_tx_seq(self) -> int:
