@@ -102,8 +102,7 @@ class Node:
         self.rng = random.SystemRandom()
         self.contexts: dict[int, Context] = {}
         self.qps: dict[int, Qp] = {}
-        self.ports = Ports(cfg.fabric.planes, cfg.host_name, self.qps, clock,
-                           self._kick, self._on_event)  # fmt: skip
+        self.ports = Ports(cfg.fabric.planes, cfg.host_name, self.qps, clock, self._kick)
         # Our ports' flags (the controller API and the metrics read them).
         self.port_admin, self.port_link = self.ports.admin, self.ports.link
         self.counters = NodeCounters()
@@ -306,7 +305,7 @@ class Node:
         conn = Connection(
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
         )
-        conn.sender.on_rtt = self.rtt.observe
+        conn.on_rtt = self.rtt.observe
         self.ports.new_connection(conn)
         qp.conn = conn
         qp.remote_host = remote_host
@@ -550,15 +549,15 @@ class Node:
         for q, qp in sorted(self.qps.items()):
             if (qpn is not None and q != qpn) or qp.conn is None:
                 continue
-            for slot in qp.conn.evs.slots.values():
+            for ev in qp.conn.ev_states():
                 out.append(
                     {
                         "qpn": q,
-                        "ev": slot.entry.value,
-                        "plane": slot.entry.port,
-                        "state": slot.state.value,
-                        "in_use": slot.in_use,
-                        "drop_count": slot.drop_count,
+                        "ev": ev.value,
+                        "plane": ev.port,
+                        "state": ev.state.value,
+                        "in_use": ev.in_use,
+                        "drop_count": ev.drop_count,
                     }
                 )
         return out
@@ -594,7 +593,7 @@ class Node:
             connections=sum(1 for qp in self.qps.values() if qp.state is QpState.RTS),
             evs=count_evs(
                 planes,
-                ((s.entry.port, s.state.value) for c in conns for s in c.evs.slots.values()),
+                ((ev.port, ev.state.value) for c in conns for ev in c.ev_states()),
             ),
             traffic=totals.freeze(),
             rtt=self.rtt.snapshot(),

@@ -6,10 +6,10 @@ learn it from the port bitmap in our SACKs and probe replies.
 
 A peer's ports arrive the same way, in its SACKs, and also as a PORT_STATUS_UPDATE over the
 control channel (the controller API's port-status update): that bitmap is applied to every
-connection to that host exactly as the bitmap of a SACK is (the core's
-``Connection._peer_ports``), so the QPs to a host stop using a plane it says is down at
-once, without waiting for its next SACK, and use it again when it says it is back.  Later
-SACKs keep updating it, as always.
+connection to that host exactly as the bitmap of a SACK is (``Connection.set_peer_ports``),
+so the QPs to a host stop using a plane it says is down at once, without waiting for its
+next SACK, and use it again when it says it is back.  Later SACKs keep updating it, as
+always.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from daemons.mrcd.qps import Qp
 from mrcstack.core.connection import Connection
 from mrcstack.core.errors import LocalError
-from mrcstack.core.events import Event, PortStateChanged
 
 log = logging.getLogger("mrcd")
 
@@ -28,8 +27,8 @@ log = logging.getLogger("mrcd")
 class Ports:
     """The port state of one node, applied to the connections in ``qps``.
 
-    ``kick(qpn)`` has the transport flush a connection that changed; ``deliver(qpn, event)``
-    hands an event to the node's event path (logs, listeners, the QP's owner)."""
+    ``kick(qpn)`` has the transport flush a connection that changed (which also hands its
+    events, ``PortStateChanged`` among them, to the node's event path)."""
 
     def __init__(
         self,
@@ -38,14 +37,12 @@ class Ports:
         qps: Mapping[int, Qp],
         clock: Callable[[], float],
         kick: Callable[[int], None],
-        deliver: Callable[[int, Event], None],
     ) -> None:
         self.planes = planes
         self.host_name = host_name
         self.qps = qps
         self.clock = clock
         self.kick = kick
-        self.deliver = deliver
         self.admin = [True] * planes
         self.link = [True] * planes
 
@@ -95,17 +92,8 @@ class Ports:
         """``host`` says bit p of ``bitmap`` is set iff its plane-p port is up."""
         bitmap &= (1 << self.planes) - 1
         log.info("event=peer_port_status host=h%d bitmap=%#x", host, bitmap)
+        now = self.clock()
         for qpn, qp in list(self.qps.items()):
             conn = qp.conn
-            if conn is None or qp.remote_host != host or conn.failed is not None:
-                continue
-            changed = False
-            for plane in range(self.planes):
-                up = bool(bitmap >> plane & 1)
-                if conn.evs.set_port(plane, up, remote=True):
-                    changed = True
-                    if not up:
-                        conn.sender.port_lost(plane)  # what is in flight there is lost
-                    self.deliver(qpn, PortStateChanged(plane, up, remote=True))
-            if changed:
+            if conn is not None and qp.remote_host == host and conn.set_peer_ports(bitmap, now):
                 self.kick(qpn)

@@ -173,10 +173,9 @@ class ProfileStore:
         profile = self.ev.get(qp.attrs.ev_profile_id)
         if profile is None:
             return 0
-        table = qp.conn.evs
-        table.ev_min_active = profile.ev_min_active
+        qp.conn.set_ev_min_active(profile.ev_min_active)
         now = clock()
-        changed = sum(table.apply(v, "deny", REASON, now) for v in profile.denied)
+        changed = qp.conn.deny_evs(profile.denied, now=now, reason=REASON)
         if changed and node.transport is not None:
             node.transport.kick(qpn)
         return changed
@@ -340,14 +339,13 @@ class ProfileStore:
             profile.denied.update(values)
         else:
             profile.denied.difference_update(values)
-        signal = "deny" if deny else "allow"
         changed = 0
         now = clock()
         for qpn in self.users(node, ev=ident):
             conn = node.qps[qpn].conn
             if conn is None:
                 continue
-            hits = sum(conn.evs.apply(v, signal, REASON, now) for v in values)
+            hits = (conn.deny_evs if deny else conn.allow_evs)(values, now=now, reason=REASON)
             if hits and node.transport is not None:
                 node.transport.kick(qpn)
             changed += hits

@@ -166,7 +166,7 @@ def test_ev_and_cc_profiles_for_new_qps(daemons: Daemons) -> None:
         assert drain(a.cq, 1)[0].ok
         ctl.modify_ev_profile(1, ev_min_active=3)
         conn = daemons.nodes[0].qps[a.qp.qpn].conn
-        assert conn is not None and daemons.on_loop(lambda: conn.evs.ev_min_active) == 3
+        assert conn is not None and daemons.on_loop(lambda: conn.ev_min_active) == 3
         # Bad profiles are refused with the reason.
         with pytest.raises(ApiError, match="encodes plane 0, not port 1"):
             ctl.create_ev_profile(5, evs=[(addrplan.ev_value(0, 0), 1)])
@@ -308,4 +308,5 @@ def test_profiles_give_node_ready_its_connection_settings(daemons: Daemons) -> N
     assert default["evs"] == addrplan.ev_profile(FABRIC, 0, 3, 128)
     config = ConnectionConfig(local_qpn=1, remote_qpn=2, planes=4, **fields)
     conn = Connection(config, memory=MemoryTable(), rng=random.Random(1), now=0.0)
-    assert conn.evs.state(explicit[0][0]) is EvState.DENIED
+    states = {ev.value: ev.state for ev in conn.ev_states()}
+    assert states[explicit[0][0]] is EvState.DENIED

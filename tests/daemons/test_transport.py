@@ -148,7 +148,7 @@ def test_rtt_samples_have_sub_millisecond_resolution() -> None:
 async def _rtt_samples() -> None:
     pair = Pair(asyncio.get_running_loop())
     samples: list[float] = []
-    pair.conns[0].sender.on_rtt = samples.append
+    pair.conns[0].on_rtt = samples.append
     try:
         dst = bytearray(1 << 20)
         mr = pair.mems[1].register(dst)
