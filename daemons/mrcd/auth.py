@@ -28,10 +28,10 @@ import re
 import secrets
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -41,6 +41,8 @@ from mrcstack.core.errors import LocalError, PeerError
 
 if TYPE_CHECKING:
     from daemons.mrcd.config import AuthConfig
+
+_T = TypeVar("_T")
 
 KEY_SIZE = 32  # PSK, X25519 keys, HKDF outputs
 TAG_SIZE = 32  # HMAC-SHA256
@@ -201,18 +203,27 @@ class Credentials:
 
     @classmethod
     def from_config(cls, host: str, auth: AuthConfig) -> Credentials:
-        """Load the files an ``[mrcd.auth]`` table names (:class:`KeyFileError` on trouble)."""
+        """Load the files an ``[mrcd.auth]`` table names (:class:`KeyFileError` on trouble,
+        one line naming the config key and the file)."""
         if auth.mode == "psk":
             if auth.psk_file is None:
                 raise KeyFileError("mrcd.auth.psk_file: required in psk mode")
-            return cls.from_psk(host, load_psk(auth.psk_file))
+            return cls.from_psk(host, _load("psk_file", load_psk, auth.psk_file))
         if auth.mode == "keypair":
             if auth.private_key_file is None or auth.peer_keys_dir is None:
                 raise KeyFileError("mrcd.auth: keypair mode needs private_key_file, peer_keys_dir")
-            return cls.from_keypair(
-                host, load_private_key(auth.private_key_file), load_peer_keys(auth.peer_keys_dir)
-            )
+            private = _load("private_key_file", load_private_key, auth.private_key_file)
+            peers = _load("peer_keys_dir", load_peer_keys, auth.peer_keys_dir)
+            return cls.from_keypair(host, private, peers)
         raise KeyFileError(f"mrcd.auth.mode: unknown mode {auth.mode!r}")
+
+
+def _load(key: str, loader: Callable[[Path], _T], path: Path) -> _T:
+    """``loader(path)``, its error prefixed with the ``[mrcd.auth]`` key that named the file."""
+    try:
+        return loader(path)
+    except KeyFileError as exc:
+        raise KeyFileError(f"mrcd.auth.{key}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

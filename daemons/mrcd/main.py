@@ -26,6 +26,7 @@ from pathlib import Path
 import uvloop
 
 from daemons.mrcd.appserver import AppServer
+from daemons.mrcd.auth import Credentials, KeyFileError
 from daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
 from daemons.mrcd.linkwatch import watch_planes
 from daemons.mrcd.metrics import ListenAddressError, make_registry, serve
@@ -51,7 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="address for /metrics (default from the config, else 127.0.0.1:9464)",
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument(
+        "--check", action="store_true", help="validate the config and its key files, and exit"
+    )
     return p.parse_args(argv)
 
 
@@ -120,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"mrcd: {exc}\n")
         return 2
     if args.check:
+        try:  # the key files too: --check vouches that a start would not stop on them
+            Credentials.from_config(cfg.host_name, cfg.auth)
+        except KeyFileError as exc:
+            sys.stderr.write(f"mrcd: {exc}\n")
+            return 2
         print(f"mrcd: {args.config}: ok ({cfg.host_name}, {cfg.fabric.planes} planes)")
         return 0
     setup_logging(args.log_level or cfg.log_level)

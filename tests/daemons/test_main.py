@@ -140,6 +140,38 @@ def test_check_validates_and_exits(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "ok" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("key_text", "needle"),
+    [
+        (None, "cannot read cluster key"),
+        ("abc", "cluster key must be 64 hex digits"),
+    ],
+)
+def test_check_loads_the_key_files_and_names_the_key(
+    tmp_path: Path, key_text: str | None, needle: str
+) -> None:
+    """A missing or malformed key file fails --check (exit 2), and a real start (exit 1),
+    with one line naming the config key and the file."""
+    cfg = write_config(tmp_path)
+    psk = tmp_path / "cluster.key"
+    if key_text is None:
+        psk.unlink()
+    else:
+        psk.write_text(key_text)
+    for extra, status in ((["--check"], 2), ([], 1)):
+        proc = subprocess.run(
+            [*MRCD, "--config", str(cfg), *extra],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert proc.returncode == status, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert lines[-1].startswith(f"mrcd: mrcd.auth.psk_file: {psk}: {needle}"), proc.stderr
+        assert proc.stdout == ""
+
+
 def test_daemon_serves_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     cfg = write_config(tmp_path)
