@@ -38,6 +38,7 @@ from daemons.tools.common import (
     crc31,
     delta31,
     end_stop,
+    naming_size,
     wait_hello,
 )
 from daemons.tools.flags import Options
@@ -55,7 +56,6 @@ from daemons.tools.report import (
     say,
 )
 from mrcstack.api import (
-    ApiError,
     Context,
     Device,
     Listener,
@@ -327,19 +327,15 @@ def _serve(o: Options, ctx: Context, host: int, dev: Device, listener: Listener)
     while True:
         server = BwServer(o, ctx, host, listener)
         hello = server.accept(client_host, docs[-1]["size"] if docs else 0)
-        try:
-            if not docs:
-                sweep = hello.more
-                client_host = server.client_host
-                if not o.json:
-                    _header(o, server, hello, dev, host, sweep)
+        if not docs:
+            sweep = hello.more
+            client_host = server.client_host
+        with naming_size(hello.size, sweep):
+            if not docs and not o.json:
+                _header(o, server, hello, dev, host, sweep)
             doc = server.run()
             more = server.more
             server.close()
-        except (ToolError, ApiError) as exc:
-            if not sweep:
-                raise
-            raise ToolError(f"size {hello.size}: {exc}") from None
         if sweep:
             doc["run"] = len(docs)
         docs.append(doc)

@@ -22,6 +22,7 @@ over.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import random
 import signal
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -241,6 +243,17 @@ def pack_end(buf: memoryview, offset: int, count: int, stop: bool) -> None:
 def end_stop(buf: memoryview, offset: int) -> bool:
     """Whether the END write that landed at ``offset`` says no run follows after all."""
     return bool(_END.unpack_from(buf, offset)[1] & END_STOP)
+
+
+@contextlib.contextmanager
+def naming_size(size: int, sweep: bool) -> Iterator[None]:
+    """Within -a (``sweep``), a run's error names the size it happened at."""
+    try:
+        yield
+    except (ToolError, ApiError) as exc:
+        if not sweep:
+            raise
+        raise ToolError(f"size {size}: {exc}") from None
 
 
 def all_sizes(max_size: int) -> list[int]:

@@ -23,6 +23,7 @@ from daemons.tools.common import (
     ToolError,
     UsageError,
     all_sizes,
+    naming_size,
 )
 from mrcstack.api import ApiError, QpAttr, default_socket_path
 from mrcstack.fabric import format_size, parse_size
@@ -146,6 +147,29 @@ class Options:
         if self.depth_flag is None and self.kind == KIND_BW:
             depth = default_depth(size)
         return dataclasses.replace(self, size=size, tx_depth=depth)
+
+    def run_sizes(
+        self,
+        run_one: Callable[[Options, int, bool], dict[str, Any]],
+        report: Callable[[Options, dict[str, Any]], int],
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The client's run(s), one per size: ``run_one(options, index, more)`` gives a run's
+        document, ``report(options, doc)`` shows it and returns its exit status.  Stops at
+        the first run that fails or is interrupted; returns the documents and the status."""
+        sizes = self.sizes()
+        docs: list[dict[str, Any]] = []
+        status = 0
+        for i, size in enumerate(sizes):
+            ro = self.for_size(size)
+            with naming_size(size, self.all):
+                doc = run_one(ro, i, i + 1 < len(sizes))
+            if self.all:
+                doc["run"] = i
+            docs.append(doc)
+            status = report(ro, doc)
+            if status or doc["interrupted"]:
+                break
+        return docs, status
 
     def size_text(self) -> str:
         """The header's message size."""

@@ -75,7 +75,6 @@ from daemons.tools.report import (
     say,
 )
 from mrcstack.api import (
-    ApiError,
     CompletionQueue,
     Context,
     Device,
@@ -355,31 +354,19 @@ def client_main(o: Options) -> int:
     server = o.server_host
     if server is None:
         raise ToolError("client without --server-host")
-    sizes = o.sizes()
-    docs: list[dict[str, Any]] = []
-    status = 0
     began = time.monotonic()
     with Device.open(o.socket_path()) as dev:
         attr = dev.query_device()
-        for i, size in enumerate(sizes):
-            ro = o.for_size(size)
-            try:
-                with dev.create_context() as ctx:
-                    client = BwClient(ro, ctx, attr.host, more=i + 1 < len(sizes))
-                    client.connect(server)
-                    if i == 0 and not o.json:
-                        _header(o, ro, dev, attr.host, attr.planes, server, client)
-                    doc = client.run()
-            except (ToolError, ApiError) as exc:
-                if not o.all:
-                    raise
-                raise ToolError(f"size {size}: {exc}") from None
-            if o.all:
-                doc["run"] = i
-            docs.append(doc)
-            status = _report(ro, doc)
-            if status or doc["interrupted"]:
-                break
+
+        def run_one(ro: Options, i: int, more: bool) -> dict[str, Any]:
+            with dev.create_context() as ctx:
+                client = BwClient(ro, ctx, attr.host, more=more)
+                client.connect(server)
+                if i == 0 and not o.json:
+                    _header(o, ro, dev, attr.host, attr.planes, server, client)
+                return client.run()
+
+        docs, status = o.run_sizes(run_one, _report)
     _end(o, docs, time.monotonic() - began)
     return status
 

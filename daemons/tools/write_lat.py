@@ -48,6 +48,7 @@ from daemons.tools.common import (
     align,
     connect,
     end_stop,
+    naming_size,
     pack_end,
     wait_hello,
 )
@@ -67,7 +68,6 @@ from daemons.tools.report import (
     say,
 )
 from mrcstack.api import (
-    ApiError,
     CompletionQueue,
     Context,
     Device,
@@ -293,48 +293,36 @@ def client_main(o: Options) -> int:
     server = o.server_host
     if server is None:
         raise ToolError("client without --server-host")
-    sizes = o.sizes()
-    docs: list[dict[str, Any]] = []
-    status = 0
     began = time.monotonic()
     with Device.open(o.socket_path()) as dev:
         attr = dev.query_device()
-        for i, size in enumerate(sizes):
-            ro = o.for_size(size)
-            try:
-                with dev.create_context() as ctx:
-                    client = LatClient(ro, ctx, attr.host, more=i + 1 < len(sizes))
-                    client.connect(server)
-                    if i == 0 and not o.json:
-                        qpn = "new for every size (in --json)" if o.all else f"{client.qp.qpn:#06x}"
-                        say(
-                            header(
-                                "RDMA_Write Latency Test (MRC over mrcd)",
-                                [
-                                    ("Device", f"mrcd h{attr.host} ({dev.path})"),
-                                    ("Remote", f"h{server} service {o.service}"),
-                                    ("Transport type", f"MRC, {attr.planes} planes"),
-                                    ("Message size", o.size_text()),
-                                    ("Verify", "ON (CRC-32 of every echo)" if o.verify else "OFF"),
-                                    ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
-                                    ("QPN", qpn),
-                                    ("Latency", "half the round trip, API calls included"),
-                                ],
-                            )
+
+        def run_one(ro: Options, i: int, more: bool) -> dict[str, Any]:
+            with dev.create_context() as ctx:
+                client = LatClient(ro, ctx, attr.host, more=more)
+                client.connect(server)
+                if i == 0 and not o.json:
+                    qpn = "new for every size (in --json)" if o.all else f"{client.qp.qpn:#06x}"
+                    say(
+                        header(
+                            "RDMA_Write Latency Test (MRC over mrcd)",
+                            [
+                                ("Device", f"mrcd h{attr.host} ({dev.path})"),
+                                ("Remote", f"h{server} service {o.service}"),
+                                ("Transport type", f"MRC, {attr.planes} planes"),
+                                ("Message size", o.size_text()),
+                                ("Verify", "ON (CRC-32 of every echo)" if o.verify else "OFF"),
+                                ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
+                                ("QPN", qpn),
+                                ("Latency", "half the round trip, API calls included"),
+                            ],
                         )
-                        if o.run_infinitely or o.all:
-                            say(LAT_COLUMNS)
-                    doc = client.run()
-            except (ToolError, ApiError) as exc:
-                if not o.all:
-                    raise
-                raise ToolError(f"size {size}: {exc}") from None
-            if o.all:
-                doc["run"] = i
-            docs.append(doc)
-            status = _report(ro, doc)
-            if status or doc["interrupted"]:
-                break
+                    )
+                    if o.run_infinitely or o.all:
+                        say(LAT_COLUMNS)
+                return client.run()
+
+        docs, status = o.run_sizes(run_one, _report)
     _end(o, docs, time.monotonic() - began)
     return status
 
@@ -415,12 +403,8 @@ def server_main(o: Options) -> int:
                         host=client_host,
                         waiting_for=f"the client's next run (after size {docs[-1]['size']})",
                     )
-                try:
+                with naming_size(hello.size, sweep):
                     doc, more = _serve(o, ctx, attr.host, dev, listener, req, hello, sweep, docs)
-                except (ToolError, ApiError) as exc:
-                    if not sweep:
-                        raise
-                    raise ToolError(f"size {hello.size}: {exc}") from None
                 if sweep:
                     doc["run"] = len(docs)
                 docs.append(doc)
