@@ -592,6 +592,15 @@ def test_all_sizes_server_gives_up_when_the_next_run_does_not_come(
     assert waited < 10
 
 
+def sweep_client(name: str, socket_path: str, service: int, n: int) -> list[str]:
+    """A client of the server on h3: -a up to 64 KiB, ``n`` writes a size, verified, JSON."""
+    return tool(
+        name,
+        *("--socket", socket_path, "--server-host", "3", "--service", str(service)),
+        *("-a", "--max-size", "64KiB", "-n", str(n), "--verify", "--json"),
+    )
+
+
 def test_loopback_all_sizes_bw_verify_json(loop_daemons: Daemons) -> None:
     s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
     n = 20
@@ -599,22 +608,7 @@ def test_loopback_all_sizes_bw_verify_json(loop_daemons: Daemons) -> None:
         "write_bw",
         # -a on the server too, as with perftest: accepted, ignored
         tool("write_bw", "--socket", s3, "--service", "706", "-a", "--json"),
-        tool(
-            "write_bw",
-            "--socket",
-            s0,
-            "--server-host",
-            "3",
-            "--service",
-            "706",
-            "-a",
-            "--max-size",
-            "64KiB",
-            "-n",
-            str(n),
-            "--verify",
-            "--json",
-        ),
+        sweep_client("write_bw", s0, 706, n),
     )
     assert cli.returncode == 0, cli.stderr
     assert srv.returncode == 0, srv.stderr
@@ -651,22 +645,7 @@ def test_loopback_all_sizes_lat_verify_json(loop_daemons: Daemons) -> None:
     srv, cli = run_pair(
         "write_lat",
         tool("write_lat", "--socket", s3, "--service", "707", "--json"),
-        tool(
-            "write_lat",
-            "--socket",
-            s0,
-            "--server-host",
-            "3",
-            "--service",
-            "707",
-            "-a",
-            "--max-size",
-            "64KiB",
-            "-n",
-            str(n),
-            "--verify",
-            "--json",
-        ),
+        sweep_client("write_lat", s0, 707, n),
     )
     assert cli.returncode == 0, cli.stderr
     assert srv.returncode == 0, srv.stderr
