@@ -82,7 +82,7 @@ def in_use_for(listed: int, requested: int) -> int:
 def listed_for(requested: int) -> int:
     """The fewest EVs a plane must list for ``requested`` to be in use and at least one to
     be a backup (a generated profile lists this many when the fabric has the paths)."""
-    listed = max(requested + 1, 4 * requested // 3 - 1)  # at most two steps below
+    listed = requested + 1
     while in_use_for(listed, requested) < requested:
         listed += 1
     return listed
