@@ -171,6 +171,31 @@ class Options:
                 break
         return docs, status
 
+    def all_summary(
+        self,
+        prog: str,
+        docs: Sequence[dict[str, Any]],
+        elapsed: float,
+        head: dict[str, Any],
+        body: dict[str, Any],
+    ) -> dict[str, Any]:
+        """-a's closing JSON document (docs/tools.md): the common head, the tool's ``head``
+        fields, the sizes, the tool's ``body`` (its rows, totals), the series' time."""
+        return {
+            "tool": prog,
+            "role": "client",
+            "report": "all",
+            "host": docs[0]["host"],
+            "server_host": self.server_host,
+            "service": self.service,
+            **head,
+            "verify": self.verify,
+            "sizes": [d["size"] for d in docs],
+            **body,
+            "duration_s": round(elapsed, 6),
+            "interrupted": docs[-1]["interrupted"],
+        }
+
     def size_text(self) -> str:
         """The header's message size."""
         if not self.all:

@@ -439,23 +439,8 @@ def _end(o: Options, docs: list[dict[str, Any]], elapsed: float) -> None:
     srv = _sum_results([Result(**d["server"]) for d in docs])
     if o.json:
         if o.all:
-            emit(
-                {
-                    "tool": PROG,
-                    "role": "client",
-                    "report": "all",
-                    "host": docs[0]["host"],
-                    "server_host": o.server_host,
-                    "service": o.service,
-                    "qps": o.qps,
-                    "verify": o.verify,
-                    "sizes": [d["size"] for d in docs],
-                    "rows": [bw_all_row(d) for d in docs],
-                    "server": srv,
-                    "duration_s": round(elapsed, 6),
-                    "interrupted": docs[-1]["interrupted"],
-                }
-            )
+            rows = [bw_all_row(d) for d in docs]
+            emit(o.all_summary(PROG, docs, elapsed, {"qps": o.qps}, {"rows": rows, "server": srv}))
         return
     say(LINE)
     if o.verify:

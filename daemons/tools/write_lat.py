@@ -349,23 +349,12 @@ def _end(o: Options, docs: list[dict[str, Any]], elapsed: float) -> None:
         return
     if o.json:
         if o.all:
-            emit(
-                {
-                    "tool": PROG,
-                    "role": "client",
-                    "report": "all",
-                    "host": docs[0]["host"],
-                    "server_host": o.server_host,
-                    "service": o.service,
-                    "verify": o.verify,
-                    "sizes": [d["size"] for d in docs],
-                    "rows": [lat_all_row(d) for d in docs],
-                    "mismatches": sum(d["mismatches"] for d in docs),
-                    "server_mismatches": sum(d["server"]["mismatches"] for d in docs),
-                    "duration_s": round(elapsed, 6),
-                    "interrupted": docs[-1]["interrupted"],
-                }
-            )
+            body = {
+                "rows": [lat_all_row(d) for d in docs],
+                "mismatches": sum(d["mismatches"] for d in docs),
+                "server_mismatches": sum(d["server"]["mismatches"] for d in docs),
+            }
+            emit(o.all_summary(PROG, docs, elapsed, {}, body))
         return
     say(LINE)
     if o.verify:
