@@ -23,7 +23,7 @@ apt-ensure = @missing=""; for p in $(1); do \
 
 setup: .venv/.installed
 	$(call apt-ensure,$(APT_PACKAGES))
-	$(PY) -m netns.trim build >/dev/null
+	$(PY) -m mrcstack.netns.trim build >/dev/null
 
 .venv/.installed: pyproject.toml
 	@# A fresh Debian/Ubuntu may lack python3 or its venv module (package python3-venv).
@@ -37,10 +37,13 @@ setup: .venv/.installed
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# mypy sees netns/ and daemons/ as mrcstack.netns and mrcstack.daemons (linked into mrcstack/);
+# lint-imports checks the layers and that no package has an import cycle (pyproject.toml).
 lint: setup
 	.venv/bin/ruff check mrcstack netns daemons tests bench
 	.venv/bin/ruff format --check mrcstack netns daemons tests bench
-	.venv/bin/mypy mrcstack netns daemons
+	.venv/bin/mypy mrcstack
+	.venv/bin/lint-imports --no-cache
 
 test: setup lint
 	.venv/bin/pytest -q

@@ -49,14 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import mptcp
-from daemons.cluster import Cluster
 from mrcstack import addrplan
 from mrcstack.api import CompletionQueue, Device, Listener, QueuePair, WcStatus, WriteWr
+from mrcstack.daemons.cluster import Cluster
 from mrcstack.fabric import Fabric
+from mrcstack.netns import testbed
+from mrcstack.netns.run import call_in_netns, ip
+from mrcstack.netns.state import TestbedState, load
 from mrcstack.wire import AeadIntegrity, DataPacket, encode
-from netns import testbed
-from netns.run import call_in_netns, ip
-from netns.state import TestbedState, load
 
 ROOT = Path(__file__).resolve().parent.parent
 UNSHAPED, SHAPED = "dbu", "dbs"  # testbed names of this benchmark

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mrcstack.fabric import Fabric
-from netns import testbed
+from mrcstack.netns import testbed
 
 REPEAT = 3
 LARGE = Path(__file__).resolve().parent.parent / "examples" / "fabric-large.toml"

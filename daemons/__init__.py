@@ -1,1 +1,2 @@
-"""mrcd: the endpoint daemon (issue 4)."""
+"""The daemon side of mrcstack: ``mrcd`` (:mod:`.mrcd`), ``mrcctl``, the perftest-style tools
+(:mod:`.tools`) and one mrcd per testbed host (:mod:`.cluster`)."""

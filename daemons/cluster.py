@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from daemons.mrcd.config import CONTROL_PORT
-from mrcstack.core.errors import LocalError
-from netns.state import TestbedState
+from mrcstack.daemons.mrcd.config import CONTROL_PORT
+from mrcstack.errors import LocalError
+from mrcstack.netns.state import TestbedState
 
 METRICS_PORT = 9464
 START_TIMEOUT = 20.0
@@ -111,7 +111,7 @@ psk_file = "{self.psk}"
                             d.netns,
                             sys.executable,
                             "-m",
-                            "daemons.mrcd.main",
+                            "mrcstack.daemons.mrcd.ops.main",
                             "--config",
                             str(d.config),
                         ],

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mrcstack import addrplan
+from mrcstack import add_version_flag, addrplan
 from mrcstack.api.ctl import Controller
 from mrcstack.api.errors import ApiError
 from mrcstack.fabric import parse_size
@@ -109,6 +109,7 @@ def cc_config(items: Sequence[str]) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="MRC controller: ports, EV and CC profiles, EV events")
+    add_version_flag(p)
     p.add_argument(
         "--socket", help="mrcd's API socket (default: $MRCD_SOCKET or the one in /run/mrcstack)"
     )

@@ -1,9 +1,10 @@
 """``mrcstack``: one command for every tool.
 
-mrcstack testbed ...   namespace testbeds (netns.cli)
-mrcstack fault ...     the fault harness (netns.fault_cli)
+mrcstack testbed ...   namespace testbeds (mrcstack.netns.cli)
+mrcstack fault ...     the fault harness (mrcstack.netns.fault_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
+mrcstack files [NAME]  the shipped example and systemd files (mrcstack.resources)
 """
 
 from __future__ import annotations
@@ -12,17 +13,23 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from mrcstack import __version__
+
 PROG = "mrcstack"
 COMMANDS: dict[str, tuple[str, str]] = {
-    "testbed": ("netns.cli", "multi-plane SRv6 testbeds in network namespaces"),
-    "fault": ("netns.fault_cli", "faults on a running testbed (links, switches, loss, trim)"),
+    "testbed": ("mrcstack.netns.cli", "multi-plane SRv6 testbeds in network namespaces"),
+    "fault": (
+        "mrcstack.netns.fault_cli",
+        "faults on a running testbed (links, switches, loss, trim)",
+    ),
     "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
     "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
+    "files": ("mrcstack.resources", "shipped example fabrics, scenarios and systemd units"),
 }
 
 
 def usage() -> str:
-    lines = [f"usage: {PROG} COMMAND [ARGS...]", "", "commands:"]
+    lines = [f"usage: {PROG} COMMAND [ARGS...] | --version", "", "commands:"]
     lines += [f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", f"`{PROG} COMMAND --help` describes each one."]
     return "\n".join(lines)
@@ -33,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if args else sys.stderr)
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"{PROG} {__version__}")
+        return 0
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         known = ", ".join(COMMANDS)

@@ -35,8 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from daemons.cluster import METRICS_PORT, Cluster
-from daemons.mrcd.promserver import (
+from mrcstack import add_version_flag
+from mrcstack.daemons.cluster import METRICS_PORT, Cluster
+from mrcstack.daemons.mrcd.ops.promserver import (
     PrometheusServer,
     free_tcp_port,
     prometheus_config,
@@ -56,11 +57,11 @@ from mrcstack.demoreport import (
     short,
 )
 from mrcstack.fabric import Fabric
-from netns import testbed
-from netns.faults import Faults
-from netns.scenario import parse_scenario, run_scenario
-from netns.state import TestbedState, exists, faults_path, load, state_path
-from netns.topology import mgmt_address
+from mrcstack.netns import testbed
+from mrcstack.netns.faults import Faults
+from mrcstack.netns.scenario import parse_scenario, run_scenario
+from mrcstack.netns.state import TestbedState, exists, faults_path, load, state_path
+from mrcstack.netns.topology import mgmt_address
 
 PROG = "mrcstack demo"
 DEFAULT_NAME = "demo"
@@ -93,7 +94,7 @@ checks it), so while `sudo mrcstack demo --prometheus` runs, it works as it is:
     min by (instance) (mrc_plane_up)                          hosts with a plane down
     histogram_quantile(0.99, sum by (le) (rate(mrc_rtt_seconds_bucket[1m])))
 
-Targets: every host's management address on the testbed (netns.topology.mgmt_address: a
+Targets: every host's management address on the testbed (mrcstack.netns.topology.mgmt_address: a
 /64 derived from the testbed's name), port {port} (mrcd's web_listen_address).  For your own
 hosts, list their management addresses; a lone mrcd listens on 127.0.0.1:9464 by default."""
 
@@ -125,6 +126,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "h0 -> h3 while links flap, a T1 switch fails and a NIC port goes down and up; "
         "print what happened; tear everything down. Needs root.",
     )
+    add_version_flag(p)
     p.add_argument(
         "--duration",
         type=_seconds,
@@ -171,7 +173,7 @@ def _comment(name: str) -> str:
 
 
 def scenario_toml(duration: float) -> str:
-    """The fault scenario for a run of ``duration`` seconds (netns.scenario format)."""
+    """The fault scenario for a run of ``duration`` seconds (mrcstack.netns.scenario format)."""
     scale = duration / DEFAULT_DURATION
     steps = [f'name = "mrcstack demo, {duration:g} s"']
     for at, action, targets, lasts in TIMELINE:
@@ -192,7 +194,7 @@ def _tool(netns: str, socket: Path, *args: str) -> subprocess.Popen[str]:
             netns,
             sys.executable,
             "-m",
-            "daemons.tools.write_bw",
+            "mrcstack.daemons.tools.write_bw",
             "--socket",
             str(socket),
             "--service",
@@ -427,7 +429,7 @@ def free_tcp_port_or(port: int) -> int:
 
 
 def _hold(prom: PrometheusServer, name: str, cluster: Cluster) -> None:
-    tool = f"{sys.executable} -m daemons.tools.write_bw"
+    tool = f"{sys.executable} -m mrcstack.daemons.tools.write_bw"
     s0, s3 = cluster.daemons[SRC].api_socket, cluster.daemons[DST].api_socket
     print(
         f"Prometheus: {prom.url}  (config {prom.datadir / 'prometheus.yml'})\n"

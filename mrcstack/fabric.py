@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from mrcstack.core.errors import LocalError
+from mrcstack import resources
+from mrcstack.errors import LocalError
 
 MAX_PLANES = 16
 MAX_RACKS = 256
@@ -270,9 +271,8 @@ class Fabric:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Fabric:
-        """Read a fabric TOML file (OSError if it cannot be read)."""
-        with open(path, "rb") as handle:
-            data = handle.read()
+        """Read a fabric TOML file, or the shipped example it names (OSError if neither)."""
+        data = resources.read_bytes(path)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -18,11 +18,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from mrcstack.core.errors import LocalError
+from mrcstack import add_version_flag
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, FabricConfigError, parse_rate, parse_size
-from netns import testbed
-from netns.run import TestbedError
-from netns.state import NAME_ENV, check_name, default_name, load, recorded
+from mrcstack.netns import testbed
+from mrcstack.netns.run import TestbedError
+from mrcstack.netns.state import NAME_ENV, check_name, default_name, load, recorded
 
 PROG = "mrcstack testbed"
 T = TypeVar("T")
@@ -54,6 +55,7 @@ def _int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Multi-plane SRv6 (uSID) testbeds in network namespaces.")
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     name = default_name()
 

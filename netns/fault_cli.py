@@ -31,12 +31,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from mrcstack.core.errors import LocalError
+from mrcstack import add_version_flag
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, parse_rate, parse_size
-from netns.faultplan import Fault, FaultError, parse_probability
-from netns.faults import Faults, load_records
-from netns.scenario import LogEntry, ScenarioError, load_scenario, run_scenario
-from netns.state import NAME_ENV, check_name, default_name, exists, load
+from mrcstack.netns.faultplan import Fault, FaultError, parse_probability
+from mrcstack.netns.faults import Faults, load_records
+from mrcstack.netns.scenario import LogEntry, ScenarioError, load_scenario, run_scenario
+from mrcstack.netns.state import NAME_ENV, check_name, default_name, exists, load
 
 PROG = "mrcstack fault"
 
@@ -77,6 +78,7 @@ def _from(sub: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Inject and undo faults on a running testbed.")
+    add_version_flag(parser)
     name_help = f"testbed name (${NAME_ENV} or mrc: {default_name()})"
     parser.add_argument("--name", type=_NAME, default=default_name(), help=name_help)
     parser.add_argument("--json", action="store_true", help="JSON on stdout")

@@ -1,6 +1,6 @@
 """Running a fault's recorded operations: the kernel side of the fault harness.
 
-:class:`netns.faults.Faults` plans every fault as data, a :class:`netns.faultplan.Fault` whose
+:class:`.faults.Faults` plans every fault as data, a :class:`.faultplan.Fault` whose
 ``apply`` and ``undo`` are lists of operations such as ``{"op": "down", "netns": ...,
 "ifname": ...}``.  :func:`execute` runs one of them with ``ip``, ``nft``, ``tc`` or the trim
 program.  Also here: what a fault reads from the system before it is applied (a port's
@@ -10,7 +10,7 @@ kind needs is there (:func:`require_nft`, :func:`require_trim`).
 The operations:
 
 - ``down``/``up``: ``ip link set``; ``up`` also re-adds the addresses recorded before
-  ``down`` (the kernel flushed them, even the static link-local ones: linux-facts trap 1).
+  ``down`` (the kernel flushed them, even the static link-local ones: docs/linux.md, trap 1).
 - ``routes``: re-install a namespace's recorded routes, minus those through ports still
   held down by other faults.
 - ``settle``: wait until both ends of the links brought back are operational, then flush
@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from netns import testbed, trim
-from netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
-from netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
-from netns.state import LinkRecord, TestbedState
+from mrcstack.netns import testbed, trim
+from mrcstack.netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
+from mrcstack.netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
+from mrcstack.netns.state import LinkRecord, TestbedState
 
 SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
 SETTLE_POLL_S = 0.005
@@ -216,7 +216,7 @@ def trim_object_problem(obj: Path = trim.OBJECT) -> str | None:
 
 
 def probe_trim_kernel(ns: str, obj: Path) -> None:
-    """Attach ``obj`` the way :func:`netns.trim.attach` does, on a veth in namespace ``ns``."""
+    """Attach ``obj`` the way :func:`.trim.attach` does, on a veth in namespace ``ns``."""
     for tool, args, reason in (
         ("ip", "link add v0 type veth peer name v1", "kernel lacks veth pairs (CONFIG_VETH)"),
         ("tc", "qdisc add dev v0 clsact",

@@ -1,6 +1,6 @@
 """Planning faults, as pure functions and data: names, nftables rules, route lines, records.
 
-Nothing here touches the system: :mod:`netns.faults` runs what these functions produce.
+Nothing here touches the system: :mod:`mrcstack.netns.faults` runs what these functions produce.
 Kept apart so every rule the harness installs can be unit-tested without root.
 """
 
@@ -25,8 +25,8 @@ from mrcstack.addrplan import (
     usid_owner,
 )
 from mrcstack.fabric import Fabric, format_rate
-from netns.run import TestbedError
-from netns.state import LinkRecord
+from mrcstack.netns.run import TestbedError
+from mrcstack.netns.state import LinkRecord
 
 NUMGEN_MOD = 1_000_000  # loss probability resolution: 1e-6
 NFT_PRIORITY = -300  # before anything else in the hook (the "raw" priority)
@@ -152,7 +152,7 @@ def trim_settings(
     probability: float | None,
     queue_bytes: int | None,
 ) -> dict[str, Any]:
-    """The trim program's settings (:func:`netns.trim.attach` keywords) for the egress port
+    """The trim program's settings (:func:`mrcstack.netns.trim.attach` keywords) for the egress port
     of ``link`` toward ``receiver``.  The rate defaults to the link's tier rate (an unshaped
     link needs one given), the queue to ``fabric.queue_bytes``; last hop when the port faces
     a host.  In congestion mode on a shaped port the threshold must be below the queue, or

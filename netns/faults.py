@@ -11,7 +11,7 @@ How each fault is made (docs/faults.md explains the choices):
 
 - ``link_down``: both ends ``ip link set down``.  The kernel then deletes every route
   through them and flushes their IPv6 addresses, even the static ``fe80::1``/``fe80::2``
-  (linux-facts trap 1), so the undo records the addresses beforehand and, after ``up``,
+  (docs/linux.md, trap 1), so the undo records the addresses beforehand and, after ``up``,
   re-adds them and re-installs the namespace's recorded routes (``route replace``; while
   other ports of that namespace are still down, only the routes that avoid them, and
   multipath routes with their live nexthops only), waits until both ends are operational
@@ -30,7 +30,7 @@ How each fault is made (docs/faults.md explains the choices):
 - ``shape``/``trim``: the sending end's egress port, through the testbed's shaper and the
   trim program (switch egress only).
 
-This module plans, records and undoes; :mod:`netns.faultops` runs the recorded operations.
+This module plans, records and undoes; :mod:`mrcstack.netns.faultops` runs the recorded operations.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any
 
 from mrcstack.addrplan import parse_node
 from mrcstack.fabric import Fabric
-from netns import faultops
-from netns.faultplan import (
+from mrcstack.netns import faultops
+from mrcstack.netns.faultplan import (
     Fault,
     FaultError,
     Records,
@@ -63,8 +63,8 @@ from netns.faultplan import (
     resolve_switch,
     trim_settings,
 )
-from netns.run import TestbedError
-from netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
+from mrcstack.netns.run import TestbedError
+from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
 
 FAULTS_VERSION = 1
 __all__ = ["Fault", "FaultError", "Faults", "load_records", "locked_records"]

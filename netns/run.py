@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from mrcstack.core.errors import LocalError
+from mrcstack.errors import LocalError
 
 DEFAULT_TIMEOUT = 30.0  # seconds; a single ip/tc command never takes this long
 BATCH_TIMEOUT = 120.0  # an ip -batch of thousands of lines on a busy machine

@@ -1,7 +1,7 @@
 """Fault scenarios: a timed sequence of faults in a TOML file, checked up front, replayed on a
 monotonic clock.
 
-A scenario is a list of steps; each step names an ``action`` (a :class:`netns.faults.Faults`
+A scenario is a list of steps; each step names an ``action`` (a :class:`.faults.Faults`
 method), the time ``at`` which it starts, its targets and parameters, and optionally
 ``duration`` (or ``until``) after which it is undone automatically::
 
@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrcstack.core.errors import LocalError
+from mrcstack import resources
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, format_rate, parse_rate, parse_size
-from netns.faultplan import (
+from mrcstack.netns.faultplan import (
     FaultError,
     directions,
     now_iso,
@@ -199,7 +200,7 @@ def parse_time(value: object) -> float:
 def load_scenario(path: str | Path, fabric: Fabric) -> Scenario:
     """Read and validate a scenario file (ScenarioError, one line, on any problem)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = resources.read_bytes(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read: {exc}") from None
     return parse_scenario(text, fabric)
@@ -458,7 +459,7 @@ def run_scenario(
     log: Callable[[str], object] | None = None,
     restore_on_error: bool = True,
 ) -> list[LogEntry]:
-    """Replay a scenario on a :class:`netns.faults.Faults` (anything with its methods).
+    """Replay a scenario on a :class:`.faults.Faults` (anything with its methods).
 
     Returns one :class:`LogEntry` per event, in order.  On a failing event (or Ctrl-C) the
     faults this run applied and that are still active are undone, then a ScenarioError

@@ -21,7 +21,7 @@ from typing import Any
 
 from mrcstack.addrplan import HOST, canonical_link, link_name, parse_link, parse_node
 from mrcstack.fabric import Fabric
-from netns.run import TestbedError, ip_batch
+from mrcstack.netns.run import TestbedError, ip_batch
 
 STATE_DIR = Path(os.environ.get("MRC_STATE_DIR", "/run/mrcstack"))
 STATE_VERSION = 1
@@ -156,7 +156,7 @@ class TestbedState:
         """Re-apply every route recorded for ``netns`` (``route replace``: idempotent).
 
         Needed after ``ip link set DEV up`` because ``down`` deleted the routes through DEV
-        (linux-facts trap 1).  Runs every line even if one fails, then reports the failure."""
+        (docs/linux.md, trap 1).  Runs every line even if one fails, then reports the failure."""
         if netns not in self.routes:
             raise TestbedError(f"testbed {self.name} has no namespace {netns!r}")
         ip_batch(self.routes[netns], netns, force=True, options=("-6",))

@@ -1,4 +1,4 @@
-"""Build, inspect and remove testbeds: the I/O side of :mod:`netns.topology`.
+"""Build, inspect and remove testbeds: the I/O side of :mod:`mrcstack.netns.topology`.
 
 ``up`` checks the kernel and tools first (:func:`check_features`), records the plan in the
 state file, then creates everything with few processes: one ``ip -batch`` in the root
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from mrcstack.addrplan import HOST, parse_node, paths, switch_locator, switch_usid
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric, format_rate
-from netns.run import (
+from mrcstack.netns.run import (
     NETNS_DIR,
     CommandError,
     TestbedError,
@@ -40,7 +40,7 @@ from netns.run import (
     one_line,
     run,
 )
-from netns.state import (
+from mrcstack.netns.state import (
     TestbedState,
     check_name,
     exists,
@@ -49,7 +49,7 @@ from netns.state import (
     save,
     state_path,
 )
-from netns.topology import Plan, plan, probe_netns, tbf_line
+from mrcstack.netns.topology import Plan, plan, probe_netns, tbf_line
 
 WORKERS = 4  # concurrent ip/tc processes (the work is mostly in the kernel)
 PAUSE_ENV = "MRC_TESTBED_PAUSE_AFTER"  # test hook: stop after this build step...
@@ -253,7 +253,7 @@ def _configure(the_plan: Plan) -> dict[str, str]:
 
 
 def _verify_end_routes(the_plan: Plan, shown: Mapping[str, str]) -> None:
-    """linux-facts trap 8: check that every uN route kept its NEXT-C-SID flavour."""
+    """docs/linux.md, trap 8: check that every uN route kept its NEXT-C-SID flavour."""
     for switch in the_plan.switches:
         ns = the_plan.netns[switch]
         locator = str(switch_locator(the_plan.fabric, switch_usid(switch)))

@@ -2,7 +2,7 @@
 
 Everything the builder creates is named here, and every route comes from
 :mod:`mrcstack.addrplan`, so the kernel forwards exactly as the simulator and the core
-assume.  The builder (:mod:`netns.testbed`) only feeds these lines to ``ip -batch``:
+assume.  The builder (:mod:`mrcstack.netns.testbed`) only feeds these lines to ``ip -batch``:
 
 - ``root_lines``: one ``ip -batch`` in the root namespace: every ``netns add``, the
   management bridge, and every veth pair created directly with both ends in their
@@ -51,7 +51,7 @@ from mrcstack.addrplan import (
     t0_usid,
 )
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric
-from netns.state import LinkEnd, LinkRecord, TestbedState, check_name
+from mrcstack.netns.state import LinkEnd, LinkRecord, TestbedState, check_name
 
 MGMT_IF = "mgmt"
 SID_IF = "sid"  # the ifb device a switch's uN route points at

@@ -5,10 +5,10 @@ Two ways to use them:
 - in-process: :func:`netns_socket` creates a socket inside a namespace (a thread joins the
   namespace, creates the socket and leaves; the socket stays there), so one test process
   can send from every host and receive on every host with no ``ip netns exec`` at all;
-- as a command inside a namespace: ``ip netns exec mrc-h0 python -m netns.traffic send
+- as a command inside a namespace: ``ip netns exec mrc-h0 python -m mrcstack.netns.traffic send
   --to ADDR --count N`` and ``... recv --port P --expect N``; both print one JSON object.
 
-UDP checksums are zero on both sides (linux-facts trap 2: after the last uSID shift the
+UDP checksums are zero on both sides (docs/linux.md, trap 2: after the last uSID shift the
 receiver would check the checksum against the shifted address): ``UDP_NO_CHECK6_TX`` on the
 sender, ``UDP_NO_CHECK6_RX`` on the receiver.  A payload starts with a 16-byte header
 ``MAGIC | stream (u32) | seq (u64)`` so that the receiver counts per (source, stream) and
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from netns.run import call_in_netns
+from mrcstack.netns.run import call_in_netns
 
 UDP_NO_CHECK6_TX = 101
 UDP_NO_CHECK6_RX = 102
@@ -223,7 +223,7 @@ def ping(address: str, *, netns: str | None = None, timeout: float = 2.0) -> flo
 
 # Command line -------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m netns.traffic", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m mrcstack.netns.traffic", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("send", help="send numbered UDP datagrams")
     s.add_argument("--to", required=True, help="destination IPv6 address (a uSID path)")

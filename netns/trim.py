@@ -11,7 +11,7 @@ Everything here runs a port inside a network namespace (``tc -n NETNS``).  The p
 maps are not pinned: this module finds them from the filter's program id (``tc -j filter
 show``) and reads or writes them with the ``bpf(2)`` system call, so nothing but ``tc`` and
 the kernel is needed at run time (no bpftool, no bpffs mount, nothing to clean up: the maps
-die with the filter).  ``python -m netns.trim build|attach|configure|show|counters|detach``
+die with the filter).  ``python -m mrcstack.netns.trim build|attach|configure|show|counters|detach``
 does the same by hand.
 """
 
@@ -35,12 +35,25 @@ from pathlib import Path
 from typing import Any
 
 from mrcstack.fabric import parse_rate, parse_size
-from netns.run import CommandError, TestbedError, one_line, run
+from mrcstack.netns.run import CommandError, TestbedError, one_line, run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_DIR.parent
 SOURCE = PACKAGE_DIR / "bpf" / "trim.c"
-OBJECT = REPO_ROOT / "build" / "bpf" / "trim.o"
+
+
+def _object_path() -> Path:
+    """Where the compiled program goes: ``build/bpf/`` in a source checkout, else the user's
+    cache (an installed package's directory may not be writable); ``MRC_BPF_DIR`` overrides."""
+    if os.environ.get("MRC_BPF_DIR"):
+        return Path(os.environ["MRC_BPF_DIR"]) / "trim.o"
+    checkout = PACKAGE_DIR.parent
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / "build" / "bpf" / "trim.o"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "mrcstack" / "bpf" / "trim.o"
+
+
+OBJECT = _object_path()
 PROG_NAME = "mrc_trim"
 FILTER_PREF = 1  # the egress filter's preference and handle: fixed, so attach is a replace
 FILTER_HANDLE = 1
@@ -215,7 +228,7 @@ def unavailable_reason() -> str | None:
 
 
 def build(force: bool = False) -> Path:
-    """Compile trim.c to ``build/bpf/trim.o`` (only when missing or older than the source)."""
+    """Compile trim.c to :data:`OBJECT` (only when missing or older than the source)."""
     if not force and is_built():
         return OBJECT
     clang = shutil.which("clang")
@@ -373,7 +386,7 @@ class _PortMaps:
         if value_size != _MAPS[name]:
             raise TrimError(
                 f"map {name} holds {value_size} bytes, expected {_MAPS[name]}: "
-                "trim.c and netns/trim.py disagree (rebuild: python -m netns.trim "
+                "trim.c and netns/trim.py disagree (rebuild: python -m mrcstack.netns.trim "
                 "build --force)"
             )
 
@@ -550,7 +563,7 @@ _CLI_FIELDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m netns.trim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m mrcstack.netns.trim", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="compile trim.c").add_argument("--force", action="store_true")
     for name in ("attach", "configure", "show", "counters", "detach"):
@@ -586,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             detach(args.netns, args.ifname)
     except (TrimError, ValueError) as exc:
-        print(f"netns.trim: {exc}", file=sys.stderr)
+        print(f"mrcstack.netns.trim: {exc}", file=sys.stderr)
         return 1
     return 0
 

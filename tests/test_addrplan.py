@@ -205,7 +205,7 @@ def test_ev_fields_range_errors() -> None:
 
 # Addresses ------------------------------------------------------------------------------
 def test_address_layout() -> None:
-    """block | T0(src rack) | T1 | T0(dst rack) | NIC(dst) | 0 | 0, as in linux-facts."""
+    """block | T0(src rack) | T1 | T0(dst rack) | NIC(dst) | 0 | 0, as in docs/linux.md."""
     cross = address(DEFAULT, 0, 2, 0, ev_value(0, 2))
     assert cross == IPv6Address("fcbb:bb00:1000:2002:1001:8002::")
     assert cross.exploded.split(":")[6:] == ["0000", "0000"]

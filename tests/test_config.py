@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
-from mrcstack.core.errors import ConfigError, LocalError, MrcError
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
+from mrcstack.errors import ConfigError, LocalError, MrcError
 from mrcstack.wire import (
     AckPacket,
     AeadIntegrity,

@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mrcstack.core.cc import CCParams
-from mrcstack.core.errors import ConnectionFailedError, LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -21,6 +20,7 @@ from mrcstack.core.events import (
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
+from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import Opcode
 from tests.pairnet import Faults, PairNet
 

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from mrcstack.core.connection import Datagram
-from mrcstack.core.errors import LocalError
 from mrcstack.core.events import EvState, EvStateChanged, SendCompleted, WcStatus
 from mrcstack.core.evs import EvEntry, EvStatus
+from mrcstack.errors import LocalError
 from mrcstack.wire import Opcode
 from tests.pairnet import Faults, PairNet
 

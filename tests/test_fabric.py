@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mrcstack.core.errors import LocalError
+from mrcstack.errors import LocalError
 from mrcstack.fabric import (
     MAX_HOSTS,
     Fabric,

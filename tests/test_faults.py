@@ -27,19 +27,9 @@ import pytest
 from mrcstack.addrplan import Path as FabricPath
 from mrcstack.addrplan import paths, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
-from mrcstack.wire import (
-    DATA_HDR_LEN,
-    DATA_IMM_HDR_LEN,
-    CrcIntegrity,
-    DataPacket,
-    Opcode,
-    encode,
-    encode_trimmed,
-    trimmed_length,
-)
-from netns import cli as testbed_cli
-from netns import fault_cli, faultops, testbed, traffic, trim
-from netns.faultplan import (
+from mrcstack.netns import cli as testbed_cli
+from mrcstack.netns import fault_cli, faultops, testbed, traffic, trim
+from mrcstack.netns.faultplan import (
     Fault,
     FaultError,
     Records,
@@ -55,10 +45,10 @@ from netns.faultplan import (
     routes_avoiding,
     trim_settings,
 )
-from netns.faults import Faults, locked_records
-from netns.run import TestbedError
-from netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
-from netns.state import (
+from mrcstack.netns.faults import Faults, locked_records
+from mrcstack.netns.run import TestbedError
+from mrcstack.netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
+from mrcstack.netns.state import (
     LinkEnd,
     LinkRecord,
     TestbedState,
@@ -67,8 +57,18 @@ from netns.state import (
     faults_path,
     load,
 )
-from netns.topology import plan
-from netns.traffic import DEFAULT_PORT
+from mrcstack.netns.topology import plan
+from mrcstack.netns.traffic import DEFAULT_PORT
+from mrcstack.wire import (
+    DATA_HDR_LEN,
+    DATA_IMM_HDR_LEN,
+    CrcIntegrity,
+    DataPacket,
+    Opcode,
+    encode,
+    encode_trimmed,
+    trimmed_length,
+)
 from tests.isolation import run_name
 from tests.test_testbed import FakeTools
 from tests.test_trim import CE, ECN_MASK, ECT0, L2_L4, check_trimmed, data_packets, psn_of
@@ -238,7 +238,7 @@ def test_restore_all_goes_on_past_a_failing_trim_detach(
 ) -> None:
     """A trim whose detach fails (its namespace is gone) is reported, forgotten, and does
     not stop restore_all from undoing the fault recorded before it."""
-    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path)
     detach = {"op": "trim_detach", "netns": f"{UNBUILT}-gone", "ifname": "h2", "tier": "host"}
     with locked_records(UNBUILT) as records:
         records.faults = [
@@ -265,7 +265,7 @@ def test_a_trim_that_fails_to_attach_is_undone_and_forgotten(
     the attach's, and the fault is not left in the record."""
     if (reason := trim.unavailable_reason()) is not None:
         pytest.skip(reason)
-    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path)
     lines: list[str] = []
     faults = Faults(plan(FABRIC, UNBUILT).state(complete=True), log=lines.append)
     with pytest.raises(trim.TrimError, match=f"tc -n {UNBUILT}-p0-t0b -j qdisc show dev h2 root"):
@@ -303,7 +303,7 @@ def test_up_front_checks_come_before_anything_is_recorded_or_run(
     rate: trim says so.  One line each, and nothing ran, was recorded or logged."""
     tools = FakeTools(tmp_path, monkeypatch)  # PATH: a fake ip and tc, no nft
     (tools.bin / "tc").unlink()
-    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path / "state")
     lines: list[str] = []
     faults = Faults(plan(FABRIC, UNBUILT).state(complete=True), log=lines.append)
     no_nft = r"^`nft` not found: install nftables \(loss and blackhole faults use it\)$"
@@ -475,7 +475,7 @@ class _FakeFault:
 
 
 class _FakeFaults:
-    """Records calls; fails on demand.  Stands in for netns.faults.Faults."""
+    """Records calls; fails on demand.  Stands in for mrcstack.netns.faults.Faults."""
 
     def __init__(self, fail_on: str | None = None) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -577,7 +577,7 @@ def test_cli_bad_arguments_exit_2_with_one_line(
 def test_both_clis_act_on_mrc_testbed_unless_given_a_name(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path)
     monkeypatch.setenv("MRC_TESTBED", "tenv")
     for main, argv in ((fault_cli.main, ["link", "down", "p0:t0a-t1a"]),
                        (testbed_cli.main, ["down"])):  # fmt: skip
@@ -597,7 +597,7 @@ def test_both_clis_act_on_mrc_testbed_unless_given_a_name(
 def test_cli_missing_testbed_and_bad_scenario(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path)
     assert fault_cli.main(["--name", "nope", "link", "down", "p0:t0a-t1a"]) == 1
     assert "no testbed named 'nope'" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
@@ -639,7 +639,7 @@ def send(
     tclass: int | None = None,
 ) -> dict[str, Any]:
     """Send ``count`` copies of each payload to each address from host ``src`` (sockets
-    made inside the namespaces by netns.traffic, zero UDP checksums, traffic class
+    made inside the namespaces by mrcstack.netns.traffic, zero UDP checksums, traffic class
     ``tclass``); return what host ``dst`` received: ``counts`` by the payload's first 4
     bytes, every datagram (``raw``) with its traffic class (``tclass``), and the
     time.monotonic() when sending began (``started``) and the last datagram was read
@@ -1069,14 +1069,14 @@ def test_live_records_let_another_process_restore_everything(
     live.faults.switch_blackhole("p2-t1c")
     live.faults.loss("p1:h3-t0b", None, 0.1)
     listed = subprocess.run(
-        [sys.executable, "-m", "netns.fault_cli", "--name", TESTBED, "list", "--json"],
+        [sys.executable, "-m", "mrcstack.netns.fault_cli", "--name", TESTBED, "list", "--json"],
         capture_output=True, text=True, check=True, cwd=REPO,
     )  # fmt: skip
     assert sorted(f["kind"] for f in json.loads(listed.stdout)) == [
         "blackhole", "link_down", "loss", "loss"
     ]  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "netns.fault_cli", "--name", TESTBED, "restore-all"],
+        [sys.executable, "-m", "mrcstack.netns.fault_cli", "--name", TESTBED, "restore-all"],
         capture_output=True, text=True, cwd=REPO, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

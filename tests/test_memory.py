@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mrcstack.core.errors import AccessError, LocalError, PeerError
 from mrcstack.core.memory import Access, MemoryTable
+from mrcstack.errors import AccessError, LocalError, PeerError
 
 
 def test_regions_get_distinct_rkeys_and_gapped_addresses() -> None:

@@ -1,4 +1,4 @@
-"""The testbed plan (netns.topology) and recorded state (netns.state), without root.
+"""The testbed plan (mrcstack.netns: topology) and its recorded state (state), without root.
 
 The plan is pure data, so these tests check every name and route line the builder will
 feed to ``ip -batch`` against the shared address plan, for the default and the large
@@ -25,9 +25,9 @@ from mrcstack.addrplan import (
     usid_shift,
 )
 from mrcstack.fabric import MAX_HOSTS, MAX_PLANES, MAX_T1, Fabric
-from netns import cli, state
-from netns.run import TestbedError, one_line
-from netns.topology import (
+from mrcstack.netns import cli, state
+from mrcstack.netns.run import TestbedError, one_line
+from mrcstack.netns.topology import (
     LOWER_LL,
     MAX_IFNAME,
     SID_IF,
@@ -186,7 +186,7 @@ def test_sysctls_make_switches_forward_with_srv6() -> None:
 
 
 def test_linux_facts_vector_through_usid_shift() -> None:
-    """The kernel/VPP test vector of linux-facts.md: /32 block, 16-bit uSIDs."""
+    """The kernel/VPP test vector of docs/linux.md: /32 block, 16-bit uSIDs."""
     shifted = usid_shift(IPv6Address("1111:2222:aaaa:bbbb:cccc:dddd:eeee:ffff"))
     assert shifted == IPv6Address("1111:2222:bbbb:cccc:dddd:eeee:ffff:0")
 

@@ -5,7 +5,7 @@ and removed in ``finally``; the crash and coexistence tests build their own smal
 (``tak...``, ``tb...``, ``t1...``, ``t2...``).  Each name ends in random characters drawn
 per run (concurrent runs never share a testbed), and every test removes what it built by
 exact name.
-Sockets are created inside host namespaces from this process (netns.traffic.netns_socket),
+Sockets are created inside host namespaces from this process (mrcstack.netns.traffic.netns_socket),
 so sending and receiving costs no ``ip netns exec`` process at all.
 """
 
@@ -38,10 +38,9 @@ from mrcstack.addrplan import (
     usid_shift,
 )
 from mrcstack.fabric import Fabric
-from mrcstack.wire import CrcIntegrity, DataPacket, Opcode, encode
-from netns import testbed
-from netns.run import TestbedError, call_in_netns, ip, ip_batch, run
-from netns.state import (
+from mrcstack.netns import testbed
+from mrcstack.netns.run import TestbedError, call_in_netns, ip, ip_batch, run
+from mrcstack.netns.state import (
     TestbedState,
     exists,
     faults_log_path,
@@ -50,8 +49,8 @@ from netns.state import (
     save,
     state_path,
 )
-from netns.topology import plan
-from netns.traffic import (
+from mrcstack.netns.topology import plan
+from mrcstack.netns.traffic import (
     DEFAULT_PORT,
     HEADER,
     netns_socket,
@@ -61,6 +60,7 @@ from netns.traffic import (
     udp_receiver,
     udp_sender,
 )
+from mrcstack.wire import CrcIntegrity, DataPacket, Opcode, encode
 from tests.isolation import run_name
 
 NAME = run_name("ta")
@@ -202,7 +202,7 @@ def _one_datagram(bed: TestbedState, src: str, dst: str, address: str) -> str:
 def test_kernel_shift_equals_usid_shift(bed: TestbedState) -> None:
     """One uN switch (p0-t0a) shifts a destination with arbitrary trailing uSIDs; the address
     the receiver sees (IPV6_PKTINFO) is addrplan.usid_shift of the original.  Then the
-    linux-facts vector itself (/32 block 1111:2222): temporary routes send
+    docs/linux.md vector itself (/32 block 1111:2222): temporary routes send
     1111:2222:aaaa:bbbb:cccc:dddd:eeee:ffff through p0-t0a acting as uN aaaa to h1."""
     sent = IPv6Address("fcbb:bb00:1000:8001:aaaa:bbbb:cccc:dddd")
     arrived = _one_datagram(bed, "h0", "h1", str(sent))
@@ -679,7 +679,7 @@ def test_down_and_clean_remove_the_fault_record_and_log_by_exact_name(
 ) -> None:
     """Nothing of testbed ``tq`` exists in the kernel, so this needs no root: only its
     files in the state directory go, not those of ``tq2`` or anything else."""
-    monkeypatch.setattr("netns.state.STATE_DIR", tmp_path)
+    monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path)
     save(plan(Fabric(planes=1), "tq").state())
     mine = [state_path("tq"), faults_path("tq"), faults_log_path("tq")]
     others = [faults_log_path("tq2"), faults_path("tq2"), tmp_path / "tq.log"]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from mrcstack.netns import trim
 from mrcstack.wire import (
     CrcIntegrity,
     DataFlags,
@@ -37,7 +38,6 @@ from mrcstack.wire import (
     encode_trimmed,
     trimmed_length,
 )
-from netns import trim
 
 SRC, SW, DST = "tB-src", "tB-sw", "tB-dst"
 SRC_ADDR, DST_ADDR = "fd00:b1::1", "fd00:b2::2"

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire import (
     ACK_HDR_LEN,
     AETH_ACK,

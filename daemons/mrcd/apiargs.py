@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mrcstack.api.errors import ApiError, invalid
-from mrcstack.core.errors import LocalError
+from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd.api")
 

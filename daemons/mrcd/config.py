@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mrcstack.core.errors import LocalError
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, FabricConfigError
 
 DATA_PORT = 4791

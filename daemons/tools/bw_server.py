@@ -14,7 +14,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from daemons.tools.common import (
+from mrcstack.api import (
+    Context,
+    Device,
+    Listener,
+    QpCap,
+    QueuePair,
+    WcOpcode,
+    WorkCompletion,
+    WriteWr,
+)
+from mrcstack.daemons.tools.common import (
     BW_PROG,
     CREDIT_CELL,
     CREDIT_WR,
@@ -41,8 +51,8 @@ from daemons.tools.common import (
     naming_size,
     wait_hello,
 )
-from daemons.tools.flags import Options
-from daemons.tools.report import (
+from mrcstack.daemons.tools.flags import Options
+from mrcstack.daemons.tools.report import (
     LINE,
     MB,
     Series,
@@ -54,16 +64,6 @@ from daemons.tools.report import (
     emit,
     header,
     say,
-)
-from mrcstack.api import (
-    Context,
-    Device,
-    Listener,
-    QpCap,
-    QueuePair,
-    WcOpcode,
-    WorkCompletion,
-    WriteWr,
 )
 
 PROG = BW_PROG

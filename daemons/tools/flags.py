@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from daemons.tools.common import (
+from mrcstack import add_version_flag
+from mrcstack.api import ApiError, QpAttr, default_socket_path
+from mrcstack.daemons.tools.common import (
     DEFAULT_SERVICE,
     KIND_BW,
     MAX_ALL_SIZE,
@@ -25,7 +27,6 @@ from daemons.tools.common import (
     all_sizes,
     naming_size,
 )
-from mrcstack.api import ApiError, QpAttr, default_socket_path
 from mrcstack.fabric import format_size, parse_size
 
 #: -a without -n or -D: writes per QP (bw) / round trips (lat) per size.  perftest keeps its
@@ -231,6 +232,7 @@ def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
         "(registers memory, waits for one client, takes the client's parameters). "
         "With --server-host: the client.",
     )
+    add_version_flag(p)
     p.add_argument(
         "--socket",
         type=Path,

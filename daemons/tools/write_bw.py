@@ -30,8 +30,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from daemons.tools.bw_server import server_main
-from daemons.tools.common import (
+from mrcstack.api import (
+    CompletionQueue,
+    Context,
+    Device,
+    MemoryRegion,
+    QpCap,
+    QueuePair,
+    WcOpcode,
+    WorkCompletion,
+    WriteWr,
+)
+from mrcstack.daemons.tools.bw_server import server_main
+from mrcstack.daemons.tools.common import (
     BW_PROG,
     END,
     END_CELL,
@@ -56,11 +67,11 @@ from daemons.tools.common import (
     delta31,
     pack_end,
 )
-from daemons.tools.flags import (
+from mrcstack.daemons.tools.flags import (
     Options,
     run_main,
 )
-from daemons.tools.report import (
+from mrcstack.daemons.tools.report import (
     LINE,
     MB,
     Series,
@@ -73,17 +84,6 @@ from daemons.tools.report import (
     emit,
     header,
     say,
-)
-from mrcstack.api import (
-    CompletionQueue,
-    Context,
-    Device,
-    MemoryRegion,
-    QpCap,
-    QueuePair,
-    WcOpcode,
-    WorkCompletion,
-    WriteWr,
 )
 
 PROG = BW_PROG

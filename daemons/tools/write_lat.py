@@ -26,7 +26,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemons.tools.common import (
+from mrcstack.api import (
+    CompletionQueue,
+    Context,
+    Device,
+    Listener,
+    MemoryRegion,
+    QpCap,
+    QueuePair,
+    WcOpcode,
+    WriteWr,
+)
+from mrcstack.api.types import ConnectRequest
+from mrcstack.daemons.tools.common import (
     CTRL_AREA,
     END,
     END_CELL,
@@ -52,11 +64,11 @@ from daemons.tools.common import (
     pack_end,
     wait_hello,
 )
-from daemons.tools.flags import (
+from mrcstack.daemons.tools.flags import (
     Options,
     run_main,
 )
-from daemons.tools.report import (
+from mrcstack.daemons.tools.report import (
     LAT_COLUMNS,
     LINE,
     Series,
@@ -67,18 +79,6 @@ from daemons.tools.report import (
     lat_stats,
     say,
 )
-from mrcstack.api import (
-    CompletionQueue,
-    Context,
-    Device,
-    Listener,
-    MemoryRegion,
-    QpCap,
-    QueuePair,
-    WcOpcode,
-    WriteWr,
-)
-from mrcstack.api.types import ConnectRequest
 
 PROG = "mrc-write-lat"
 END_WR = 1 << 62

@@ -19,6 +19,7 @@ See ``docs/api.md`` for how every call maps to mrc.h / mrc_ctl.h.
 from mrcstack.api.completion import CompletionChannel, CompletionQueue
 from mrcstack.api.ctl import Controller
 from mrcstack.api.errors import ApiError
+from mrcstack.api.requests import MemoryRegion, SendWr, Sge, WriteWr
 from mrcstack.api.types import (
     Access,
     AsyncEvent,
@@ -32,18 +33,14 @@ from mrcstack.api.types import (
     QpHint,
     QpInfo,
     QpState,
-    SendWr,
-    Sge,
     WcOpcode,
     WcStatus,
     WorkCompletion,
-    WriteWr,
 )
 from mrcstack.api.verbs import (
     Context,
     Device,
     Listener,
-    MemoryRegion,
     QueuePair,
     default_socket_path,
 )

@@ -14,15 +14,23 @@ import select
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mrcstack.api import wire
+from mrcstack.api.client import Connection
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import U32
 from mrcstack.api.types import WorkCompletion
 
-if TYPE_CHECKING:
-    from mrcstack.api.verbs import Context
+
+class Context(Protocol):
+    """What CQs and channels need of their context (:class:`mrcstack.api.verbs.Context`):
+    its connection to mrcd and its tables of CQs and channels."""
+
+    conn: Connection
+    cqs: dict[int, CompletionQueue]
+    channels: dict[int, CompletionChannel]
+
 
 HALF_U32 = 1 << 31
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno as _errno
 
-from mrcstack.core.errors import MrcError
+from mrcstack.errors import MrcError
 
 
 class ApiError(MrcError):

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from mrcstack.api.verbs import MemoryRegion
+from typing import Any
 
 
 class Opcode(enum.IntEnum):
@@ -157,44 +154,6 @@ class QpAttr:
 
 #: QpAttr field names (what modify_qp accepts).
 QP_ATTR_FIELDS = frozenset(QpAttr.__dataclass_fields__)
-
-
-@dataclass(frozen=True, slots=True)
-class Sge:
-    """A local scatter/gather element: ``length`` bytes at ``offset`` of region ``mr``."""
-
-    mr: MemoryRegion
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendWr:
-    """A send work request with any verbs opcode (mrcd rejects all but the WRITE ones)."""
-
-    wr_id: int
-    opcode: Opcode
-    local: Sge | tuple[MemoryRegion, int, int]
-    remote_addr: int
-    rkey: int
-    imm: int | None = None
-    signaled: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class WriteWr:
-    """RDMA WRITE (``imm=None``) or WRITE-with-immediate of ``local`` to ``remote_addr``."""
-
-    wr_id: int
-    local: Sge | tuple[MemoryRegion, int, int]
-    remote_addr: int
-    rkey: int
-    imm: int | None = None
-    signaled: bool = True
-
-    @property
-    def opcode(self) -> Opcode:
-        return Opcode.RDMA_WRITE if self.imm is None else Opcode.RDMA_WRITE_WITH_IMM
 
 
 @dataclass(frozen=True, slots=True)

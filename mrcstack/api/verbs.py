@@ -8,7 +8,6 @@ down).  See ``docs/api.md`` for the mapping to every ``mrc_*`` call.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import socket
 from collections import deque
@@ -21,6 +20,7 @@ from mrcstack.api.client import Connection
 from mrcstack.api.completion import CompletionChannel, CompletionQueue
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import check_private_data
+from mrcstack.api.requests import MemoryRegion, SendWr, Sge, WriteWr
 from mrcstack.api.types import (
     QP_ATTR_FIELDS,
     Access,
@@ -32,12 +32,9 @@ from mrcstack.api.types import (
     QpCap,
     QpHint,
     QpInfo,
-    SendWr,
-    Sge,
     WcOpcode,
     WcStatus,
     WorkCompletion,
-    WriteWr,
 )
 
 SOCKET_ENV = "MRCD_SOCKET"
@@ -93,47 +90,6 @@ class Device:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class MemoryRegion:
-    """Registered shared memory: ``buf`` is this process's view of the very pages mrcd
-    reads outgoing writes from and places incoming ones into."""
-
-    def __init__(self, ctx: Context, mapping: mmap.mmap, doc: dict[str, Any]) -> None:
-        self.context = ctx
-        self._mmap: mmap.mmap | None = mapping
-        self.buf: memoryview = memoryview(mapping)
-        self.addr = int(doc["addr"])
-        self.length = int(doc["length"])
-        self.lkey = int(doc["lkey"])
-        self.rkey = int(doc["rkey"])
-        self.access = Access(int(doc["access"]))
-
-    @property
-    def registered(self) -> bool:
-        return self._mmap is not None
-
-    def dereg(self) -> None:
-        """``ibv_dereg_mr``: mrcd unmaps it, then this process does (once ``buf``'s views
-        are released; until then the pages stay mapped here, never in mrcd)."""
-        self.context.dereg_mr(self)
-
-    def close(self) -> None:
-        """Unmap this process's view only (the context is closing: mrcd unmaps its own)."""
-        mapping, self._mmap = self._mmap, None
-        if mapping is None:
-            return
-        try:
-            self.buf.release()
-            mapping.close()
-        except BufferError:
-            pass  # the application still holds views: the mapping goes with the last one
-
-    def __repr__(self) -> str:
-        return (
-            f"MemoryRegion(addr={self.addr:#x}, length={self.length}, "
-            f"lkey={self.lkey:#x}, rkey={self.rkey:#x})"
-        )
 
 
 def _local(wr: WriteWr | SendWr, index: int, ctx: Context) -> Sge:

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 from mrcstack.core.cc import CCParams
-from mrcstack.core.errors import ConfigError
 from mrcstack.core.evs import EvEntry, check_entries
+from mrcstack.errors import ConfigError
 
 MODES = ("mrc", "roce")
 #: The port-state bitmap in SACKs and probe replies is 16 bits wide: one bit per plane.

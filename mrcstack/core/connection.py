@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
-from mrcstack.core.errors import ConnectionFailedError, LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -29,6 +28,7 @@ from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import to_psn
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
+from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     AckPacket,
     AeadIntegrity,

@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from mrcstack.core.errors import ConfigError, LocalError
 from mrcstack.core.events import EvState, EvStateChanged
+from mrcstack.errors import ConfigError, LocalError
 
 GOOD, SKIP, BAD, DENIED, UNKNOWN = (
     EvState.GOOD,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from mrcstack.core.errors import AccessError, LocalError
+from mrcstack.errors import AccessError, LocalError
 
 #: Regions are placed at page-aligned virtual addresses starting here, with a gap between
 #: them so that an off-by-one range never lands in a neighbour.

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
-from mrcstack.core.errors import AccessError
 from mrcstack.core.events import Event, WriteImmReceived
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import to_psn, unwrap
+from mrcstack.errors import AccessError
 from mrcstack.wire.packets import DataFlags, DataPacket, NackReason
 
 SACK_BITS = 64

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
+from mrcstack import add_version_flag
 from mrcstack.fabric import Fabric, format_rate, format_size, parse_rate, parse_size
 from mrcstack.sim.runner import (
     LinkFailure,
@@ -137,6 +138,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Simulate MRC transfers over a multi-plane Clos fabric.")
+    add_version_flag(p)
     fab = p.add_argument_group("fabric (these flags override --fabric)")
     fab.add_argument("--fabric", metavar="FILE.toml", help="fabric description to start from")
     fab.add_argument("--planes", type=_arg(_positive_int), metavar="N", help="planes (4)")

@@ -26,7 +26,7 @@ import zlib
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire.packets import SWITCH_FLAGS, Opcode
 
 BytesLike = bytes | bytearray | memoryview

@@ -16,10 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from daemons.mrcd.appserver import AppServer
-from daemons.mrcd.config import AuthConfig, MrcdConfig
-from daemons.mrcd.ctlapi import Controller, EndpointOps
-from daemons.mrcd.node import Node
 from mrcstack.api import (
     CompletionQueue,
     Context,
@@ -28,6 +24,10 @@ from mrcstack.api import (
     QueuePair,
     WorkCompletion,
 )
+from mrcstack.daemons.mrcd.appapi.server import AppServer
+from mrcstack.daemons.mrcd.config import AuthConfig, MrcdConfig
+from mrcstack.daemons.mrcd.ctlapi.controller import Controller, EndpointOps
+from mrcstack.daemons.mrcd.node.node import Node
 from mrcstack.fabric import Fabric
 from tests.isolation import control_port, free_base
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from daemons.mrcd.node import QpAttrs
 from mrcstack.api import (
     ApiError,
     AsyncEventType,
@@ -38,6 +37,7 @@ from mrcstack.api import (
     shm,
     wire,
 )
+from mrcstack.daemons.mrcd.node.node import QpAttrs
 from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemons.mrcd import auth
-from daemons.mrcd.auth import (
+from mrcstack.daemons.mrcd.config import AuthConfig
+from mrcstack.daemons.mrcd.control import auth
+from mrcstack.daemons.mrcd.control.auth import (
     MSG2_SIZE,
     TRANSITIONS,
     AuthError,
@@ -28,8 +29,7 @@ from daemons.mrcd.auth import (
     load_psk,
     public_key,
 )
-from daemons.mrcd.config import AuthConfig
-from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.errors import LocalError, PeerError
 
 PSK = bytes(range(32))
 OTHER_PSK = bytes(range(1, 33))

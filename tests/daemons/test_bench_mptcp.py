@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench import daemon_bench, mptcp
-from netns.run import call_in_netns, ip
+from mrcstack.netns.run import call_in_netns, ip
 
 NETNS = f"mrc-mptcp-{os.getpid()}"
 ADDRESSES = ("fd00:a::1", "fd00:b::1")

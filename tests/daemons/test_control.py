@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from daemons.mrcd.auth import Credentials, Initiator, Responder, generate_keypair
-from daemons.mrcd.control import (
+from mrcstack.api.limits import MAX_PRIVATE_DATA
+from mrcstack.daemons.mrcd.control.auth import Credentials, Initiator, Responder, generate_keypair
+from mrcstack.daemons.mrcd.control.client import (
     Accept,
     ConnectRejectedError,
     ConnectRequest,
@@ -19,16 +20,15 @@ from daemons.mrcd.control import (
     Reject,
     Session,
 )
-from daemons.mrcd.controlserver import ControlServer, LogLimit
-from daemons.mrcd.records import (
+from mrcstack.daemons.mrcd.control.records import (
     ControlError,
     RecordLayer,
     derive_qp_key,
     encode_frame,
     read_frame,
 )
-from mrcstack.api.limits import MAX_PRIVATE_DATA
-from mrcstack.core.errors import LocalError
+from mrcstack.daemons.mrcd.control.server import ControlServer, LogLimit
+from mrcstack.errors import LocalError
 
 PSK = bytes(range(32))
 SERVER = "h1"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from daemons.mrcd.node import QpAttrs
 from mrcstack import addrplan
 from mrcstack.api import ApiError, AsyncEventType, Controller, QpAttr, WriteWr
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import EvState
 from mrcstack.core.memory import MemoryTable
+from mrcstack.daemons.mrcd.node.node import QpAttrs
 from tests.daemons.apiharness import FABRIC, WAIT, Daemons, connect, drain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def mrcctl(d: Daemons, *args: str, host: int = 0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "daemons.mrcctl", "--socket", str(d.sockets[host]), *args],
+        [sys.executable, "-m", "mrcstack.daemons.mrcctl", "--socket", str(d.sockets[host]), *args],
         capture_output=True,
         text=True,
         timeout=WAIT,
@@ -254,7 +254,7 @@ def test_mrcctl_cli(daemons: Daemons) -> None:
         assert r.returncode == code, (args, r.stdout, r.stderr)
         assert r.stderr.count("\n") == 1 and needle in r.stderr, (args, r.stderr)
     missing = subprocess.run(
-        [sys.executable, "-m", "daemons.mrcctl", "--socket", "/nonexistent.sock", "caps"],
+        [sys.executable, "-m", "mrcstack.daemons.mrcctl", "--socket", "/nonexistent.sock", "caps"],
         capture_output=True, text=True, timeout=WAIT, cwd=ROOT, check=False,
     )  # fmt: skip
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1
@@ -265,8 +265,8 @@ def test_mrcctl_follows_ev_events(daemons: Daemons) -> None:
     a, _b = connect(daemons, 4096)
     ev = addrplan.ev_value(3, 0)
     follow = subprocess.Popen(
-        [sys.executable, "-m", "daemons.mrcctl", "--socket", str(daemons.sockets[0]), "--json",
-         "ev", "events", "--follow", "--count", "1"],
+        [sys.executable, "-m", "mrcstack.daemons.mrcctl", "--socket", str(daemons.sockets[0]),
+         "--json", "ev", "events", "--follow", "--count", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env=os.environ | {"PYTHONPATH": str(ROOT)},
     )  # fmt: skip

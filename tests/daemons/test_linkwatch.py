@@ -2,7 +2,8 @@
 this namespace's loopback, and (root) a veth pair in a namespace of our own toggled by `ip`.
 
     namespace tOPS-<random>:   vA <===== veth =====> vB
-    the watcher (python -m daemons.mrcd.linkwatch --json vA) runs inside the namespace;
+    the watcher (python -m mrcstack.daemons.mrcd.datapath.linkwatch --json vA) runs inside
+    the namespace;
     the test toggles vA (admin) and vB (the peer: vA loses carrier) and reads its lines.
 """
 
@@ -27,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemons.mrcd.linkwatch import (
+from mrcstack.daemons.mrcd.datapath.linkwatch import (
     IFF_LOWER_UP,
     IFF_UP,
     IFINFOMSG,
@@ -218,7 +219,15 @@ class Watcher:
     """The CLI watcher inside the namespace; its JSON lines arrive on a queue."""
 
     def __init__(self, ns: str, ifnames: list[str]) -> None:
-        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "daemons.mrcd.linkwatch"]
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            sys.executable,
+            "-m",
+            "mrcstack.daemons.mrcd.datapath.linkwatch",
+        ]
         self.proc = subprocess.Popen(
             [*argv, "--json", *ifnames],
             cwd=ROOT,

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from daemons.mrcd.config import MrcdConfig
 from mrcstack.api import (
     ApiError,
     AsyncEvent,
@@ -32,9 +31,10 @@ from mrcstack.api import (
     WorkCompletion,
     WriteWr,
 )
+from mrcstack.daemons.mrcd.config import MrcdConfig
 from tests.isolation import control_port, free_base
 
-MRCD = [sys.executable, "-m", "daemons.mrcd.main"]
+MRCD = [sys.executable, "-m", "mrcstack.daemons.mrcd.ops.main"]
 
 
 def free_port() -> int:

@@ -19,28 +19,30 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemons.mrcd.auth import Credentials
-from daemons.mrcd.control import ControlClient
-from daemons.mrcd.controlserver import REJECT_REASONS as CONTROL_REJECT_REASONS
-from daemons.mrcd.metrics import (
+from mrcstack.core.config import ConnectionStats
+from mrcstack.daemons.mrcd.control.auth import Credentials
+from mrcstack.daemons.mrcd.control.client import ControlClient
+from mrcstack.daemons.mrcd.control.records import ControlError
+from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
+from mrcstack.daemons.mrcd.node.snapshot import (
     DEFAULT_BOUNDS,
-    EV_STATES,
-    MAX_REASONS,
-    RETRANSMIT_REASONS,
     Buckets,
     HistogramSnapshot,
-    ListenAddressError,
     NodeSnapshot,
     Totals,
     TrafficCounters,
     count_evs,
+)
+from mrcstack.daemons.mrcd.ops.metrics import (
+    EV_STATES,
+    MAX_REASONS,
+    RETRANSMIT_REASONS,
+    ListenAddressError,
     make_registry,
     parse_listen_address,
     serve,
 )
-from daemons.mrcd.promserver import prometheus_config, run_prometheus
-from daemons.mrcd.records import ControlError
-from mrcstack.core.config import ConnectionStats
+from mrcstack.daemons.mrcd.ops.promserver import prometheus_config, run_prometheus
 from tests.daemons.apiharness import Daemons, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

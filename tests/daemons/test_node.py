@@ -13,11 +13,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from daemons.mrcd.config import AuthConfig, MrcdConfig
-from daemons.mrcd.metrics import make_registry
-from daemons.mrcd.node import IncomingConnect, Node, QpAttrs, QpState
-from daemons.mrcd.transport import PROBE_QPN, open_plane_socket
-from mrcstack.core.errors import LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -27,6 +22,11 @@ from mrcstack.core.events import (
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
+from mrcstack.daemons.mrcd.config import AuthConfig, MrcdConfig
+from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, open_plane_socket
+from mrcstack.daemons.mrcd.node.node import IncomingConnect, Node, QpAttrs, QpState
+from mrcstack.daemons.mrcd.ops.metrics import make_registry
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
 from tests.isolation import control_port, free_base

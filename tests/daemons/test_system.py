@@ -1,7 +1,7 @@
-"""System acceptance tests of mrcd on the real namespace testbed (issue 4, "Acceptance").
+"""System acceptance tests of mrcd on the real namespace testbed (mrcd end to end).
 
 One default testbed (``ts``: 4 planes, 2 racks x 2 hosts, 4 T1 per plane) with one mrcd per
-host (:class:`daemons.cluster.Cluster`: PSK auth, control and metrics on the management
+host (:class:`mrcstack.daemons.cluster.Cluster`: PSK auth, control and metrics on the management
 network), built once for the module and removed by exact name in ``finally``.  The tests are
 programs using the application API over each daemon's Unix socket, the fault harness
 breaking the fabric underneath, raw UDP from host namespaces, and a real Prometheus server.
@@ -35,10 +35,6 @@ from pathlib import Path
 
 import pytest
 
-from daemons.cluster import METRICS_PORT, Cluster
-from daemons.mrcd.config import DATA_PORT
-from daemons.mrcd.promserver import run_prometheus
-from daemons.mrcd.transport import PROBE_QPN
 from mrcstack import addrplan
 from mrcstack.api import (
     Access,
@@ -54,13 +50,17 @@ from mrcstack.api import (
     WorkCompletion,
     WriteWr,
 )
+from mrcstack.daemons.cluster import METRICS_PORT, Cluster
+from mrcstack.daemons.mrcd.config import DATA_PORT
+from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN
+from mrcstack.daemons.mrcd.ops.promserver import run_prometheus
 from mrcstack.fabric import Fabric
+from mrcstack.netns import testbed, trim
+from mrcstack.netns.faults import Faults
+from mrcstack.netns.run import TestbedError, call_in_netns
+from mrcstack.netns.state import TestbedState, faults_path, load
+from mrcstack.netns.traffic import udp_sender
 from mrcstack.wire import AeadIntegrity, CrcIntegrity, DataPacket, encode
-from netns import testbed, trim
-from netns.faults import Faults
-from netns.run import TestbedError, call_in_netns
-from netns.state import TestbedState, faults_path, load
-from netns.traffic import udp_sender
 from tests.isolation import run_name
 
 #: A name of its own per run ([a-z][a-z0-9]{0,5}): concurrent runs of this module (other

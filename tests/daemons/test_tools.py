@@ -7,7 +7,7 @@
   (and that a server in the middle of -a stops there, or when the next run does not come);
   -a sweeps of both tools, every size verified.
 - Testbed (root): testbed ``tt`` (2 planes, 2 racks x 1 host, 2 T1 per plane) with mrcd on
-  both hosts (daemons.cluster), the tools in the hosts' namespaces; and a 3 s demo
+  both hosts (mrcstack.daemons.cluster), the tools in the hosts' namespaces; and a 3 s demo
   (testbed ``tdm``).  Everything removed by exact name in ``finally``.
 
 No timing assertions: figures must be sensible (bytes > 0, verified), not fast.
@@ -33,10 +33,12 @@ from typing import Any
 
 import pytest
 
-from daemons.cluster import METRICS_PORT, Cluster
-from daemons.mrcd.promserver import free_tcp_port
-from daemons.tools import common
-from daemons.tools.common import (
+from mrcstack import demo, demoreport
+from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
+from mrcstack.daemons.cluster import METRICS_PORT, Cluster
+from mrcstack.daemons.mrcd.ops.promserver import free_tcp_port
+from mrcstack.daemons.tools import common
+from mrcstack.daemons.tools.common import (
     END,
     KIND_BW,
     KIND_LAT,
@@ -50,16 +52,14 @@ from daemons.tools.common import (
     end_stop,
     pack_end,
 )
-from daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
-from daemons.tools.report import lat_stats
-from mrcstack import demo, demoreport
-from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
+from mrcstack.daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
+from mrcstack.daemons.tools.report import lat_stats
 from mrcstack.fabric import Fabric
-from netns import testbed
-from netns.run import TestbedError
-from netns.scenario import parse_scenario
-from netns.state import TestbedState, exists, faults_path, load
-from netns.topology import mgmt_address
+from mrcstack.netns import testbed
+from mrcstack.netns.run import TestbedError
+from mrcstack.netns.scenario import parse_scenario
+from mrcstack.netns.state import TestbedState, exists, faults_path, load
+from mrcstack.netns.topology import mgmt_address
 from tests.daemons.apiharness import Daemons
 from tests.isolation import run_name
 
@@ -74,7 +74,7 @@ TARGET_H0 = f"[{mgmt_address(DEMO_BED, 0)}]:{METRICS_PORT}"
 
 
 def tool(name: str, *args: str, netns: str | None = None) -> list[str]:
-    cmd = [PY, "-m", f"daemons.tools.{name}", *args]
+    cmd = [PY, "-m", f"mrcstack.daemons.tools.{name}", *args]
     return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
 
 

@@ -11,14 +11,14 @@ import time
 import pytest
 import uvloop
 
-from daemons.mrcd.rxbatch import BatchReceiver
-from daemons.mrcd.transport import READ_TURN, Transport, clock, open_plane_socket
 from mrcstack.core.cc import CCParams
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
+from mrcstack.daemons.mrcd.datapath.rxbatch import BatchReceiver
+from mrcstack.daemons.mrcd.datapath.transport import READ_TURN, Transport, clock, open_plane_socket
 
 PLANES = 2
 MTU = 8192

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from daemons.mrcd.qps import Accepted, Context, IncomingConnect
-from mrcstack.core.errors import LocalError
+from mrcstack.daemons.mrcd.node.qps import Accepted, Context, IncomingConnect
+from mrcstack.errors import LocalError
 
 #: What a listening application is handed: the request (it answers later).
 Listener = Callable[[IncomingConnect], Awaitable[None]]

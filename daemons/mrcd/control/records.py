@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from daemons.mrcd.auth import SessionKeys
 from mrcstack.api.limits import QPN_LIMIT
-from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.daemons.mrcd.control.auth import SessionKeys
+from mrcstack.errors import LocalError, PeerError
 
 Message = dict[str, Any]
 

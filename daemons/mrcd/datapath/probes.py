@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from daemons.mrcd.transport import PROBE_QPN, Address
+from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, Address
 from mrcstack.wire import (
     CrcIntegrity,
     DecodeError,

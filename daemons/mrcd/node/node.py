@@ -22,28 +22,10 @@ from dataclasses import dataclass, field
 from ipaddress import IPv6Address
 from types import MappingProxyType
 
-from daemons.mrcd.config import MrcdConfig
-from daemons.mrcd.control import (
-    Accept,
-    ConnectRejectedError,
-    ConnectRequest,
-    ControlClient,
-    Reject,
-)
-from daemons.mrcd.controlserver import ControlServer, ControlStats
-from daemons.mrcd.listeners import Listener, Listeners
-from daemons.mrcd.metrics import Buckets, NodeSnapshot, Totals, count_evs
-from daemons.mrcd.ports import Ports
-from daemons.mrcd.probes import Prober
-from daemons.mrcd.profiles import ProfileStore
-from daemons.mrcd.qps import Accepted, Context, IncomingConnect, Qp, QpAttrs, QpState
-from daemons.mrcd.records import ControlError
-from daemons.mrcd.transport import Address, Transport, clock, open_plane_socket
 from mrcstack import __version__, addrplan
 from mrcstack.api.limits import QPN_LIMIT
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
-from mrcstack.core.errors import LocalError
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -54,6 +36,24 @@ from mrcstack.core.events import (
     WcStatus,
 )
 from mrcstack.core.memory import Access, MemoryRegion
+from mrcstack.daemons.mrcd.config import MrcdConfig
+from mrcstack.daemons.mrcd.control.client import (
+    Accept,
+    ConnectRejectedError,
+    ConnectRequest,
+    ControlClient,
+    Reject,
+)
+from mrcstack.daemons.mrcd.control.records import ControlError
+from mrcstack.daemons.mrcd.control.server import ControlServer, ControlStats
+from mrcstack.daemons.mrcd.datapath.probes import Prober
+from mrcstack.daemons.mrcd.datapath.transport import Address, Transport, clock, open_plane_socket
+from mrcstack.daemons.mrcd.node.listeners import Listener, Listeners
+from mrcstack.daemons.mrcd.node.ports import Ports
+from mrcstack.daemons.mrcd.node.profiles import ProfileStore
+from mrcstack.daemons.mrcd.node.qps import Accepted, Context, IncomingConnect, Qp, QpAttrs, QpState
+from mrcstack.daemons.mrcd.node.snapshot import Buckets, NodeSnapshot, Totals, count_evs
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 
 # The QP records live in qps.py; callers may keep importing them from here.
@@ -457,7 +457,7 @@ class Node:
         """Send an EV probe along one path to ``remote_host``'s mrcd; return the RTT.
 
         Raises TimeoutError if nothing comes back (the path, or the peer, is down); see
-        :mod:`daemons.mrcd.probes`.
+        :mod:`mrcstack.daemons.mrcd.datapath.probes`.
         """
         self._check_plane(plane)
         if not 0 <= remote_host < self.fabric.hosts or remote_host == self.host:

@@ -1,6 +1,6 @@
 """The asyncio adapter of the sans-IO core: UDP sockets per plane, reader callbacks, one timer.
 
-linux-facts.md measured asyncio's DatagramProtocol at 30-50k packets/s here and a reader
+docs/linux.md measured asyncio's DatagramProtocol at 30-50k packets/s here and a reader
 callback that drains a non-blocking socket with ``recv_into`` at over a million: so each
 plane's socket gets ``loop.add_reader`` and a callback that drains it into reused buffers,
 ``READ_TURN`` datagrams per ``recvmmsg`` call, each with its traffic class (the ECN bits a
@@ -26,14 +26,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from daemons.mrcd import rxbatch
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event
+from mrcstack.daemons.mrcd.datapath import rxbatch
 from mrcstack.wire import DecodeError, peek_qpn
 
 #: setsockopt(IPPROTO_UDP, ...) values from <linux/udp.h>: zero UDP checksums on IPv6, which
-#: uSID needs (the checksum would be computed against the full uSID destination; linux-facts
-#: trap 2).  Integrity is the MRC packet's own CRC or AES-GCM tag.
+#: uSID needs (the checksum would be computed against the full uSID destination;
+#: docs/linux.md, trap 2).  Integrity is the MRC packet's own CRC or AES-GCM tag.
 UDP_NO_CHECK6_TX = 101
 UDP_NO_CHECK6_RX = 102
 #: Datagrams drained (from all plane sockets) per readable callback before yielding to the

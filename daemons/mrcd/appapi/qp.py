@@ -12,20 +12,18 @@ import asyncio
 import errno
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from daemons.mrcd import apiargs as a
-from daemons.mrcd.node import IncomingConnect, QpAttrs, QpState
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import MAX_PRIVATE_DATA, U16, U32, U64
 from mrcstack.api.types import SUPPORTED_OPCODES, AsyncEventType, Opcode, WcOpcode, WcStatus
 from mrcstack.core import events as ev
-from mrcstack.core.errors import LocalError
 from mrcstack.core.receiver import SACK_BITS
-
-if TYPE_CHECKING:
-    from daemons.mrcd.appsession import Cq, Session
+from mrcstack.daemons.mrcd import apiargs as a
+from mrcstack.daemons.mrcd.appapi.views import Cq, SessionView
+from mrcstack.daemons.mrcd.node.node import IncomingConnect, QpAttrs, QpState
+from mrcstack.errors import LocalError
 
 MAX_QPS = 4096
 MAX_WR = 1 << 20
@@ -73,7 +71,7 @@ class _Qp:
 class QpTable:
     """The QPs of one session and everything that happens to them."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionView) -> None:
         self.s = session
         self.node = session.node
         self.qps: dict[int, _Qp] = {}

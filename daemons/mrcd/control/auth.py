@@ -37,10 +37,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.errors import LocalError, PeerError
 
 if TYPE_CHECKING:
-    from daemons.mrcd.config import AuthConfig
+    from mrcstack.daemons.mrcd.config import AuthConfig
 
 _T = TypeVar("_T")
 
@@ -561,7 +561,7 @@ def _parse_msg1(data: bytes) -> tuple[_Msg1, bytes]:
     return _Msg1(mode, names[0], names[1], data[pos : pos + KEY_SIZE]), data[-TAG_SIZE:]
 
 
-# CLI: python -m daemons.mrcd.auth genkey|genpsk ------------------------------------------
+# CLI: python -m mrcstack.daemons.mrcd.control.auth genkey|genpsk ----------------------
 def _write_secret(path: Path, text: str, force: bool) -> None:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
@@ -577,7 +577,8 @@ def _write_secret(path: Path, text: str, force: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m daemons.mrcd.auth", description="mrcd control-channel key material"
+        prog="python -m mrcstack.daemons.mrcd.control.auth",
+        description="mrcd control-channel key material",
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     gk = sub.add_parser("genkey", help="a static X25519 key pair: DIR/HOST.key and DIR/HOST.pub")

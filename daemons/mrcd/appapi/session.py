@@ -3,7 +3,7 @@
 The session dispatches the client's frames (JSON requests, packed posts) to handlers, owns
 the client's shared-memory mappings, and delivers completions in batches, once per loop
 iteration, followed by a CQ event on the completion channel of every armed CQ that got one.
-QP work lives in :mod:`daemons.mrcd.appqp`.
+QP work lives in :mod:`mrcstack.daemons.mrcd.appapi.qp`.
 """
 
 from __future__ import annotations
@@ -11,27 +11,23 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import mmap
 import os
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from daemons.mrcd import apiargs as a
-from daemons.mrcd.appqp import MAX_QPS, QpTable
-from daemons.mrcd.node import Context
 from mrcstack.api import shm, wire
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import U16, U32
 from mrcstack.api.types import Access, AsyncEventType, DeviceCap, WcOpcode, WcStatus
 from mrcstack.core.memory import Access as CoreAccess
-from mrcstack.core.memory import MemoryRegion as CoreRegion
+from mrcstack.daemons.mrcd import apiargs as a
+from mrcstack.daemons.mrcd.appapi.clientio import ClientIO, Peer
+from mrcstack.daemons.mrcd.appapi.qp import MAX_QPS, QpTable
+from mrcstack.daemons.mrcd.appapi.views import Cq, Region, ServerView
+from mrcstack.daemons.mrcd.node.node import Context
 from mrcstack.wire import AEAD_TAG_LEN, DATA_IMM_HDR_LEN
-
-if TYPE_CHECKING:
-    from daemons.mrcd.appserver import AppServer, ClientIO, Peer
 
 log = logging.getLogger("mrcd.api")
 
@@ -42,25 +38,6 @@ MAX_HINTS = 1024
 MAX_CQE = 1 << 22
 IPV6_UDP_HEADERS = 48
 LOOPBACK_MTU = 65535
-
-
-@dataclass(slots=True)
-class Region:
-    lkey: int
-    region: CoreRegion
-    mapping: mmap.mmap
-    view: memoryview
-    access: Access
-
-
-@dataclass(slots=True, eq=False)
-class Cq:
-    handle: int
-    cqe: int
-    channel: int | None
-    armed: bool = False
-    delivered: int = 0  # completions queued for the client so far (u32, wraps)
-    users: int = 0  # QPs that complete here
 
 
 class Channel:
@@ -108,7 +85,7 @@ class Channel:
 class Session:
     """One client of the API socket."""
 
-    def __init__(self, server: AppServer, peer: Peer, io: ClientIO) -> None:
+    def __init__(self, server: ServerView, peer: Peer, io: ClientIO) -> None:
         self.server = server
         self.node = server.node
         self.peer = peer

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from daemons.mrcd.qps import Qp
 from mrcstack.core.connection import Connection
-from mrcstack.core.errors import LocalError
+from mrcstack.daemons.mrcd.node.qps import Qp
+from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd")
 

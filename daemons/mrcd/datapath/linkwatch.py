@@ -18,7 +18,8 @@ against storms), so a port failure on real hardware is seen within about a secon
 Measured here (veth, tests/daemons/test_linkwatch.py): admin and carrier changes reach the
 callback 2-3 ms after the ``ip`` command starts, before ``ip`` itself exits.
 
-``python -m daemons.mrcd.linkwatch [--json] [IFNAME ...]`` prints the changes as they come.
+``python -m mrcstack.daemons.mrcd.datapath.linkwatch [--json] [IFNAME ...]`` prints the
+changes as they come.
 """
 
 from __future__ import annotations
@@ -347,7 +348,8 @@ def watch_planes(
 # A tiny CLI for operators and tests -----------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m daemons.mrcd.linkwatch", description="Print link up/down changes."
+        prog="python -m mrcstack.daemons.mrcd.datapath.linkwatch",
+        description="Print link up/down changes.",
     )
     parser.add_argument("ifnames", nargs="*", help="links to watch (default: all)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")

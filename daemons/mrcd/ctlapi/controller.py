@@ -39,9 +39,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from daemons.mrcd import apiargs as a
-from daemons.mrcd.node import Node
-from daemons.mrcd.profiles import (
+from mrcstack import addrplan
+from mrcstack.api.errors import ApiError
+from mrcstack.api.limits import U16, U32, U64
+from mrcstack.core import cc as cc_mod
+from mrcstack.core.events import EvStateChanged
+from mrcstack.daemons.mrcd import apiargs as a
+from mrcstack.daemons.mrcd.node.node import Node
+from mrcstack.daemons.mrcd.node.profiles import (
     CC_ALIASES,
     EV_MAX_COUNT,
     EV_MAX_COUNT_PROFILE,
@@ -49,12 +54,7 @@ from daemons.mrcd.profiles import (
     MAX_EV_PROFILES,
     ProfileStore,
 )
-from mrcstack import addrplan
-from mrcstack.api.errors import ApiError
-from mrcstack.api.limits import U16, U32, U64
-from mrcstack.core import cc as cc_mod
-from mrcstack.core.errors import LocalError
-from mrcstack.core.events import EvStateChanged
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 
 log = logging.getLogger("mrcd.ctl")

@@ -14,7 +14,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemons.mrcd.auth import (
+from mrcstack.api.limits import QPN_LIMIT
+from mrcstack.daemons.mrcd.config import AuthConfig
+from mrcstack.daemons.mrcd.control.auth import (
     MAX_HANDSHAKE_MESSAGE,
     AuthError,
     Credentials,
@@ -22,8 +24,7 @@ from daemons.mrcd.auth import (
     Responder,
     SessionKeys,
 )
-from daemons.mrcd.config import AuthConfig
-from daemons.mrcd.control import (
+from mrcstack.daemons.mrcd.control.client import (
     FRAME_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     Address,
@@ -38,7 +39,7 @@ from daemons.mrcd.control import (
     host_index,
     keepalive,
 )
-from daemons.mrcd.records import (
+from mrcstack.daemons.mrcd.control.records import (
     MAX_MESSAGE,
     ControlError,
     Message,
@@ -46,8 +47,7 @@ from daemons.mrcd.records import (
     encode_frame,
     read_frame,
 )
-from mrcstack.api.limits import QPN_LIMIT
-from mrcstack.core.errors import LocalError
+from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd.control")
 

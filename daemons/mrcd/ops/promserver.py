@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from daemons.mrcd.metrics import parse_listen_address
+from mrcstack.daemons.mrcd.ops.metrics import parse_listen_address
 
 
 class PrometheusError(RuntimeError):

@@ -10,7 +10,7 @@ docs/control-channel.md has the message table.
 
 This module holds what both ends share (the messages and their checks) and the initiator's
 side (:class:`ControlClient`, one :class:`Session` per peer); the responder is
-:class:`daemons.mrcd.controlserver.ControlServer`.
+:class:`mrcstack.daemons.mrcd.control.server.ControlServer`.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from daemons.mrcd.auth import (
+from mrcstack.api.limits import MAX_PRIVATE_DATA, QPN_LIMIT
+from mrcstack.daemons.mrcd.config import AuthConfig
+from mrcstack.daemons.mrcd.control.auth import (
     MAX_HANDSHAKE_MESSAGE,
     Credentials,
     Initiator,
     SessionKeys,
 )
-from daemons.mrcd.config import AuthConfig
-from daemons.mrcd.records import (
+from mrcstack.daemons.mrcd.control.records import (
     MAX_MESSAGE,
     ControlError,
     Message,
@@ -40,8 +41,7 @@ from daemons.mrcd.records import (
     encode_frame,
     read_frame,
 )
-from mrcstack.api.limits import MAX_PRIVATE_DATA, QPN_LIMIT
-from mrcstack.core.errors import LocalError, PeerError
+from mrcstack.errors import LocalError, PeerError
 
 log = logging.getLogger("mrcd.control")
 

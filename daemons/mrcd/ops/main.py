@@ -25,13 +25,14 @@ from pathlib import Path
 
 import uvloop
 
-from daemons.mrcd.appserver import AppServer
-from daemons.mrcd.auth import Credentials, KeyFileError
-from daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
-from daemons.mrcd.linkwatch import watch_planes
-from daemons.mrcd.metrics import ListenAddressError, make_registry, serve
-from daemons.mrcd.node import Node
-from mrcstack.core.errors import LocalError
+from mrcstack import add_version_flag
+from mrcstack.daemons.mrcd.appapi.server import AppServer
+from mrcstack.daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
+from mrcstack.daemons.mrcd.control.auth import Credentials, KeyFileError
+from mrcstack.daemons.mrcd.datapath.linkwatch import watch_planes
+from mrcstack.daemons.mrcd.node.node import Node
+from mrcstack.daemons.mrcd.ops.metrics import ListenAddressError, make_registry, serve
+from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd")
 
@@ -45,6 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = _Parser(prog="mrcd", description="MRC endpoint daemon and node controller")
+    add_version_flag(p)
     p.add_argument("--config", required=True, type=Path, help="TOML file ([mrcd] + [fabric])")
     p.add_argument(
         "--web.listen-address",

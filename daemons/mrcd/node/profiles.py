@@ -16,20 +16,27 @@ import dataclasses
 import errno
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from daemons.mrcd import apiargs as a
-from daemons.mrcd.transport import clock
 from mrcstack import addrplan
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import U32, U64
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.events import EvState
 from mrcstack.core.evs import EvEntry, EvField, generate_evs
+from mrcstack.daemons.mrcd import apiargs as a
+from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
+from mrcstack.daemons.mrcd.node.qps import Qp, QpAttrs
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric
 
-if TYPE_CHECKING:  # node.py may import this module to build connections from profiles
-    from daemons.mrcd.node import Node, QpAttrs
+
+class Node(Protocol):
+    """What the profiles use of the node (:class:`.node.Node`, which builds connections from
+    them): its QPs, and the transport to wake when a QP's EVs change."""
+
+    qps: dict[int, Qp]
+    transport: Transport | None
+
 
 MAX_EV_PROFILES = 256
 MAX_CC_PROFILES = 256
