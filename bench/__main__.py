@@ -4,6 +4,7 @@
 - sim: a full simulated transfer, core CPU cost per packet;
 - testbed: build and teardown time of the default and the large namespace fabric;
 - mrcd: single-QP goodput vs a raw UDP blast and kernel TCP; shaped-fabric goodput vs MPTCP;
+- failover: progress lost and recovery time per fault, mrcd next to MPTCP;
 - the large test profiles: 50,000 property cases and 1,000,000 fuzzed packets
   (CI runs smaller profiles; set MRC_BENCH_QUICK=1 to skip these here).
 """
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from bench import daemon_bench, sim_bench, testbed_bench, wire_bench
+from bench import daemon_bench, failover_bench, sim_bench, testbed_bench, wire_bench
 
 
 def _profile(name: str, env: dict[str, str], target: str) -> None:
@@ -49,6 +50,7 @@ def main() -> int:
         print("== mrcd on the testbed: goodput vs UDP blast, kernel TCP, MPTCP ==")
         for key, value in daemon_bench.run().items():
             print(f"{key:<40} {value:14,.3f}")
+        failover_bench.run()  # prints its own tables (docs/benchmarks.md, "Failover")
     else:
         print("== testbed: skipped (needs root for network namespaces) ==")
     if os.environ.get("MRC_BENCH_QUICK"):
