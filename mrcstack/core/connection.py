@@ -398,7 +398,7 @@ class Connection:
         out: list[Datagram] = []
         if self._pending_acks:
             self._flush_acks()
-        self.sender.run_rack()
+        self.sender.run_rack(now)
         control = self._control
         while control and len(out) < limit:
             out.append(control.popleft())

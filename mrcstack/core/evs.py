@@ -166,6 +166,7 @@ class EvSlot:
     """Mutable per-EV record inside an :class:`EvTable` (never crosses the core boundary)."""
 
     __slots__ = (
+        "congested_until",
         "drop_count",
         "entry",
         "in_use",
@@ -187,6 +188,9 @@ class EvSlot:
         self.probe_fails = 0
         self.last_evidence = -1.0  # last time a reply proved this path works
         self.silent_losses = 0  # time-detected losses since the last reply on this EV
+        # Packets sent on this path before this time met congestion (a trim or an ECN
+        # mark came back): RACK leaves them to same-path evidence and the RTO.
+        self.congested_until = -1.0
 
 
 class EvTable:

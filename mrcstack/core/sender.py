@@ -71,11 +71,13 @@ class Tx:
         "ev",
         "lost",
         "queued",
+        "retx",
         "sent",
         "seq",
         "size",
         "slot",
         "timeouts",
+        "trimmed",
         "wr",
     )
 
@@ -92,6 +94,8 @@ class Tx:
         self.acked = False
         self.lost = False
         self.queued = False  # in its EV's FIFO
+        self.retx = False  # a retransmission: an ack may be for an earlier transmission
+        self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +139,12 @@ class Sender:
         self._heap_tie = 0
         self.retx: deque[tuple[Tx, str]] = deque()
         self.sent_fifo: deque[Tx] = deque()  # every transmission, in send order (RACK)
-        self.rack_sent = -1.0  # latest send time of an acknowledged transmission
+        # Per plane (planes are separate networks, each with its own last-hop queue, so a
+        # packet is never judged by another plane's deliveries): the latest send time of an
+        # acknowledged transmission and its RTT (RFC 8985 RACK.xmit_ts and RACK.rtt).
+        self.rack_sent = [-1.0] * config.planes
+        self.rack_rtt = [0.0] * config.planes
+        self.rack_timer: float | None = None  # the reordering timer (RFC 8985 6.3)
         self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
         self._reo_acks = 0
         self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
@@ -187,6 +196,9 @@ class Sender:
         while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
             heapq.heappop(heap)
         deadline = heap[0][0] if heap else None
+        rack = self.rack_timer
+        if rack is not None and (deadline is None or rack < deadline):
+            deadline = rack
         stall = self.stall_deadline
         if stall is not None and (deadline is None or stall < deadline):
             return stall
@@ -242,6 +254,7 @@ class Sender:
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
+            tx.retx = True
             flags |= _RETX
         last = seq == wr.first + wr.npkts - 1
         if last:
@@ -298,6 +311,8 @@ class Sender:
             if slot is not None:
                 slot.last_evidence = now
                 slot.silent_losses = 0
+            if slot is not None and (ecn or ack.nack_reason in _TRIMS):
+                self._congested(slot, ack.nack_reason == NackReason.TRIMMED_LASTHOP, now)
             if ecn:
                 self.stats.ecn_echoes += 1
                 if self.srtt is not None:
@@ -311,7 +326,7 @@ class Sender:
                 return
         while self.snd_una < cum:
             hit = self.snd_una == echo_seq
-            self._acked(self.snd_una, rtt if hit else None, ecn and hit, now)
+            self._acked(self.snd_una, rtt if hit else None, ecn and hit, now, echo_tx)
             self.snd_una += 1
         bitmap = ack.sack_bitmap
         if bitmap:
@@ -322,22 +337,30 @@ class Sender:
                 bitmap ^= low
                 if self.snd_una <= seq < self.next_seq:
                     hit = seq == echo_seq
-                    self._acked(seq, rtt if hit else None, ecn and hit, now)
+                    self._acked(seq, rtt if hit else None, ecn and hit, now, echo_tx)
         if not self.roce:
-            if echo_tx is not None:
+            if echo_tx is not None and not ack.nack_reason:
+                # A NACK says nothing about the packets before it on that path: a trimmed
+                # header jumps the queue those packets still wait in.
                 self._detect_losses(echo_tx, now)
             self.rack_due = True
         self._complete()
 
-    def _acked(self, seq: int, rtt: float | None, ecn: bool, now: float) -> None:
+    def _acked(
+        self, seq: int, rtt: float | None, ecn: bool, now: float, echo_tx: Tx | None
+    ) -> None:
         tx = self.txs.pop(seq, None)
         if tx is None:
             return
         tx.acked = True
         self.last_progress = now
         self._reo_acks += 1
-        if tx.sent > self.rack_sent:
-            self.rack_sent = tx.sent
+        # RFC 8985 6.2 step 2: an ack for a retransmitted packet may be for the original, so
+        # its send time moves RACK only when the ack names this transmission (its EV echo).
+        port = tx.slot.entry.port
+        if (not tx.retx or tx is echo_tx) and tx.sent > self.rack_sent[port]:
+            self.rack_sent[port] = tx.sent
+            self.rack_rtt[port] = now - tx.sent
         if not tx.lost:
             self.in_flight -= tx.size
         tx.wr.acked += 1
@@ -358,19 +381,31 @@ class Sender:
             if tx is echo_tx:
                 return
             current = txs.get(tx.seq)
-            if current is None or tx.acked:
-                continue  # that packet arrived after all (perhaps by another transmission)
+            if current is None or tx.acked or tx.trimmed:
+                continue  # it arrived after all (perhaps by another transmission), or its
+                # header did: a trim is congestion, and the trim NACK already resent it
             if current is tx and not tx.lost:
                 self._lose(tx, "sack")
             skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
             self.evs.apply(tx.ev, "loss", "sack_loss", now, skip_until=skip_until)
+
+    def _congested(self, slot: EvSlot, last_hop: bool, now: float) -> None:
+        """A queue on this path (on every path of its plane, for the receiver's last hop)
+        holds what is in flight there now and what is sent within the next RTT."""
+        until = now + (self.srtt or self.cfg.timeout)
+        if last_hop:
+            for other in self.evs.slots.values():
+                if other.entry.port == slot.entry.port:
+                    other.congested_until = max(other.congested_until, until)
+        else:
+            slot.congested_until = max(slot.congested_until, until)
 
     def _spurious(self) -> None:
         self.stats.spurious_retransmissions += 1
         self.reo_fraction = min(RACK_REO_MAX_FRACTION, self.reo_fraction * 2)
         self._reo_acks = 0
 
-    def run_rack(self) -> None:
+    def run_rack(self, now: float) -> None:
         """Run RACK if acks arrived since it last ran.
 
         The connection calls this when asked what to send, that is after the adapter fed
@@ -380,15 +415,19 @@ class Sender:
         """
         if self.rack_due:
             self.rack_due = False
-            self._rack()
+            self._rack(now)
 
-    def _rack(self) -> None:
+    def _rack(self, now: float) -> None:
         """Time-based loss detection (RACK, RFC 8985) across all paths.
 
-        A packet still unacknowledged although one sent more than a reordering window
-        later was acknowledged is lost.  This catches losses the per-EV order cannot see
-        (the last packets on an EV, tails of a transfer) without waiting for an RTO.  It
-        does not blame the EV: only same-path evidence does.
+        A packet still unacknowledged although one sent after it on the same plane was
+        acknowledged, and outstanding for longer than that one's RTT plus a reordering
+        window, is lost
+        (RFC 8985 6.2; the reordering timer looks again when it is not overdue yet).  The
+        exception: its own path reported congestion (a trim, an ECN mark) after it was
+        sent.  Switches trim instead of dropping, so such a packet is queued, and a busier
+        path's queue must not be read as a loss.  This catches the losses the per-EV order
+        cannot see (the last packets on an EV, a path gone silent) without an RTO.
         """
         fifo = self.sent_fifo
         txs = self.txs
@@ -396,24 +435,48 @@ class Sender:
         if self._reo_acks >= RACK_REO_DECAY:
             self._reo_acks = 0
             self.reo_fraction = max(RACK_REO_FRACTION, self.reo_fraction / 2)
-        limit = self.rack_sent - max(srtt * self.reo_fraction, RACK_MIN_REO)
-        while fifo:
-            tx = fifo[0]
+        reo = max(srtt * self.reo_fraction, RACK_MIN_REO)
+        rack_sent, rack_rtt = self.rack_sent, self.rack_rtt
+        newest = max(rack_sent)
+        self.rack_timer = None
+        index = 0
+        while index < len(fifo):
+            tx = fifo[index]
             if tx.acked or tx.lost or txs.get(tx.seq) is not tx:
+                if index == 0:
+                    fifo.popleft()
+                else:
+                    index += 1
+                continue
+            if tx.sent >= newest:
+                return  # nothing sent after it was delivered yet, on any plane
+            port = tx.slot.entry.port
+            if tx.sent >= rack_sent[port] or tx.slot.congested_until > tx.sent:
+                # Its plane delivered nothing sent later yet; or its path reported
+                # congestion while it was in flight (a longer queue, not a loss: same-path
+                # evidence or the RTO decides).
+                index += 1
+                continue
+            due = tx.sent + rack_rtt[port] + reo
+            if now < due:
+                # Not overdue yet: the reordering timer looks again (RFC 8985 6.3).
+                if self.rack_timer is None or due < self.rack_timer:
+                    self.rack_timer = due
+                index += 1
+                continue
+            if index == 0:
                 fifo.popleft()
-            elif tx.sent < limit:
-                fifo.popleft()
-                self._lose(tx, "rack")
-                slot = tx.slot
-                if slot.last_evidence < tx.sent:
-                    # Nothing on this EV came back since: a second such loss in a row
-                    # means the path is dead, not unlucky.
-                    slot.silent_losses += 1
-                    if slot.silent_losses >= RACK_LOSSES_TO_BLAME:
-                        slot.silent_losses = 0
-                        self.evs.apply(tx.ev, "loss", "rack_loss")
             else:
-                return
+                del fifo[index]
+            self._lose(tx, "rack")
+            slot = tx.slot
+            if slot.last_evidence < tx.sent:
+                # Nothing on this EV came back since: a second such loss in a row
+                # means the path is dead, not unlucky.
+                slot.silent_losses += 1
+                if slot.silent_losses >= RACK_LOSSES_TO_BLAME:
+                    slot.silent_losses = 0
+                    self.evs.apply(tx.ev, "loss", "rack_loss")
 
     def _on_nack(self, ack: AckPacket, seq: int, now: float) -> None:
         reason = ack.nack_reason
@@ -439,6 +502,7 @@ class Sender:
             if reason == NackReason.TRIMMED and self.srtt is not None:
                 # Congestion on this path (not the receiver's last hop): skip it a while.
                 self.evs.skip(tx.ev, now + self.cfg.skip_rtts * self.srtt, "trim")
+            tx.trimmed = True
             self._lose(tx, "trim")
         elif reason in _RETRY_NACKS:
             self._lose(tx, "nack")
@@ -482,6 +546,8 @@ class Sender:
         self.stall_deadline = now + self.rto(self.stall_retries)
 
     def on_timer(self, now: float) -> None:
+        if self.rack_timer is not None and self.rack_timer <= now:
+            self._rack(now)
         stall = self.stall_deadline
         if stall is not None and stall <= now:
             self._stall_expired(now)
@@ -550,6 +616,7 @@ class Sender:
         self.txs.clear()
         self.retx.clear()
         self.sent_fifo.clear()
+        self.rack_timer = None
         self.rto_heap.clear()
         self.ev_fifo.clear()
         self.in_flight = 0
@@ -557,6 +624,7 @@ class Sender:
 
 
 _NACK_NAMES = {r.value: r.name.lower() for r in NackReason}
+_TRIMS = frozenset({NackReason.TRIMMED, NackReason.TRIMMED_LASTHOP})
 _RETRY_NACKS = frozenset(
     {
         NackReason.NO_BITMAP,

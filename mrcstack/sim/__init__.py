@@ -30,6 +30,7 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
     capacity_bps       float           planes x host link rate x distinct sending hosts
     goodput_fraction   float           goodput_bps / capacity_bps
     retransmissions    {reason: int}   summed over all connections (core's reason names)
+    spurious_retransmissions  int      retransmitted packets the receiver already had
     trims              int             data packets trimmed by switches
     ecn_marks          int             CE marks set by switches (never on host ports)
     drops              {reason: int}   queue (tail drop), loss (random), link_down,
@@ -40,7 +41,8 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
     flows              [object]        per flow: index, src, dst, bytes, work_requests,
                                        complete, verified, completion_time_s (null if not
                                        complete), goodput_bps, failed (reason or null),
-                                       retransmissions, nacks_received, trims_received
+                                       retransmissions, spurious_retransmissions,
+                                       nacks_received, trims_received
                                        (receiver), ecn_echoes (sender), per_plane_bytes
     events             [object]        the first 1000 EV state changes: t_s, flow, side
                                        ("sender"/"receiver"), ev, plane, old, new, reason,

@@ -28,6 +28,7 @@ class FlowResult:
     goodput_bps: float
     failed: str | None  # ConnectionFailed reason or a non-success completion status
     retransmissions: dict[str, int]
+    spurious_retransmissions: int  # the receiver already had the packet (it says so)
     nacks_received: dict[str, int]
     trims_received: int  # at the receiver
     ecn_echoes: int  # at the sender
@@ -76,6 +77,7 @@ class SimResult:
     capacity_bps: float
     goodput_fraction: float
     retransmissions: dict[str, int]
+    spurious_retransmissions: int
     trims: int
     ecn_marks: int
     drops: dict[str, int]
