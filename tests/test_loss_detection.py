@@ -162,11 +162,11 @@ def test_rto_restarts_while_acks_keep_coming() -> None:
     x, y = send_all(a, 0.0)
     feed(a, deliver(b, [y], 0.9e-3), 0.9e-3)  # progress at 0.9 ms
     a.datagrams_to_send(0.9e-3)
-    timer = a.sender.next_deadline()
+    timer = a.sender.rto_deadline()
     assert timer is not None and timer <= 1e-3  # x's original deadline
     a.handle_timer(1e-3)
     assert a.stats.retransmissions == {}
-    restarted = a.sender.next_deadline()
+    restarted = a.sender.rto_deadline()
     assert restarted is not None and restarted > 1.5e-3  # from the last progress on
     feed(a, deliver(b, [x], 1.2e-3), 1.2e-3)
     a.datagrams_to_send(1.2e-3)
@@ -181,7 +181,7 @@ def test_rto_fires_when_the_connection_is_silent() -> None:
     a.datagrams_to_send(20e-6)
     a.post_write(2, bytes(2 * MTU), va, rkey, imm=None, now=1e-3)
     send_all(a, 1e-3)  # both lost
-    deadline = a.sender.next_deadline()
+    deadline = a.sender.rto_deadline()
     assert deadline is not None and deadline == 2e-3  # the 1 ms floor from its send time
     a.handle_timer(deadline)
     assert a.datagrams_to_send(deadline)  # resent at once
@@ -192,7 +192,7 @@ def test_initial_rto_holds_until_the_first_rtt_sample() -> None:
     a, b, va, rkey = pair(timeout=1e-3, initial_rto=50e-3)
     a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
     data = send_all(a, T0)
-    assert a.sender.next_deadline() == T0 + 50e-3
+    assert a.sender.next_deadline() == T0 + 50e-3  # no RTT yet: no probe timer either
     a.handle_timer(10e-3)
     assert a.stats.retransmissions == {}
     feed(a, deliver(b, data, 10e-3), 20e-3)
@@ -201,7 +201,7 @@ def test_initial_rto_holds_until_the_first_rtt_sample() -> None:
     send_all(a, 30e-3)
     srtt, rttvar = a.sender.srtt, a.sender.rttvar
     assert srtt is not None
-    assert a.sender.next_deadline() == pytest.approx(30e-3 + srtt + 4 * rttvar)  # measured
+    assert a.sender.rto_deadline() == pytest.approx(30e-3 + srtt + 4 * rttvar)  # measured
     assert [e for e in iter(a.next_event, None) if isinstance(e, SendCompleted)] == [
         SendCompleted(1, WcStatus.SUCCESS, MTU)
     ]
@@ -210,3 +210,43 @@ def test_initial_rto_holds_until_the_first_rtt_sample() -> None:
 def test_initial_rto_is_validated() -> None:
     with pytest.raises(ValueError, match="initial_rto"):
         ConnectionConfig(1, 2, 1, (EvEntry(0, 0),), timeout=1e-3, initial_rto=1e-4)
+
+
+def run_timers(a: Connection, until: float) -> list[Datagram]:
+    """Fire ``a``'s timer while it is due before ``until``; what it sends then."""
+    out: list[Datagram] = []
+    while (deadline := a.get_timer()) is not None and deadline <= until:
+        a.handle_timer(deadline)
+        out.extend(send_all(a, deadline))
+    return out
+
+
+def test_a_lost_tail_is_found_by_the_tail_probe_not_the_rto() -> None:
+    """The newest packet of a transfer is lost: no later packet can reveal it (RACK, the
+    path's order), so the tail-loss probe resends it about two RTTs after the last ack,
+    long before the RTO."""
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)  # warm up: srtt = 19 us
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(8 * MTU), va, rkey, imm=7, now=100e-6)
+    burst = send_all(a, 100e-6)
+    feed(a, deliver(b, burst[:-1], 110e-6), 120e-6)  # the tail never arrives
+    a.datagrams_to_send(120e-6)
+    probe = run_timers(a, 120e-6 + 5 * 20e-6)
+    assert a.stats.retransmissions == {"tlp": 1}
+    assert len(probe) == 1 and probe[0].ev != burst[-1].ev  # another path than the lost one
+    feed(a, deliver(b, probe, 200e-6), 210e-6)
+    a.datagrams_to_send(210e-6)
+    done = [e for e in iter(a.next_event, None) if isinstance(e, SendCompleted)]
+    assert [e.wr_id for e in done] == [1, 2]
+    assert a.stats.retransmissions == {"tlp": 1}  # no timeout, and nothing else resent
+
+
+def test_the_tail_probe_stays_quiet_while_acks_come() -> None:
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(4 * MTU), va, rkey, imm=None, now=T0)
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    assert a.sender.tlp_deadline is None  # nothing in flight: no probe armed
+    assert a.stats.retransmissions == {}

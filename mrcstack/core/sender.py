@@ -31,6 +31,10 @@ RACK_REO_FRACTION = 0.25
 RACK_REO_MAX_FRACTION = 2.0
 RACK_REO_DECAY = 4096
 RACK_MIN_REO = 1e-6
+#: Tail-loss probe (RFC 8985 section 7): with packets in flight and no ack for this many
+#: smoothed RTTs, the newest one is sent again on another EV, so that a lost tail is found
+#: by the ack of the probe (and RACK) within about two RTTs instead of an RTO.
+TLP_RTTS = 2.0
 #: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
 RACK_LOSSES_TO_BLAME = 2
 # Plain ints: IntFlag arithmetic costs a method call per packet.
@@ -145,6 +149,8 @@ class Sender:
         self.rack_sent = [-1.0] * config.planes
         self.rack_rtt = [0.0] * config.planes
         self.rack_timer: float | None = None  # the reordering timer (RFC 8985 6.3)
+        self.tlp_deadline: float | None = None  # the tail-loss probe timer (RFC 8985 7)
+        self.tlp_out = False  # a probe is out and no ack came since
         self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
         self._reo_acks = 0
         self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
@@ -191,14 +197,19 @@ class Sender:
             self.rttvar += RTT_BETA * (abs(self.srtt - rtt) - self.rttvar)
             self.srtt += RTT_ALPHA * (rtt - self.srtt)
 
-    def next_deadline(self) -> float | None:
+    def rto_deadline(self) -> float | None:
+        """The earliest retransmission timeout of a packet in flight."""
         heap = self.rto_heap
         while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
             heapq.heappop(heap)
-        deadline = heap[0][0] if heap else None
-        rack = self.rack_timer
-        if rack is not None and (deadline is None or rack < deadline):
-            deadline = rack
+        return heap[0][0] if heap else None
+
+    def next_deadline(self) -> float | None:
+        """The earliest of the RTO, the reordering timer, the probe timer and the stall."""
+        deadline = self.rto_deadline()
+        for timer in (self.rack_timer, self.tlp_deadline):
+            if timer is not None and (deadline is None or timer < deadline):
+                deadline = timer
         stall = self.stall_deadline
         if stall is not None and (deadline is None or stall < deadline):
             return stall
@@ -236,7 +247,31 @@ class Sender:
             self.next_seq += 1
             if self.next_seq == wr.first + wr.npkts:
                 self.send_wr_index += 1
+        if out and not self.roce:
+            self._arm_tlp(now)
         return out
+
+    def _arm_tlp(self, now: float) -> None:
+        """(Re)arm the probe timer while packets are in flight; it needs a measured RTT."""
+        if self.txs and not self.tlp_out and self.srtt is not None:
+            self.tlp_deadline = now + TLP_RTTS * self.srtt
+        elif not self.txs:
+            self.tlp_deadline = None
+
+    def _tail_probe(self, now: float) -> None:
+        """The probe timer fired: send the newest packet in flight again, on another EV."""
+        self.tlp_deadline = None
+        if self.retx or (self.next_seq < self.end_seq and self.in_flight < self.cc.cwnd):
+            return  # the connection is still sending: its own packets will bring acks
+        newest = max(
+            (tx for tx in self.txs.values() if not tx.lost and not tx.acked),
+            key=lambda tx: tx.seq,
+            default=None,
+        )
+        if newest is None:
+            return
+        self.tlp_out = True
+        self._lose(newest, "tlp")
 
     def _send(
         self, seq: int, wr: WorkRequest, now: float, avoid: int | None, retx: Tx | None
@@ -339,6 +374,8 @@ class Sender:
                     hit = seq == echo_seq
                     self._acked(seq, rtt if hit else None, ecn and hit, now, echo_tx)
         if not self.roce:
+            self.tlp_out = False
+            self._arm_tlp(now)
             if echo_tx is not None and not ack.nack_reason:
                 # A NACK says nothing about the packets before it on that path: a trimmed
                 # header jumps the queue those packets still wait in.
@@ -548,6 +585,8 @@ class Sender:
     def on_timer(self, now: float) -> None:
         if self.rack_timer is not None and self.rack_timer <= now:
             self._rack(now)
+        if self.tlp_deadline is not None and self.tlp_deadline <= now:
+            self._tail_probe(now)
         stall = self.stall_deadline
         if stall is not None and stall <= now:
             self._stall_expired(now)
@@ -616,7 +655,7 @@ class Sender:
         self.txs.clear()
         self.retx.clear()
         self.sent_fifo.clear()
-        self.rack_timer = None
+        self.rack_timer = self.tlp_deadline = None
         self.rto_heap.clear()
         self.ev_fifo.clear()
         self.in_flight = 0

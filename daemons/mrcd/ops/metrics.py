@@ -41,7 +41,7 @@ log = logging.getLogger("mrcd.metrics")
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
 #: Reasons always exported (as 0 until they happen) so ``rate()`` works from the start.
-RETRANSMIT_REASONS = ("timeout", "nack", "trim", "sack", "rack", "port")
+RETRANSMIT_REASONS = ("timeout", "nack", "trim", "sack", "rack", "tlp", "port")
 NACK_REASONS = tuple(r.name.lower() for r in NackReason)
 REJECT_REASONS = (
     *(r.name.lower() for r in DecodeReason),  # the core counts DecodeReason names
