@@ -375,6 +375,12 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     net.run(net.now + 1.0, stop=lambda: bool(imms(net)) and imms(net)[-1].imm == len(sizes) - 1)
     expected = [i for i in range(len(sizes)) if imm_mask >> i & 1 or i == len(sizes) - 1]
     assert [e.imm for e in imms(net)] == expected
+    if net.dropped == 0 and reorder == 0.0 and not plane_flap:
+        # Nothing was lost, every path kept its order and no port went down (trims and ECN
+        # marks are congestion, not loss): every retransmission answers a trim.
+        for conn in net.conns:
+            resent = conn.stats.retransmissions
+            assert {k: v for k, v in resent.items() if k != "trim" and v} == {}, resent
 
     # Once everything completed, more time brings no extra completion (no late duplicate
     # of a retransmission, no timer firing one again) and no failure.  (EV events may

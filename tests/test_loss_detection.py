@@ -184,8 +184,14 @@ def test_rto_fires_when_the_connection_is_silent() -> None:
     deadline = a.sender.rto_deadline()
     assert deadline is not None and deadline == 2e-3  # the 1 ms floor from its send time
     a.handle_timer(deadline)
-    assert a.datagrams_to_send(deadline)  # resent at once
-    assert a.stats.retransmissions.get("timeout", 0) >= 1
+    assert a.datagrams_to_send(deadline)  # a packet goes out at once
+    # Both are declared lost (the newest by the tail probe that came due meanwhile); with no
+    # progress since the timeout, one packet at a time is in flight.
+    assert a.sender.rto_rounds == 1
+    assert sorted(reason for _, reason in a.sender.retx) + sorted(a.stats.retransmissions) == [
+        "timeout",
+        "tlp",
+    ]
 
 
 def test_initial_rto_holds_until_the_first_rtt_sample() -> None:

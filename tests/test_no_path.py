@@ -102,7 +102,9 @@ def test_every_ev_assumed_bad_waits_for_probes_then_gives_up() -> None:
     """With ev_min_active=0 every EV may go bad; probes resurrect them when the paths come
     back, and the retry budget bounds the wait when they do not."""
     evs = [e.value for e in make_evs(2, 2)]
-    outage = 0.6e-3
+    # Once a timeout finds no progress, one packet at a time probes the paths, each round a
+    # backed-off RTO later: 1.5 ms lets that condemn all four, well inside the retry budget.
+    outage = 1.5e-3
     cfg: dict[str, object] = {"ev_min_active": 0, "probe_interval": 50e-6}
     back = pair(33, Faults(blackouts=[(0.0, outage, ev) for ev in evs]), 2, **cfg)
     dst, data = post(back, 20_000)

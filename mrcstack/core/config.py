@@ -38,7 +38,9 @@ class ConnectionConfig:
     ev_count: int = 128
     ev_min_active: int = 1
     denied: frozenset[int] = frozenset()
-    timeout: float = 200e-6  # minimum retransmission timeout (OCP QP attribute `timeout`)
+    #: Minimum retransmission timeout, OCP's QP attribute ``timeout``; as an exponent ``t``
+    #: (verbs' ACK timeout) it is ``1.024 us * 2**t``: :func:`timeout_from_exponent`.
+    timeout: float = 200e-6
     max_rto: float = 0.25
     # RTO until the first RTT sample; None: ``timeout``.  A software endpoint's first window
     # takes longer than its steady RTT (RFC 6298 starts at 1 s for the same reason).
@@ -52,6 +54,17 @@ class ConnectionConfig:
     reverse_evs_per_plane: int = 2
     max_window: int = 1 << 20  # packets between oldest unacked and newest sent
     ack_coalesce: int = 1  # data packets one ACK may stand for (until the next transmit)
+
+    def retry_budget(self, base: float | None = None) -> float:
+        """Seconds without progress before the connection fails: with ``L = linear_cnt``,
+        ``E = exp_cnt`` and the RTO ``base`` (``timeout``, or the measured
+        ``srtt + 4 * rttvar`` when larger), ``base * (L + 1) + base * (2 + 4 + ... + 2**E)``,
+        each doubling capped at ``max_rto``: L + 1 timeouts at the base, then E doubling."""
+        rto = self.timeout if base is None else max(self.timeout, base)
+        return sum(
+            min(self.max_rto, rto * (1 << max(0, k - self.linear_cnt)))
+            for k in range(self.linear_cnt + self.exp_cnt + 1)
+        )
 
     def __post_init__(self) -> None:
         """Check every field: a bad value raises :class:`ConfigError` naming it (local misuse),
@@ -156,3 +169,14 @@ class ConnectionStats:
 
     def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
+
+
+#: OCP's ACK timeout unit: ``timeout = ACK_TIMEOUT_UNIT * 2**t``.
+ACK_TIMEOUT_UNIT = 1.024e-6
+
+
+def timeout_from_exponent(t: int) -> float:
+    """The ACK timeout an OCP/verbs exponent ``t`` (0..31) stands for, in seconds."""
+    if not 0 <= t <= 31:
+        raise ConfigError(f"timeout exponent: must be in 0..31, got {t}")
+    return ACK_TIMEOUT_UNIT * (1 << t)

@@ -155,6 +155,11 @@ class Sender:
         self._reo_acks = 0
         self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
         self.last_progress = -1.0  # when an ack last acknowledged a packet
+        # Retransmission timeouts without progress, counted once per backed-off RTO: the
+        # connection's retry budget (ConnectionConfig.retry_budget).  While it is not zero
+        # only one packet is in flight at a time: nothing floods a dead path.
+        self.rto_rounds = 0
+        self.round_at = 0.0
         self.in_flight = 0  # bytes sent, not acked, not declared lost
         self.srtt: float | None = None
         self.rttvar = 0.0
@@ -220,6 +225,9 @@ class Sender:
         """Retransmissions first, then new packets, as far as the window allows."""
         out: list[DataSpec] = []
         cwnd = self.cc.cwnd
+        if self.rto_rounds:
+            # After a timeout with no progress since, one packet at a time probes the way.
+            limit = 1 if self.in_flight <= 0 else 0
         while self.retx and len(out) < limit:
             tx, reason = self.retx[0]
             if tx.acked or self.txs.get(tx.seq) is not tx:
@@ -301,7 +309,7 @@ class Sender:
         fifo.append(tx)
         tx.queued = True
         self.sent_fifo.append(tx)
-        tx.deadline = now + self.rto(tx.timeouts)
+        tx.deadline = now + self.rto(max(tx.timeouts, self.rto_rounds))
         self._heap_tie += 1
         heapq.heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
         self.in_flight += size
@@ -391,6 +399,7 @@ class Sender:
             return
         tx.acked = True
         self.last_progress = now
+        self.rto_rounds = 0
         self._reo_acks += 1
         # RFC 8985 6.2 step 2: an ack for a retransmitted packet may be for the original, so
         # its send time moves RACK only when the ack names this transmission (its EV echo).
@@ -560,8 +569,8 @@ class Sender:
         """
         if self.stall_deadline is None:
             self.stall_since = now
-            self.stall_retries = timeouts
-            self.stall_deadline = now + self.rto(timeouts)
+            self.stall_retries = max(timeouts, self.rto_rounds)
+            self.stall_deadline = now + self.rto(self.stall_retries)
 
     def _end_stall(self) -> None:
         self.stall_deadline = None
@@ -609,9 +618,14 @@ class Sender:
                     heapq.heappush(heap, (restart, self._heap_tie, tx))
                     continue
             tx.timeouts += 1
-            if tx.timeouts > self.cfg.linear_cnt + self.cfg.exp_cnt:
+            if not self.rto_rounds or now >= self.round_at + self.rto(self.rto_rounds - 1):
+                self.rto_rounds += 1  # a new round: the last one's backed-off RTO has passed
+                self.round_at = now
+            retries = max(tx.timeouts, self.rto_rounds)
+            if retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
                 self.failed = (
-                    f"retry limit exhausted: PSN {to_psn(tx.seq)} timed out {tx.timeouts} times",
+                    f"retry limit exhausted: PSN {to_psn(tx.seq)} timed out {retries} times "
+                    f"with no progress",
                     WcStatus.RETRY_EXCEEDED,
                 )
                 self.cc.on_timeout(now)

@@ -41,6 +41,7 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
     flows              [object]        per flow: index, src, dst, bytes, work_requests,
                                        complete, verified, completion_time_s (null if not
                                        complete), goodput_bps, failed (reason or null),
+                                       failure_time_s (when it failed, or null),
                                        retransmissions, spurious_retransmissions,
                                        nacks_received, trims_received
                                        (receiver), ecn_echoes (sender), per_plane_bytes
@@ -60,7 +61,9 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
     packets_delivered  int             datagrams handed to endpoints
     sim_time_s         float           virtual time when the run ended
     sim_events         int             heap events processed
-    config             object          the SimConfig echoed (pairs resolved)
+    config             object          the SimConfig echoed (pairs resolved), and
+                                       retry_budget_s: how long a connection may go
+                                       without progress before it fails
     seed               int             the seed
 """
 

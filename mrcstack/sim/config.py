@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from mrcstack import addrplan
 from mrcstack.core import cc as cc_registry
 from mrcstack.core.cc import CCParams
-from mrcstack.core.config import MODES
+from mrcstack.core.config import MODES, ConnectionConfig
 from mrcstack.core.evs import EvEntry
 from mrcstack.fabric import Fabric
 from mrcstack.sim.network import (
@@ -95,6 +95,11 @@ class SimConfig:
     seed: int = 0
     max_sim_time_s: float = DEFAULT_MAX_SIM_TIME_S
     series_interval_s: float | None = None  # per-interval delivered bytes in the timeline
+
+    def retry_budget_s(self) -> float:
+        """How long a flow's connection may go without progress before it fails: the
+        defaults' ``ConnectionConfig.retry_budget`` (RTO base = the minimum timeout)."""
+        return ConnectionConfig(1, 2, self.fabric.planes, (EvEntry(0, 0),)).retry_budget()
 
     def __post_init__(self) -> None:
         hosts = self.fabric.hosts

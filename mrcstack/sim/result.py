@@ -27,6 +27,7 @@ class FlowResult:
     completion_time_s: float | None
     goodput_bps: float
     failed: str | None  # ConnectionFailed reason or a non-success completion status
+    failure_time_s: float | None  # when it failed (virtual time), None if it did not
     retransmissions: dict[str, int]
     spurious_retransmissions: int  # the receiver already had the packet (it says so)
     nacks_received: dict[str, int]
@@ -100,6 +101,7 @@ class SimResult:
         """Plain JSON types, floats rounded to JSON_FLOAT_DIGITS significant digits."""
         out = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
         out["config"]["pairs"] = [list(p) for p in self.config.flows()]
+        out["config"]["retry_budget_s"] = _jsonable(self.config.retry_budget_s())
         return out
 
 

@@ -126,6 +126,7 @@ class _Flow:
         self.imms: list[int] = []
         self.failed: str | None = None
         self.done_at: float | None = None
+        self.failed_at: float | None = None  # when ``failed`` was first set
         self.finished = False
         self.ends: list[_Endpoint] = []  # sender, receiver
         self.target_region: MemoryRegion | None = None
@@ -157,6 +158,7 @@ class _Flow:
             completion_time_s=time,
             goodput_bps=len(self.source) * 8 / time if time else 0.0,
             failed=self.failed,
+            failure_time_s=self.failed_at,
             retransmissions=sum_counts([tx.retransmissions, rx.retransmissions]),
             spurious_retransmissions=tx.spurious_retransmissions + rx.spurious_retransmissions,
             nacks_received=dict(sorted(tx.nacks_received.items())),
@@ -354,6 +356,7 @@ class _Simulation:
                 flow.bytes_done += event.byte_len
             elif flow.failed is None:
                 flow.failed = f"wr {event.wr_id}: {event.status.value}"
+                flow.failed_at = now
         elif isinstance(event, WriteImmReceived):
             flow.imms.append(event.imm)
         elif isinstance(event, EvStateChanged):
@@ -379,6 +382,7 @@ class _Simulation:
                 )
         elif isinstance(event, ConnectionFailed) and flow.failed is None:
             flow.failed = f"{endpoint.side}: {event.reason}"
+            flow.failed_at = now
         if flow.finished:
             return
         if len(flow.completions) >= len(flow.wrs) and flow.imms:
