@@ -292,6 +292,9 @@ def test_roce_mode_is_single_path_and_recovers_with_go_back_n() -> None:
     assert backing[GUARD : GUARD + 50_000] == data
     assert net.conns[0].stats.packets_sent[1] == 0  # one EV, one plane
     assert net.conns[0].stats.retransmissions.get("nack", 0) > 0
+    # Go-back-N keeps no per-path or time-ordered record: nothing pins the sent buffers.
+    sender = net.conns[0].sender
+    assert not sender.sent_fifo and not any(sender.ev_fifo.values()) and not sender.txs
 
 
 PROFILE = int(os.environ.get("MRC_PROPERTY_CASES", "2000"))

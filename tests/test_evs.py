@@ -192,3 +192,18 @@ def test_random_signals_keep_invariants(ops: list[tuple[int, str]]) -> None:
 def test_docs_state_table_is_generated_from_the_code() -> None:
     doc = (ROOT / "docs" / "ev-states.md").read_text()
     assert transitions_markdown() in doc
+
+
+def test_a_plane_of_skip_evs_still_rotates_over_all_of_them() -> None:
+    """With no GOOD EV in a plane, its packets spread over its SKIP EVs (they used to pile
+    onto the first one: the fallback never moved the rotation)."""
+    t, _ = table(planes=2, per_plane=4, ev_count=8)
+    plane0 = [s.entry.value for s in t.by_plane[0] if s.in_use]
+    for value in plane0:
+        t.skip(value, until=10.0, reason="ecn")
+    picks = [t.next_ev() for _ in range(16)]
+    on_plane0 = [p.entry.value for p in picks if p is not None and p.entry.port == 0]
+    assert len(on_plane0) == 8  # planes still alternate
+    assert sorted(set(on_plane0)) == sorted(plane0)
+    counts = [on_plane0.count(v) for v in plane0]
+    assert max(counts) - min(counts) <= 1  # evenly, as GOOD ones would be

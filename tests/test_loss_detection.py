@@ -19,6 +19,7 @@ from mrcstack.core.events import SendCompleted, WcStatus
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import unwrap
+from mrcstack.errors import LocalError
 from mrcstack.wire import AckPacket, CrcIntegrity, decode
 
 MTU = 256
@@ -256,3 +257,34 @@ def test_the_tail_probe_stays_quiet_while_acks_come() -> None:
     a.datagrams_to_send(20e-6)
     assert a.sender.tlp_deadline is None  # nothing in flight: no probe armed
     assert a.stats.retransmissions == {}
+
+
+def test_a_late_ack_does_not_revive_a_plane_the_peer_reported_down() -> None:
+    """ACKs may arrive out of order: the port bitmap of an older one (plane 1 up) must not
+    undo what a newer one said (plane 1 down)."""
+    a, b, va, rkey = pair()
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    old_acks = deliver(b, send_all(a, T0), 10e-6)  # b's ports all up
+    b.set_port_state(1, False, now=15e-6)
+    a.post_write(2, bytes(4 * MTU), va, rkey, imm=None, now=16e-6)
+    new_acks = deliver(b, [d for d in send_all(a, 16e-6) if d.port == 0], 20e-6)
+    assert old_acks and new_acks
+    feed(a, new_acks, 30e-6)
+    assert not a.evs.remote_port_up[1]  # the peer said so
+    feed(a, old_acks, 31e-6)
+    assert not a.evs.remote_port_up[1]  # and an older ACK does not say otherwise
+
+
+def test_ev_min_active_is_checked_against_ev_count() -> None:
+    evs = tuple(EvEntry(i, 0) for i in range(4))
+    with pytest.raises(ValueError, match="ev_min_active"):
+        ConnectionConfig(1, 2, 1, evs, ev_count=4, ev_min_active=5)
+    conn = Connection(
+        ConnectionConfig(1, 2, 1, evs, ev_count=4),
+        memory=MemoryTable(),
+        rng=random.Random(1),
+        now=0.0,
+    )
+    conn.set_ev_min_active(4)
+    with pytest.raises(LocalError, match="ev_count"):
+        conn.set_ev_min_active(5)

@@ -88,7 +88,11 @@ class ConnectionConfig:
             0 <= self.profile_id < 1 << 64, "profile_id", f"must be a u64, got {self.profile_id}"
         )
         _check(self.ev_count >= 1, "ev_count", f"must be >= 1, got {self.ev_count}")
-        _check(self.ev_min_active >= 0, "ev_min_active", f"must be >= 0, got {self.ev_min_active}")
+        _check(
+            0 <= self.ev_min_active <= self.ev_count,
+            "ev_min_active",
+            f"must be in 0..ev_count ({self.ev_count}), got {self.ev_min_active}",
+        )
         for name in ("timeout", "max_rto"):
             value = getattr(self, name)
             _check(_finite(value) and value > 0, name, f"must be a positive time, got {value}")

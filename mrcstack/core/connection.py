@@ -101,6 +101,7 @@ class Connection:
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
         self._pending_span = [(0, 0)] * config.planes
         self._tx_seq = 0
+        self._ports_seq = -1  # tx_seq of the packet whose port bitmap was applied last
         # Feedback rotates over each plane's reverse EVs on its own: one shared counter
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
@@ -189,8 +190,10 @@ class Connection:
     def set_ev_min_active(self, count: int) -> None:
         """Change ``ev_min_active`` online (OCP MIN_ACTIVE): never demote below this many
         usable EVs on the planes that are up."""
-        if count < 0:
-            raise LocalError(f"ev_min_active must be >= 0, got {count}")
+        if not 0 <= count <= self.cfg.ev_count:
+            raise LocalError(
+                f"ev_min_active must be in 0..ev_count ({self.cfg.ev_count}), got {count}"
+            )
         self.evs.ev_min_active = count
 
     @property
@@ -260,20 +263,27 @@ class Connection:
             if self._next_probe is None:
                 self._schedule_probes(now)
         elif type(pkt) is AckPacket:
-            self._peer_ports(pkt.port_state)
+            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self.sender.on_ack(pkt, now)
             if self.sender.failed is not None:
                 self._fail(*self.sender.failed)
         elif type(pkt) is ProbePacket:
             self._reply_probe(pkt, port)
         elif type(pkt) is ProbeReplyPacket:
-            self._peer_ports(pkt.port_state)
+            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             if self._probes.pop(pkt.echo_ev, None) is not None:
                 stats.probe_replies += 1
                 self.sender.rtt_sample(now - pkt.echo_ts_ns / 1e9)
                 self.evs.probe_result(
                     pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
                 )
+
+    def _peer_ports_from(self, tx_seq: int, bits: int) -> None:
+        """A bitmap the peer sent in packet ``tx_seq``: only one newer than the last applied
+        counts (a late ACK must not revive a plane the peer has reported down since)."""
+        if tx_seq > self._ports_seq:
+            self._ports_seq = tx_seq
+            self._peer_ports(bits)
 
     def _peer_ports(self, bits: int) -> bool:
         """Apply the peer's port bitmap; True if any plane changed."""

@@ -453,13 +453,13 @@ class EvTable:
         if not planes:
             return None
         n = len(planes)
-        fallback: EvSlot | None = None
         for _ in range(n):
             plane = planes[self._plane_rr % n]
             self._plane_rr += 1
             slots = self._in_use[plane]
             m = len(slots)
             start = self._ev_rr[plane]
+            skipped = -1  # the first SKIP EV met: used when the plane has no GOOD one
             for i in range(m):
                 slot = slots[(start + i) % m]
                 if slot.entry.value == avoid:
@@ -467,10 +467,13 @@ class EvTable:
                 if slot.state is GOOD:
                     self._ev_rr[plane] = start + i + 1
                     return slot
-                if fallback is None:
-                    fallback = slot
-            if fallback is not None:
-                return fallback
+                if skipped < 0:
+                    skipped = i
+            if skipped >= 0:
+                # The rotation moves on past it, so a plane of SKIP EVs still spreads its
+                # packets over all of them instead of piling them onto one.
+                self._ev_rr[plane] = start + skipped + 1
+                return slots[(start + skipped) % m]
         if avoid is not None:
             return self.next_ev()  # the avoided EV is the only usable one left
         return None

@@ -303,12 +303,13 @@ class Sender:
         if last:
             flags |= _LAST
         self.txs[seq] = tx
-        fifo = self.ev_fifo.get(ev)
-        if fifo is None:
-            fifo = self.ev_fifo[ev] = deque()
-        fifo.append(tx)
-        tx.queued = True
-        self.sent_fifo.append(tx)
+        if not self.roce:  # the go-back-N baseline infers nothing from order or time
+            fifo = self.ev_fifo.get(ev)
+            if fifo is None:
+                fifo = self.ev_fifo[ev] = deque()
+            fifo.append(tx)
+            tx.queued = True
+            self.sent_fifo.append(tx)
         tx.deadline = now + self.rto(max(tx.timeouts, self.rto_rounds))
         self._heap_tie += 1
         heapq.heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
