@@ -66,3 +66,11 @@ testbed: setup
 
 testbed-down:
 	.venv/bin/python -m mrcstack testbed down
+
+# mrcd on every host of the running testbed (`make testbed` first); `cluster-down` stops them.
+.PHONY: cluster cluster-down
+cluster: setup
+	.venv/bin/python -m mrcstack cluster up
+
+cluster-down:
+	.venv/bin/python -m mrcstack cluster down

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from mrcstack.api.verbs import namespace_socket
 from mrcstack.daemons.mrcd.config import CONTROL_PORT
 from mrcstack.errors import LocalError
 from mrcstack.netns.state import TestbedState
@@ -49,7 +50,14 @@ class Cluster:
         hosts: list[int] | None = None,
         log_level: str = "info",
         extra: str = "",
+        namespace_sockets: bool = False,
+        detach: bool = False,
     ) -> None:
+        """``namespace_sockets``: each API socket where programs in that host's namespace
+        look by default (:func:`mrcstack.api.verbs.namespace_socket`), not in ``workdir``;
+        ``detach``: the daemons outlive this process (their own session, no terminal)."""
+        self.namespace_sockets = namespace_sockets
+        self.detach = detach
         self.state = state
         self.workdir = workdir
         self.hosts = hosts if hosts is not None else list(range(state.fabric.hosts))
@@ -71,7 +79,12 @@ class Cluster:
         for host in self.hosts:
             mgmt = self._mgmt(host)
             cfg = self.workdir / f"h{host}.toml"
-            sock = self.workdir / f"h{host}.sock"
+            netns = self.state.ns(f"h{host}")
+            sock = (
+                namespace_socket(netns)
+                if self.namespace_sockets
+                else self.workdir / f"h{host}.sock"
+            )
             cfg.write_text(
                 f"""[mrcd]
 host = {host}
@@ -115,8 +128,10 @@ psk_file = "{self.psk}"
                             "--config",
                             str(d.config),
                         ],
+                        stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=log,
+                        start_new_session=self.detach,
                     )
             deadline = time.monotonic() + timeout
             for d in self.daemons.values():

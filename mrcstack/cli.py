@@ -2,6 +2,7 @@
 
 mrcstack testbed ...   namespace testbeds (mrcstack.netns.cli)
 mrcstack fault ...     the fault harness (mrcstack.netns.fault_cli)
+mrcstack cluster ...   mrcd on every testbed host (mrcstack.daemons.cluster_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
 mrcstack files [NAME]  the shipped example and systemd files (mrcstack.resources)
@@ -22,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mrcstack.netns.fault_cli",
         "faults on a running testbed (links, switches, loss, trim)",
     ),
+    "cluster": ("mrcstack.daemons.cluster_cli", "mrcd on every host of a running testbed (root)"),
     "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
     "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
     "files": ("mrcstack.resources", "shipped example fabrics, scenarios and systemd units"),

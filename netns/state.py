@@ -54,6 +54,12 @@ def faults_path(name: str) -> Path:
     return STATE_DIR / f"{check_name(name)}.faults.json"
 
 
+def cluster_dir(name: str) -> Path:
+    """Where ``mrcstack cluster up`` keeps the configs, keys, logs and records of the mrcd
+    it runs on a testbed (``down``/``clean`` of the testbed remove it)."""
+    return STATE_DIR / f"{check_name(name)}.cluster"
+
+
 def faults_log_path(name: str) -> Path:
     """Where the fault harness logs what it applied and restored on a testbed."""
     return STATE_DIR / f"{check_name(name)}.faults.log"

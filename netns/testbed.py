@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from mrcstack.addrplan import HOST, parse_node, paths, switch_locator, switch_usid
+from mrcstack.api.verbs import namespace_socket
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric, format_rate
 from mrcstack.netns.run import (
     NETNS_DIR,
@@ -43,6 +44,7 @@ from mrcstack.netns.run import (
 from mrcstack.netns.state import (
     TestbedState,
     check_name,
+    cluster_dir,
     exists,
     load,
     remove,
@@ -339,6 +341,11 @@ def clean(name: str) -> CleanReport:
     links = list(state.root_links) if state else []
     netns_here = [ns for ns in netns if ns in _netns_present()]
     killed = _kill_processes(netns_here)
+    # What daemons run on this testbed leave behind (`mrcstack cluster up`): exact names.
+    for ns in netns:
+        namespace_socket(ns).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(cluster_dir(name))
     links_here = [link for link in links if link in _links_present()]
     lines = [f"link del dev {link}" for link in links_here]
     lines += [f"netns del {ns}" for ns in netns_here]

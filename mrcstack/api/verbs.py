@@ -39,14 +39,43 @@ from mrcstack.api.types import (
 
 SOCKET_ENV = "MRCD_SOCKET"
 RUN_DIR = Path("/run/mrcstack")
+NETNS_DIR = Path("/run/netns")  # where iproute2 keeps named network namespaces
 DEFAULT_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 
 
+def namespace_socket(netns: str) -> Path:
+    """Where the mrcd of network namespace ``netns`` listens when started for a testbed
+    (``mrcstack cluster up``): programs in that namespace find it with no flags."""
+    return RUN_DIR / f"mrcd-{netns}.sock"
+
+
+def current_netns() -> str | None:
+    """The name of this process's network namespace (as ``ip netns identify`` says), if
+    it is a named one."""
+    try:
+        own = os.stat("/proc/self/ns/net")
+        names = os.listdir(NETNS_DIR)
+    except OSError:
+        return None
+    for name in sorted(names):
+        try:
+            st = os.stat(NETNS_DIR / name)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino):
+            return name
+    return None
+
+
 def default_socket_path() -> Path:
-    """``$MRCD_SOCKET``, else the one ``/run/mrcstack/mrcd*.sock`` there is."""
+    """``$MRCD_SOCKET``; else, inside a named network namespace, that namespace's mrcd
+    (:func:`namespace_socket`) when it runs; else the one ``/run/mrcstack/mrcd*.sock``."""
     env = os.environ.get(SOCKET_ENV)
     if env:
         return Path(env)
+    netns = current_netns()
+    if netns is not None and namespace_socket(netns).exists():
+        return namespace_socket(netns)
     found = sorted(RUN_DIR.glob("mrcd*.sock"))
     if len(found) == 1:
         return found[0]

@@ -1,0 +1,212 @@
+"""``mrcstack cluster up|down|status|logs``: mrcd on every host of a running testbed.
+
+``up`` writes a cluster key and one config per host (the same ones the demo uses: PSK
+authentication, control channel and metrics on the management network) into the testbed's
+cluster folder, starts every daemon inside its host's namespace, detached, and records them.
+Each daemon's API socket is where programs in that namespace look by default, so
+``mrcstack testbed exec h3 -- mrc-write-bw`` finds h3's mrcd with no flags.  ``down``
+stops them gracefully (SIGTERM, the daemons' drain; SIGKILL only after the timeout), by the
+exact process ids recorded; ``mrcstack testbed down`` also stops any that are left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mrcstack import add_version_flag
+from mrcstack.daemons.cluster import METRICS_PORT, STOP_TIMEOUT, Cluster
+from mrcstack.daemons.mrcd.config import CONTROL_PORT
+from mrcstack.errors import LocalError
+from mrcstack.netns.run import TestbedError
+from mrcstack.netns.state import cluster_dir, default_name, exists, load
+
+PROG = "mrcstack cluster"
+RECORD = "cluster.json"
+
+
+class ClusterError(LocalError):
+    """The cluster cannot do what was asked (no testbed, already up, not up...)."""
+
+
+def _record_path(name: str) -> Path:
+    return cluster_dir(name) / RECORD
+
+
+def _read(name: str) -> dict[str, Any] | None:
+    try:
+        doc: dict[str, Any] = json.loads(_record_path(name).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"{_record_path(name)}: unreadable ({exc})") from None
+    return doc
+
+
+def _alive(pid: int, config: str) -> bool:
+    """Process ``pid`` is still the mrcd started with ``config`` (not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return config.encode() in cmdline
+
+
+def up(name: str, log_level: str = "info") -> dict[str, Any]:
+    if not exists(name):
+        raise ClusterError(f"no testbed {name!r}: run `mrcstack testbed up --name {name}` first")
+    state = load(name)
+    if not state.complete:
+        raise ClusterError(f"testbed {name} is not completely built: clean it and `up` again")
+    doc = _read(name)
+    if doc is not None and any(_alive(d["pid"], d["config"]) for d in doc["daemons"]):
+        raise ClusterError(f"the cluster on {name} is already up (`{PROG} status`)")
+    workdir = cluster_dir(name)
+    cluster = Cluster(state, workdir, log_level=log_level, namespace_sockets=True, detach=True)
+    cluster.start()
+    daemons = []
+    for host, d in sorted(cluster.daemons.items()):
+        assert d.proc is not None  # started
+        mgmt = state.mgmt[f"h{host}"]
+        daemons.append(
+            {
+                "host": f"h{host}",
+                "netns": d.netns,
+                "pid": d.proc.pid,
+                "config": str(d.config),
+                "api_socket": str(d.api_socket),
+                "control_address": f"[{mgmt}]:{CONTROL_PORT}",
+                "metrics_url": f"http://[{mgmt}]:{METRICS_PORT}/metrics",
+                "log": str(d.log),
+            }
+        )
+    record = {"name": name, "started": time.time(), "daemons": daemons}
+    _record_path(name).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def down(name: str, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
+    doc = _read(name)
+    if doc is None:
+        raise ClusterError(f"no cluster is up on {name}")
+    running = [d for d in doc["daemons"] if _alive(d["pid"], d["config"])]
+    for d in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(d["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    killed = []
+    for d in running:
+        while _alive(d["pid"], d["config"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(d["pid"], d["config"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(d["pid"], signal.SIGKILL)
+            killed.append(d["host"])
+    for d in doc["daemons"]:
+        Path(d["api_socket"]).unlink(missing_ok=True)
+    _record_path(name).unlink(missing_ok=True)
+    return {
+        "name": name,
+        "stopped": [d["host"] for d in running],
+        "killed_after_timeout": killed,
+    }
+
+
+def status(name: str) -> dict[str, Any]:
+    doc = _read(name)
+    if doc is None:
+        return {"name": name, "up": False, "daemons": []}
+    daemons = [{**d, "running": _alive(d["pid"], d["config"])} for d in doc["daemons"]]
+    return {"name": name, "up": all(d["running"] for d in daemons), "daemons": daemons}
+
+
+def logs(name: str, hosts: Sequence[str]) -> str:
+    doc = _read(name)
+    if doc is None:  # stopped: the logs stay in the cluster folder until the testbed goes
+        found = sorted(cluster_dir(name).glob("h*.log"), key=lambda p: int(p.stem[1:]))
+        if not found:
+            raise ClusterError(f"no cluster logs on {name}")
+        doc = {"daemons": [{"host": p.stem, "log": str(p)} for p in found]}
+    known = {d["host"]: d for d in doc["daemons"]}
+    unknown = sorted(set(hosts) - set(known))
+    if unknown:
+        raise ClusterError(f"no host {unknown[0]} in the cluster on {name}")
+    out = []
+    for host in hosts or sorted(known, key=lambda h: int(h[1:])):
+        path = Path(known[host]["log"])
+        text = path.read_text(errors="replace") if path.exists() else ""
+        out.append(f"== {host} ({path}) ==\n{text}")
+    return "\n".join(out)
+
+
+def _table(doc: dict[str, Any]) -> str:
+    if not doc["daemons"]:
+        return f"no cluster is up on {doc['name']}"
+    lines = [f"{'host':<5} {'pid':>7} {'state':<8} {'API socket':<34} {'control':<26} metrics"]
+    for d in doc["daemons"]:
+        state = "running" if d["running"] else "gone"
+        lines.append(
+            f"{d['host']:<5} {d['pid']:>7} {state:<8} {d['api_socket']:<34} "
+            f"{d['control_address']:<26} {d['metrics_url']}"
+        )
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="mrcd on every host of a running testbed.")
+    add_version_flag(p)
+    sub = p.add_subparsers(dest="command", required=True)
+    for command, text in (
+        ("up", "start mrcd on every host (keys and configs generated)"),
+        ("down", "stop them gracefully"),
+        ("status", "each daemon's pid, API socket, control and metrics addresses"),
+        ("logs", "each daemon's log"),
+    ):
+        c = sub.add_parser(command, help=text)
+        c.add_argument(
+            "--name", default=default_name(), help="testbed (default $MRC_TESTBED or mrc)"
+        )
+        if command in ("up", "down", "status"):
+            c.add_argument("--json", action="store_true", help="one JSON object")
+        if command == "up":
+            c.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+        if command == "logs":
+            c.add_argument("hosts", nargs="*", help="hosts (default all), like h3")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "up":
+            doc = up(args.name, args.log_level)
+            print(json.dumps(doc) if args.json else _table(status(args.name)))
+        elif args.command == "down":
+            doc = down(args.name)
+            print(json.dumps(doc) if args.json else f"stopped {len(doc['stopped'])} mrcd")
+        elif args.command == "status":
+            doc = status(args.name)
+            print(json.dumps(doc) if args.json else _table(doc))
+        else:
+            sys.stdout.write(logs(args.name, args.hosts))
+    except (LocalError, TestbedError) as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

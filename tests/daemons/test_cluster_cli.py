@@ -1,0 +1,107 @@
+"""``mrcstack cluster``: mrcd on every host of a testbed from one command, found by the tools
+inside each host's namespace with no flags, stopped gracefully by ``down``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mrcstack.daemons import cluster_cli
+from mrcstack.fabric import Fabric
+from mrcstack.netns import testbed
+from tests.isolation import run_name
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+ROOT = Path(__file__).resolve().parents[2]
+WRITE_BW = str(Path(sys.executable).with_name("mrc-write-bw"))
+
+
+def mrcstack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mrcstack", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_cluster_up_write_bw_between_racks_then_down() -> None:
+    name = run_name("cl")
+    testbed.up(Fabric(), name)
+    try:
+        up = mrcstack("cluster", "up", "--name", name, "--json")
+        assert up.returncode == 0, up.stderr
+        daemons = json.loads(up.stdout)["daemons"]
+        assert [d["host"] for d in daemons] == ["h0", "h1", "h2", "h3"]
+        assert all(alive(d["pid"]) for d in daemons)
+        again = mrcstack("cluster", "up", "--name", name)
+        assert again.returncode == 1 and "already up" in again.stderr
+        status = json.loads(mrcstack("cluster", "status", "--name", name, "--json").stdout)
+        assert status["up"] and {d["api_socket"] for d in status["daemons"]} == {
+            d["api_socket"] for d in daemons
+        }
+        # The tools find their host's mrcd with no socket flag, from inside its namespace.
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mrcstack", "testbed", "exec", "--name", name, "h3", "--",
+             WRITE_BW, "--verify"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            client = mrcstack("testbed", "exec", "--name", name, "h0", "--", WRITE_BW,
+                              "--server-host", "h3", "--verify", "-D", "1")  # fmt: skip
+            assert client.returncode == 0, client.stdout + client.stderr
+            assert " 0 mismatches" in client.stdout
+            out, err = server.communicate(timeout=60)
+            assert server.returncode == 0, out + err
+            assert " 0 mismatches" in out
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+        logs = mrcstack("cluster", "logs", "--name", name, "h3")
+        assert logs.returncode == 0 and "== h3" in logs.stdout
+        down = mrcstack("cluster", "down", "--name", name, "--json")
+        assert down.returncode == 0, down.stderr
+        assert json.loads(down.stdout) == {
+            "name": name,
+            "stopped": ["h0", "h1", "h2", "h3"],
+            "killed_after_timeout": [],  # every daemon stopped on SIGTERM
+        }
+        assert not any(alive(d["pid"]) for d in daemons)
+        assert not any(Path(d["api_socket"]).exists() for d in daemons)
+        gone = mrcstack("cluster", "down", "--name", name)
+        assert gone.returncode == 1 and "no cluster is up" in gone.stderr
+    finally:
+        testbed.clean(name)
+
+
+def test_testbed_down_stops_a_cluster_left_running() -> None:
+    name = run_name("cm")
+    testbed.up(Fabric(), name)
+    try:
+        doc = cluster_cli.up(name, log_level="warning")
+    finally:
+        report = testbed.clean(name)
+    pids = [d["pid"] for d in doc["daemons"]]
+    assert set(pids) <= set(report.killed)
+    assert not any(alive(pid) for pid in pids)
+    assert not any(Path(d["api_socket"]).exists() for d in doc["daemons"])
+    assert not cluster_cli.cluster_dir(name).exists()
+
+
+def test_cluster_up_without_a_testbed_is_one_line() -> None:
+    proc = mrcstack("cluster", "up", "--name", "nobed9")
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "no testbed 'nobed9'" in proc.stderr
