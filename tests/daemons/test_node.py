@@ -23,6 +23,7 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.memory import Access
 from mrcstack.daemons.mrcd.config import AuthConfig, MrcdConfig
+from mrcstack.daemons.mrcd.datapath import probes
 from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, open_plane_socket
 from mrcstack.daemons.mrcd.node.node import IncomingConnect, Node, QpAttrs, QpState
 from mrcstack.daemons.mrcd.ops.metrics import make_registry
@@ -363,3 +364,33 @@ async def test_port_status_update_takes_a_peers_plane_out_and_back(pair: list[No
     a.post_write(qa, 2, memoryview(os.urandom(1 << 20)), mr.va, mr.rkey, imm=None)
     await ra.wait_for(SendCompleted, 2)
     assert conn.stats.packets_sent[2] > sent[2]
+
+
+async def test_probes_are_authenticated_and_rate_limited(pair: list[Node]) -> None:
+    """A probe sealed with the pair's key is answered with the port bitmap; a CRC-only one
+    from the same host without it; a burst past the per-source rate is refused; every
+    refusal is counted by reason in /metrics."""
+    a, b = pair
+    dst = b.data_address(b.host, 1)
+    before = dict(b.snapshot().traffic.rejections)
+
+    def rejected() -> dict[str, int]:
+        after = b.snapshot().traffic.rejections
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+    assert await a.probe(3, 1, 0x101, timeout=2.0) > 0  # sealed with h0-h3's key
+    assert rejected() == {}
+    crc_only = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1 << 40, 5), CrcIntegrity())
+    assert a._send_raw(1, crc_only, dst)  # from h0's own plane-1 socket
+    await wait_until(lambda: rejected().get("probe_unauthenticated", 0) == 1)
+    burst = 2 * int(probes.PROBE_BURST)
+    for i in range(burst):
+        sealed = a.prober._seal(ProbePacket(PROBE_QPN, 0x101, 1, (1 << 41) + i, 7), 3)
+        a._send_raw(1, sealed, dst)
+    await wait_until(lambda: rejected().get("probe_rate", 0) > 0)
+    await asyncio.sleep(0.2)
+    refused = rejected()["probe_rate"]
+    assert 0 < refused <= burst - probes.PROBE_BURST + 1
+    text = generate_latest(make_registry(b.snapshot)).decode()
+    assert f'mrc_rejected_packets_total{{reason="probe_rate"}} {float(refused)}' in text
+    assert 'mrc_rejected_packets_total{reason="probe_unauthenticated"} 1.0' in text

@@ -191,6 +191,21 @@ class Credentials:
             if len(key) != KEY_SIZE:
                 raise LocalError(f"public key of {name} is not {KEY_SIZE} bytes")
 
+    def probe_key(self, peer: str) -> bytes | None:
+        """The key EV probes between this host and ``peer`` are sealed with (AES-GCM), the
+        same at both ends; None when there is no key for ``peer`` (keypair mode, no public
+        key).  PSK: derived from the cluster key; keypair: from the static X25519 secret."""
+        _check_host(peer, "peer")
+        pair = b"|".join(_encode_host(h) for h in sorted((self.host, peer)))
+        if self.mode is Mode.PSK:
+            assert self.psk is not None  # checked in __post_init__
+            return _hkdf(self.psk, b"mrcstack ev probe", pair)
+        public = self.peer_keys.get(peer)
+        if public is None or self.private_key is None:
+            return None
+        secret = _dh(X25519PrivateKey.from_private_bytes(self.private_key), public)
+        return _hkdf(secret, b"mrcstack ev probe", pair)
+
     @classmethod
     def from_psk(cls, host: str, psk: bytes) -> Credentials:
         return cls(host, Mode.PSK, psk=psk)

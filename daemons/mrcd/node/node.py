@@ -137,6 +137,14 @@ class Node:
             self._open_data_path()
             cfg = self.cfg
             self.control_client = ControlClient(cfg.host_name, cfg.auth, dict(cfg.peers))
+            creds = self.control_client.creds
+            keys = {
+                peer: key
+                for peer in range(self.fabric.hosts)
+                if peer != self.host
+                and (key := creds.probe_key(self.fabric.host_name(peer))) is not None
+            }
+            self.prober.set_keys(self.host, keys)
             if start_control:
                 server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
                 try:
@@ -468,7 +476,7 @@ class Node:
         except ValueError as exc:
             raise LocalError(str(exc)) from None
         self._transport()
-        return await self.prober.probe(plane, ev, dst, timeout)
+        return await self.prober.probe(plane, ev, dst, timeout, host=remote_host)
 
     def _send_raw(self, plane: int, data: bytes, dst: Address) -> bool:
         return self._transport().send_raw(plane, data, dst)

@@ -33,6 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from mrcstack.core.events import EvState
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
+from mrcstack.daemons.mrcd.datapath.probes import REASONS as PROBE_REASONS
 from mrcstack.daemons.mrcd.node.snapshot import HistogramSnapshot, NodeSnapshot
 from mrcstack.wire import DecodeReason, NackReason
 
@@ -53,8 +54,7 @@ REJECT_REASONS = (
     "no_reverse_path",
     "unknown_qpn",  # transport: no QP with that number
     "malformed",  # transport: not even a BTH
-    "probe_source",  # QPN 0: a probe from no host's NIC (daemons/mrcd/datapath/probes.py)
-    "probe_unexpected",  # QPN 0: a well-formed packet that is no probe
+    *PROBE_REASONS,  # QPN 0: refused EV probes (daemons/mrcd/datapath/probes.py)
 )
 EV_STATES = tuple(s.value for s in EvState)
 #: At most this many distinct reasons per family; more fold into "other" (bounded labels).

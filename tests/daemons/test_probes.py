@@ -1,0 +1,72 @@
+"""The EV prober's rules on its own: who gets an answer, with or without the port bitmap,
+and how often (real codec and AES-GCM; the network is a list)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from mrcstack.daemons.mrcd.control.auth import Credentials
+from mrcstack.daemons.mrcd.datapath import probes
+from mrcstack.daemons.mrcd.datapath.probes import Prober
+from mrcstack.wire import AeadIntegrity, CrcIntegrity, ProbePacket, ProbeReplyPacket, decode, encode
+
+H0, H2 = ("::1", 1000), ("::1", 1002)  # the sources of host 0 (keyed) and host 2 (not)
+BITS = 0b1011
+
+
+def responder(sent: list[bytes], key: bytes) -> Prober:
+    hosts = {H0: 0, H2: 2}
+    p = Prober(
+        asyncio.new_event_loop(),
+        resolve=lambda host, plane, ev: ("::1", 2000 + host),
+        host_of=lambda source, plane: hosts.get(source),
+        send=lambda plane, data, dst: sent.append(data) is None,
+        port_bits=lambda: BITS,
+    )
+    p.set_keys(3, {0: key})  # host 3 has a key for host 0 only
+    return p
+
+
+def test_sealed_probes_get_the_bitmap_crc_ones_do_not() -> None:
+    key = os.urandom(32)
+    sent: list[bytes] = []
+    p = responder(sent, key)
+    h0 = AeadIntegrity(key, 1, 4)  # host 0's side of the pair's key
+    p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 9, 77), h0)), H0, 1)
+    reply = decode(sent[-1], h0)
+    assert type(reply) is ProbeReplyPacket and reply.port_state == BITS
+    assert reply.echo_ts_ns == 77
+    p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 10, 78), CrcIntegrity())), H0, 1)
+    reply = decode(sent[-1], CrcIntegrity())
+    assert type(reply) is ProbeReplyPacket and reply.port_state == 0  # withheld
+    assert p.rejected == {probes.PROBE_UNAUTHENTICATED: 1}
+
+
+def test_a_host_without_a_key_is_refused() -> None:
+    sent: list[bytes] = []
+    p = responder(sent, os.urandom(32))
+    p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 1, 5), CrcIntegrity())), H2, 1)
+    assert sent == [] and p.rejected == {probes.PROBE_NO_KEY: 1}
+
+
+def test_each_source_has_a_rate() -> None:
+    key = os.urandom(32)
+    sent: list[bytes] = []
+    p = responder(sent, key)
+    h0 = AeadIntegrity(key, 1, 4)
+    n = int(probes.PROBE_BURST) + 20
+    for i in range(n):
+        p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 100 + i, 5), h0)), H0, 1)
+    refused = p.rejected.get(probes.PROBE_RATE_LIMITED, 0)
+    assert 15 <= refused <= 20 and len(sent) == n - refused
+
+
+def test_both_ends_derive_the_same_probe_key() -> None:
+    psk = os.urandom(32)
+    assert Credentials.from_psk("h0", psk).probe_key("h3") == Credentials.from_psk(
+        "h3", psk
+    ).probe_key("h0")
+    assert Credentials.from_psk("h0", psk).probe_key("h3") != Credentials.from_psk(
+        "h0", psk
+    ).probe_key("h2")
