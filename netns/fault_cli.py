@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from mrcstack import add_version_flag
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, parse_rate, parse_size
+from mrcstack.netns import netem
 from mrcstack.netns.faultplan import Fault, FaultError, parse_probability
 from mrcstack.netns.faults import Faults, load_records
 from mrcstack.netns.scenario import LogEntry, ScenarioError, load_scenario, run_scenario
@@ -124,6 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
     trim.add_argument("--queue", type=_SIZE, help="data queue bytes (default: the fabric's)")
     _from(trim)
 
+    ne = add("netem", help="netem A [B] [--delay T [--jitter T ...]] [--loss P] ... | clear")
+    ne.add_argument("ends", metavar="[clear] A [B]", nargs="+")
+    ne.add_argument("--delay", help="added delay: 10ms, 500us")
+    ne.add_argument("--jitter", help="delay variation (needs --delay)")
+    ne.add_argument("--distribution", choices=netem.DISTRIBUTIONS, help="of the jitter")
+    ne.add_argument("--loss", help="random loss: 1%% or 0.01")
+    ne.add_argument("--loss-gemodel", metavar="p,r,1-h,1-k", help="Gilbert-Elliott burst loss")
+    ne.add_argument("--reorder", help="probability a packet skips the delay (needs --delay)")
+    ne.add_argument("--gap", type=_arg(int, "gap"), help="reorder every Nth packet")
+    ne.add_argument("--duplicate", help="duplication probability")
+    ne.add_argument("--corrupt", help="bit-flip probability")
+    ne.add_argument("--rate", help="netem's own rate limit: 100mbit")
+    ne.add_argument("--slot", nargs="+", metavar="ARG", help="tc's slot arguments")
+    ne.add_argument("--limit", type=_arg(int, "limit"), help="queue limit (packets)")
+    _from(ne)
+
     scenario = add("scenario", help="scenario FILE [--check]: replay a timeline")
     scenario.add_argument("file", metavar="FILE")
     scenario.add_argument("--check", action="store_true",
@@ -186,6 +203,13 @@ def _action(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Action
             return lambda f: f.clear_loss(a, b, from_node=source)
         _need(parser, args, "rate")
         return lambda f: f.loss(a, b, args.rate, from_node=source)
+    if cmd == "netem":
+        if clearing:
+            return lambda f: f.unnetem(a, b, from_node=source)
+        spec = netem.parse_spec({k: getattr(args, k) for k in (
+            "delay", "jitter", "distribution", "loss", "loss_gemodel", "reorder", "gap",
+            "duplicate", "corrupt", "rate", "slot", "limit")})  # fmt: skip
+        return lambda f: f.netem(a, b, spec, from_node=source)
     if cmd == "shape":
         if clearing:
             return lambda f: f.unshape(a, b, from_node=source)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrcstack.netns import testbed, trim
+from mrcstack.netns import netem, testbed, trim
 from mrcstack.netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
 from mrcstack.netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
 from mrcstack.netns.state import LinkRecord, TestbedState
@@ -38,6 +38,7 @@ from mrcstack.netns.state import LinkRecord, TestbedState
 SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
 SETTLE_POLL_S = 0.005
 PORT_OPS = ("shape", "unshape", "trim_attach", "trim_detach")
+NETEM_OPS = ("netem_attach", "netem_detach")
 Log = Callable[[str], object]
 
 
@@ -67,6 +68,10 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
                              f"{one_line(result.stderr)}")  # fmt: skip
     elif kind in PORT_OPS:
         port_operation(state, op)
+    elif kind == "netem_attach":
+        netem.attach(netns, op["ifname"], netem.parse_spec(op["spec"]))
+    elif kind == "netem_detach":
+        netem.detach(netns, op["ifname"])
     else:
         raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
 

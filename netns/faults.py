@@ -39,13 +39,13 @@ import fcntl
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from mrcstack.addrplan import parse_node
 from mrcstack.fabric import Fabric
-from mrcstack.netns import faultops
+from mrcstack.netns import faultops, netem
 from mrcstack.netns.faultplan import (
     Fault,
     FaultError,
@@ -63,6 +63,7 @@ from mrcstack.netns.faultplan import (
     resolve_switch,
     trim_settings,
 )
+from mrcstack.netns.netem import NetemSpec
 from mrcstack.netns.run import TestbedError
 from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
 
@@ -140,6 +141,12 @@ def _port(netns: str, ifname: str) -> str:
 def _qdisc(netns: str, ifname: str) -> str:
     """The resource a shape or trim fault holds: the port's root qdisc."""
     return f"qdisc {netns}/{ifname}"
+
+
+def _netem(netns: str, ifname: str) -> str:
+    """The resource a netem fault holds: the port's netem (a child under shaping or
+    trimming, or the root).  Shaping or trimming the port afterwards would replace it."""
+    return f"netem {netns}/{ifname}"
 
 
 def _ports(record: LinkRecord) -> tuple[str, str]:
@@ -308,11 +315,13 @@ class Faults:
                     "tier": "host" if record.host_facing else "fabric"}  # fmt: skip
             faults += self._setting("shape", f"shape {record.name} {sender}>{receiver}",
                                     f"{record.name} {sender}>{receiver}", params,
-                                    (_qdisc(end.netns, end.ifname),), [do], [undo])  # fmt: skip
+                                    (_qdisc(end.netns, end.ifname),), [do], [undo],
+                                    blocked_by=(_netem(end.netns, end.ifname),))  # fmt: skip
         return faults
 
     def unshape(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
         record = self.link(a, b)
+        self._refuse_under_netem("unshape", record, from_node)
         keys = [f"shape {record.name} {s}>{r}" for s, r in directions(record.name, from_node)]
         return self._undo_keys(keys, f"{record.name} is not shaped by a fault")
 
@@ -353,8 +362,48 @@ class Faults:
             shown = {k: v for k, v in params.items() if v is not None}
             faults += self._setting("trim", f"trim {record.name} {sender}>{receiver}",
                                     f"{record.name} {sender}>{receiver}", shown,
-                                    (_qdisc(end.netns, end.ifname),), [do], [undo])  # fmt: skip
+                                    (_qdisc(end.netns, end.ifname),), [do], [undo],
+                                    blocked_by=(_netem(end.netns, end.ifname),))  # fmt: skip
         return faults
+
+    def netem(
+        self,
+        a: str,
+        b: str | None,
+        spec: NetemSpec | Mapping[str, Any],
+        *,
+        from_node: str | None = None,
+    ) -> list[Fault]:
+        """netem on the link's egress ports (both, or the one of ``from_node``): under the
+        port's shaping or trimming when it has one (:mod:`.netem`), else at its root."""
+        if not isinstance(spec, NetemSpec):
+            spec = netem.parse_spec(dict(spec))
+        record = self.link(a, b)
+        netem.require_netem(self.state.name)
+        params = spec.to_params()
+        faults: list[Fault] = []
+        for sender, receiver in directions(record.name, from_node):
+            end = record.end(sender)
+            do = {"op": "netem_attach", "netns": end.netns, "ifname": end.ifname, "spec": params}
+            undo = {"op": "netem_detach", "netns": end.netns, "ifname": end.ifname}
+            faults += self._setting("netem", f"netem {record.name} {sender}>{receiver}",
+                                    f"{record.name} {sender}>{receiver}", params,
+                                    (_netem(end.netns, end.ifname),), [do], [undo])  # fmt: skip
+        return faults
+
+    def unnetem(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
+        record = self.link(a, b)
+        keys = [f"netem {record.name} {s}>{r}" for s, r in directions(record.name, from_node)]
+        return self._undo_keys(keys, f"{record.name} has no netem fault")
+
+    def _refuse_under_netem(self, kind: str, record: LinkRecord, from_node: str | None) -> None:
+        """Undoing a port's shaping or trimming would take a netem under it along."""
+        with locked_records(self.state.name) as records:
+            for sender, _ in directions(record.name, from_node):
+                end = record.end(sender)
+                if (holder := records.holder(_netem(end.netns, end.ifname))) is not None:
+                    raise FaultError(f"{kind} {record.name}: {holder.describe()} sits under it; "
+                                     "clear that first")  # fmt: skip
 
     def _require_trim(self) -> None:
         """The up-front check for trim faults, once per harness (it builds and loads the
@@ -366,6 +415,7 @@ class Faults:
 
     def untrim(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
         record = self.link(a, b)
+        self._refuse_under_netem("untrim", record, from_node)
         keys = [f"trim {record.name} {s}>{r}" for s, r in directions(record.name, from_node)]
         return self._undo_keys(keys, f"{record.name} has no trim fault")
 
@@ -516,8 +566,15 @@ class Faults:
         holds: tuple[str, ...],
         apply_ops: list[dict[str, Any]],
         undo: list[dict[str, Any]],
+        blocked_by: tuple[str, ...] = (),
     ) -> list[Fault]:
+        """``blocked_by``: resources whose holder this setting would silently replace (a
+        netem under the port's qdisc): refused while one is held."""
         with locked_records(self.state.name) as records:
+            for resource in blocked_by:
+                if (holder := records.holder(resource)) is not None:
+                    raise FaultError(f"{kind} {target}: the port has {holder.describe()}, "
+                                     f"which {kind} would replace; clear it first")  # fmt: skip
             if (old := records.by_key(key)) is not None:
                 self._undo(records, old)
             for resource in holds:

@@ -51,6 +51,7 @@ from mrcstack.netns.faultplan import (
     resolve_switch,
     tier_rate,
 )
+from mrcstack.netns.netem import NETEM_KEYS, parse_spec
 
 _TIME = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]{1,3})?)\s*([a-zµ]*)\s*")
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}
@@ -93,6 +94,8 @@ ACTIONS: dict[str, _Action] = {
         "untrim",
     ),
     "untrim": _Action("link", frozenset(), frozenset({"from"}), None),
+    "netem": _Action("link", frozenset(), frozenset({*NETEM_KEYS, "from"}), "unnetem"),
+    "unnetem": _Action("link", frozenset(), frozenset({"from"}), None),
     "restore_all": _Action("none", frozenset(), frozenset(), None),
 }
 APPLYING = frozenset(  # the harness methods that apply faults (the rest undo them)
@@ -105,6 +108,7 @@ APPLYING = frozenset(  # the harness methods that apply faults (the rest undo th
         "loss_path",
         "shape",
         "trim",
+        "netem",
     }
 )
 _TARGET_KEYS = {
@@ -363,6 +367,12 @@ def _calls(
         source = _from(step, raw, link)
         if action == "loss":
             kwargs |= {"b": None, "rate": _get(step, "rate", raw, parse_probability)}
+        elif action == "netem":
+            try:
+                spec = parse_spec({k: raw[k] for k in NETEM_KEYS if k in raw})
+            except FaultError as exc:
+                raise _fail(step, "netem", str(exc)) from None
+            kwargs |= {"b": None, "spec": spec.to_params()}
         elif action == "shape":
             kwargs |= {"b": None, "rate_bps": _get(step, "rate", raw, _rate)}
             if "queue" in raw:
