@@ -6,6 +6,7 @@ mrcstack cluster ...   mrcd on every testbed host (mrcstack.daemons.cluster_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
 mrcstack files [NAME]  the shipped example and systemd files (mrcstack.resources)
+mrcstack render ...    switch configurations for real switches (mrcstack.render)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
     "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
     "files": ("mrcstack.resources", "shipped example fabrics, scenarios and systemd units"),
+    "render": ("mrcstack.render", "switch configs (linux, frr, sonic) from a fabric description"),
 }
 
 
