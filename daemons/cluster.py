@@ -115,30 +115,42 @@ psk_file = "{self.psk}"
         self.write_configs()
         try:
             for d in self.daemons.values():
-                with d.log.open("wb") as log:
-                    d.proc = subprocess.Popen(
-                        [
-                            "ip",
-                            "netns",
-                            "exec",
-                            d.netns,
-                            sys.executable,
-                            "-m",
-                            "mrcstack.daemons.mrcd.ops.main",
-                            "--config",
-                            str(d.config),
-                        ],
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=log,
-                        start_new_session=self.detach,
-                    )
+                self._spawn(d, "wb")
             deadline = time.monotonic() + timeout
             for d in self.daemons.values():
                 self._wait_ready(d, deadline)
         except BaseException:
             self.stop()
             raise
+
+    def _spawn(self, d: Daemon, mode: str) -> None:
+        with d.log.open(mode) as log:
+            d.proc = subprocess.Popen(
+                ["ip", "netns", "exec", d.netns, sys.executable,
+                 "-m", "mrcstack.daemons.mrcd.ops.main", "--config", str(d.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=self.detach,
+            )  # fmt: skip
+
+    def kill(self, host: int) -> None:
+        """SIGKILL one daemon, as a host crash or the OOM killer would: nothing of it runs
+        its cleanup (its API socket file stays behind)."""
+        d = self.daemons[host]
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+    def restart(self, host: int, timeout: float = START_TIMEOUT) -> None:
+        """Start one daemon again on the same config (after :meth:`kill` or a crash); its
+        log is appended to."""
+        d = self.daemons[host]
+        if d.proc is not None and d.proc.poll() is None:
+            raise LocalError(f"mrcd on h{host} is still running")
+        d.api_socket.unlink(missing_ok=True)  # a killed daemon's; readiness looks for it
+        self._spawn(d, "ab")
+        self._wait_ready(d, time.monotonic() + timeout)
 
     def _wait_ready(self, d: Daemon, deadline: float) -> None:
         while time.monotonic() < deadline:

@@ -178,6 +178,12 @@ def parser() -> argparse.ArgumentParser:
     cc_destroy = ccp.add_parser("destroy")
     cc_destroy.add_argument("id", type=number)
 
+    qp = sub.add_parser("qp", help="QPs: peer, state, RTO and retry budget").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    qp_show = qp.add_parser("show", help="every QP, or one")
+    qp_show.add_argument("qpn", type=number, nargs="?")
+
     probe = sub.add_parser("probe", help="EV probe with RTT to a host (every plane by default)")
     probe.add_argument("host", type=host)
     probe.add_argument("--plane", type=number)
@@ -241,6 +247,8 @@ def run(args: argparse.Namespace, ctl: Controller) -> int:
         return run_cc(args, ctl)
     elif args.cmd == "probe":
         return run_probe(args, ctl)
+    elif args.cmd == "qp":
+        return run_qp(args, ctl)
     return 0
 
 
@@ -425,6 +433,34 @@ def run_cc(args: argparse.Namespace, ctl: Controller) -> int:
     else:
         ctl.destroy_cc_profile(args.id)
         show(args, {}, f"CC profile {args.id} destroyed")
+    return 0
+
+
+def _ms(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value * 1e3:.3g}"
+
+
+def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
+    qps = ctl.qps(args.qpn)
+    rows = [
+        (
+            q["qpn"],
+            q["state"],
+            q["remote_host"] or "-",
+            "-" if q["remote_qpn"] is None else q["remote_qpn"],
+            q["writes_in_flight"],
+            _ms(q["timeout"]),
+            f"{q['linear_cnt']}+{q['exp_cnt']}",
+            _ms(q.get("max_rto")),
+            _ms(q.get("rto")),
+            _ms(q.get("retry_budget")),
+            q["failure"] or "",
+        )
+        for q in qps
+    ]
+    header = ("qpn", "state", "peer", "peer_qpn", "writes", "timeout_ms", "retries",
+              "max_rto_ms", "rto_ms", "budget_ms", "failure")  # fmt: skip
+    show(args, qps if args.qpn is None else qps[0], table(rows, header) if rows else "no QPs")
     return 0
 
 

@@ -139,6 +139,12 @@ class Controller:
         result: list[dict[str, Any]] = self.call("query_ev_states", qpn=qpn, id=profile)
         return result
 
+    def qps(self, qpn: int | None = None) -> list[dict[str, Any]]:
+        """Every QP of the node (or one): peer, state, RTO, and its retry budget (seconds
+        without progress before it fails on its own)."""
+        result: list[dict[str, Any]] = self.call("query_qps", qpn=qpn)
+        return result
+
     # CC profiles ------------------------------------------------------------------------------
     def create_cc_profile(
         self, ident: int, algorithm: str = "nscc", **config: Any

@@ -219,6 +219,17 @@ class Connection:
         """Local teardown (QP destroyed, daemon stopping): pending writes complete FLUSHED."""
         self._fail(reason, WcStatus.FLUSHED)
 
+    def peer_gone(self, reason: str) -> None:
+        """The peer is known to be gone (its daemon died or restarted, every path to it is
+        dead): fail now as a retry exhaustion would, without waiting out the budget.  The
+        oldest pending write completes RETRY_EXCEEDED, the rest FLUSHED, each once."""
+        self._fail(reason, WcStatus.RETRY_EXCEEDED)
+
+    def retry_budget(self) -> float:
+        """Seconds without progress before this connection fails on its own, with today's
+        RTO base (``ConnectionConfig.retry_budget``)."""
+        return self.cfg.retry_budget(self.sender.rto())
+
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
 

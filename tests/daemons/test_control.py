@@ -45,6 +45,7 @@ class Hooks:
         self.requests: list[ConnectRequest] = []
         self.keys: dict[int, bytes] = {}
         self.port_status: list[tuple[int, int]] = []
+        self.lost: list[tuple[str, str]] = []
         self.next_qpn = 100
         self.fast_done = asyncio.Event()
         self.block = asyncio.Event()
@@ -69,6 +70,11 @@ class Hooks:
 
     def on_port_status(self, host: int, bitmap: int) -> None:
         self.port_status.append((host, bitmap))
+
+    instance = "5eed"
+
+    def on_session_lost(self, peer_host: str, reason: str) -> None:
+        self.lost.append((peer_host, reason))
 
 
 def psk(host: str, key: bytes = PSK) -> Credentials:
@@ -353,6 +359,48 @@ async def test_stop_fails_pending_requests(hooks: Hooks) -> None:
     finally:
         await cli.close()
         await srv.stop()
+
+
+async def test_lost_sessions_are_reported_and_local_closes_are_not(hooks: Hooks) -> None:
+    """Either end hears when the other end's doing (or the network's) ends a session, so it
+    can check the peer; its own close or stop says nothing.  A reconnect to an address
+    where nothing listens is ``no_listener``, and PONG and ACCEPT carry the instance."""
+    srv = ControlServer(SERVER, psk(SERVER), hooks, ("::1", 0))
+    await srv.start()
+    lost: list[tuple[str, str]] = []
+    cli = ControlClient("h0", psk("h0"), on_lost=lambda peer, why: lost.append((peer, why)))
+    try:
+        sess = await cli.open_session(SERVER, srv.address)
+        assert await sess.instance() == hooks.instance
+        await sess.close()  # ours: the client is not told; the server is
+        while not hooks.lost:
+            await asyncio.sleep(0.001)
+        assert hooks.lost == [("h0", "eof")] and lost == []
+        sess = await cli.open_session(SERVER, srv.address)
+        await sess.ping()
+        address = srv.address
+        await srv.stop()  # the server's stop: its node is not told; the client is
+        while not lost:
+            await asyncio.sleep(0.001)
+        assert lost == [(SERVER, "eof")] and hooks.lost == [("h0", "eof")]
+        with pytest.raises(ControlError) as err:
+            await cli.open_session(SERVER, address)
+        assert err.value.reason == "no_listener"
+    finally:
+        await cli.close()
+        await srv.stop()
+
+
+@pytest.mark.parametrize("bad", ["XYZ", "0" * 33, 7, "ABCD"])
+async def test_a_bad_instance_is_a_bad_request(
+    server: ControlServer, client: ControlClient, hooks: Hooks, bad: object
+) -> None:
+    sess = await session(server, client)
+    with pytest.raises(ControlError, match="instance"):
+        await sess.request({"type": "CONNECT", "src_host": 0, "src_qpn": 1, "src_psn": 1,
+                            "service": 1, "planes": 4, "mtu_payload": 4096,
+                            "instance": bad})  # fmt: skip
+    assert not hooks.requests  # never reached the node
 
 
 # Peers without valid credentials ---------------------------------------------------------

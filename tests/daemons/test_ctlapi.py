@@ -261,6 +261,22 @@ def test_mrcctl_cli(daemons: Daemons) -> None:
     assert "cannot connect to mrcd at /nonexistent.sock" in missing.stderr
 
 
+def test_mrcctl_qp_show_reports_each_qps_retry_budget(daemons: Daemons) -> None:
+    """The budget shown is the formula of the QP's attributes and its current RTO."""
+    a, _b = connect(daemons, 4096, service=21)
+    shown = json.loads(mrcctl(daemons, "--json", "qp", "show", str(a.qp.qpn)).stdout)
+    assert shown["qpn"] == a.qp.qpn and shown["state"] == "rts" and shown["remote_host"] == "h3"
+    assert shown["peer_instance"] == daemons.on_loop(lambda: daemons.nodes[3].instance)
+    base, lin, exp = shown["rto"], shown["linear_cnt"], shown["exp_cnt"]
+    expected = base * (lin + 1) + sum(min(shown["max_rto"], base * 2**k) for k in range(1, exp + 1))
+    assert shown["retry_budget"] == pytest.approx(expected)
+    human = mrcctl(daemons, "qp", "show")
+    assert human.returncode == 0 and "budget_ms" in human.stdout
+    assert f"{a.qp.qpn}  rts" in human.stdout
+    missing = mrcctl(daemons, "qp", "show", "1")
+    assert missing.returncode == 1 and "no QP 1" in missing.stderr
+
+
 def test_mrcctl_follows_ev_events(daemons: Daemons) -> None:
     a, _b = connect(daemons, 4096)
     ev = addrplan.ev_value(3, 0)

@@ -20,7 +20,7 @@ import base64
 import logging
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +51,9 @@ HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from accept: slow peers are cut 
 FRAME_TIMEOUT = 30.0  # the rest of a frame once its length has arrived
 REQUEST_TIMEOUT = 10.0
 _HOST_INDEX = re.compile(r"h(\d+)")
+_INSTANCE = re.compile(r"[0-9a-f]{1,32}")
+#: Called with (peer host name, reason) when a session ends other than by our own close.
+LostHook = Callable[[str, str], None]
 
 
 class ConnectRejectedError(PeerError):
@@ -85,6 +88,8 @@ class ConnectRequest:
     mtu_payload: int
     private_data: bytes
     session_secret: bytes = field(repr=False, compare=False, default=b"")
+    #: The sending mrcd's instance (random at each start; "" from a peer that sends none).
+    instance: str = ""
 
     def derive_qp_key(self, dst_host: int, dst_qpn: int) -> bytes:
         return derive_qp_key(self.session_secret, self.src_host, self.src_qpn, dst_host, dst_qpn)
@@ -95,6 +100,7 @@ class Accept:
     dst_qpn: int
     dst_psn: int
     private_data: bytes = b""
+    instance: str = ""  # the accepting mrcd's instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +111,18 @@ class Reject:
 class ControlHooks(Protocol):
     """What the server asks of the node."""
 
+    @property
+    def instance(self) -> str:
+        """This mrcd's instance: random at each start, so peers tell a restart apart."""
+        ...
+
     async def on_connect(self, req: ConnectRequest) -> Accept | Reject: ...
 
     def on_port_status(self, host: int, bitmap: int) -> None: ...
+
+    def on_session_lost(self, peer_host: str, reason: str) -> None:
+        """A peer's session ended by the peer or the network, not by our stop."""
+        ...
 
 
 def field_int(msg: Message, key: str, limit: int) -> int:
@@ -128,6 +143,16 @@ def field_data(msg: Message, key: str) -> bytes:
     if len(data) > MAX_PRIVATE_DATA:
         raise BadRequestError(f"{key}: at most {MAX_PRIVATE_DATA} bytes, got {len(data)}")
     return data
+
+
+def field_instance(msg: Message) -> str:
+    """An mrcd instance (up to 32 lowercase hex digits); "" when absent."""
+    value = msg.get("instance", "")
+    if value == "":
+        return ""
+    if not isinstance(value, str) or not _INSTANCE.fullmatch(value):
+        raise BadRequestError("instance: must be 1..32 lowercase hex digits")
+    return value
 
 
 def b64(data: bytes) -> str:
@@ -174,8 +199,10 @@ class Session:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         max_message: int = MAX_MESSAGE,
+        on_lost: LostHook | None = None,
     ) -> None:
         self.peer_host = keys.peer_host
+        self._on_lost = on_lost
         self._secret = keys.session_secret
         self._records = RecordLayer(keys, max_message)
         self._reader = reader
@@ -226,9 +253,11 @@ class Session:
         planes: int,
         mtu_payload: int,
         private_data: bytes = b"",
+        instance: str = "",
         timeout: float = REQUEST_TIMEOUT,
     ) -> Accept:
-        """CONNECT: the peer's ACCEPT, or :class:`ConnectRejectedError`."""
+        """CONNECT: the peer's ACCEPT, or :class:`ConnectRejectedError`.  ``instance`` is
+        ours; the ACCEPT carries the peer's, which a later session must show again."""
         reply = await self.request(
             {
                 "type": "CONNECT",
@@ -239,6 +268,7 @@ class Session:
                 "planes": planes,
                 "mtu_payload": mtu_payload,
                 "private_data": b64(private_data),
+                **({"instance": instance} if instance else {}),
             },
             timeout,
         )
@@ -251,6 +281,7 @@ class Session:
                 field_int(reply, "dst_qpn", QPN_LIMIT),
                 field_int(reply, "dst_psn", QPN_LIMIT),
                 field_data(reply, "private_data"),
+                field_instance(reply),
             )
         except BadRequestError as exc:
             raise ControlError("bad_message", f"{self.peer_host}: {exc}") from None
@@ -265,6 +296,14 @@ class Session:
         await self.request({"type": "PING", "ts": sent}, timeout)
         return loop.time() - sent
 
+    async def instance(self, timeout: float = REQUEST_TIMEOUT) -> str:
+        """The peer mrcd's instance (from its PONG; "" if it sends none)."""
+        reply = await self.request({"type": "PING", "ts": 0}, timeout)
+        try:
+            return field_instance(reply)
+        except BadRequestError as exc:
+            raise ControlError("bad_message", f"{self.peer_host}: {exc}") from None
+
     async def close(self) -> None:
         self._close(ControlError("closed", "closed locally"))
         self._task.cancel()
@@ -274,6 +313,8 @@ class Session:
         if self._closed is None:
             self._closed = why
             self._writer.close()
+            if self._on_lost is not None and why.reason != "closed":
+                self._on_lost(self.peer_host, why.reason)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(ControlError(why.reason, f"{self.peer_host}: {why.detail}"))
@@ -311,8 +352,12 @@ class ControlClient:
         *,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         max_message: int = MAX_MESSAGE,
+        on_lost: LostHook | None = None,
     ) -> None:
+        """``on_lost``: told when an open session ends by the peer's doing or the network's
+        (EOF, reset, a bad record), never for :meth:`close`."""
         self.host_name = host_name
+        self.on_lost = on_lost
         self.creds = credentials(host_name, auth)
         self.peers = dict(peers or {})
         self.handshake_timeout = handshake_timeout
@@ -320,8 +365,15 @@ class ControlClient:
         self._sessions: dict[str, Session] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def open_session(self, peer_host: str, address: Address | None = None) -> Session:
-        """The open session to ``peer_host``, or a new one (``address`` or the peers table)."""
+    async def open_session(
+        self, peer_host: str, address: Address | None = None, *, timeout: float | None = None
+    ) -> Session:
+        """The open session to ``peer_host``, or a new one (``address`` or the peers table;
+        ``timeout`` for connect and handshake, default the client's handshake timeout).
+
+        ControlError reasons: ``no_listener`` (the peer host refused the TCP connection:
+        no mrcd listens there), ``unreachable``, ``timeout``, ``refused`` (credentials),
+        ``lost``."""
         lock = self._locks.setdefault(peer_host, asyncio.Lock())
         async with lock:
             session = self._sessions.get(peer_host)
@@ -331,19 +383,23 @@ class ControlClient:
                 address = self.peers.get(peer_host)
                 if address is None:
                     raise LocalError(f"no control address for {peer_host}")
-            session = await self._open(peer_host, address)
+            session = await self._open(peer_host, address, timeout)
             self._sessions[peer_host] = session
             return session
 
-    async def _open(self, peer_host: str, address: Address) -> Session:
+    async def _open(self, peer_host: str, address: Address, timeout: float | None) -> Session:
         where = f"{peer_host} at [{address[0]}]:{address[1]}"
         initiator = Initiator(self.creds, peer_host)
-        deadline = asyncio.get_running_loop().time() + self.handshake_timeout
+        deadline = asyncio.get_running_loop().time() + (
+            self.handshake_timeout if timeout is None else timeout
+        )
         try:
             async with asyncio.timeout_at(deadline):
                 reader, writer = await asyncio.open_connection(*address)
         except TimeoutError:
             raise ControlError("timeout", f"cannot reach {where}") from None
+        except ConnectionRefusedError:
+            raise ControlError("no_listener", f"{where}: connection refused") from None
         except OSError as exc:
             raise ControlError("unreachable", f"{where}: {exc.strerror or exc}") from None
         try:
@@ -368,7 +424,7 @@ class ControlClient:
             raise
         keepalive(writer)
         log.info("event=control_session_open host=%s address=[%s]:%d", peer_host, *address)
-        return Session(initiator.result, reader, writer, self.max_message)
+        return Session(initiator.result, reader, writer, self.max_message, self.on_lost)
 
     async def close(self) -> None:
         sessions = list(self._sessions.values())

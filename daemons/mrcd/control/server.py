@@ -35,6 +35,7 @@ from mrcstack.daemons.mrcd.control.client import (
     b64,
     credentials,
     field_data,
+    field_instance,
     field_int,
     host_index,
     keepalive,
@@ -255,6 +256,7 @@ class ControlServer:
         records = RecordLayer(keys, self.max_message)
         inflight = asyncio.Semaphore(MAX_INFLIGHT)
         tasks: set[asyncio.Task[None]] = set()
+        why = "eof"
         self.stats.sessions += 1
         self.stats.active += 1
         keepalive(writer)
@@ -270,17 +272,28 @@ class ControlServer:
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
         except ControlError as exc:
+            why = exc.reason
             self._reject(peer, exc.reason, f"{keys.peer_host}: {exc.detail}")
         except TimeoutError:
+            why = "timeout"
             self._reject(peer, "timeout", f"{keys.peer_host}: frame unfinished")
         except OSError as exc:
+            why = "lost"
             log.info(
                 "event=control_session_lost peer=%s host=%s error=%r", peer, keys.peer_host, exc
             )
+        except asyncio.CancelledError:
+            why = ""  # our stop(): nothing to tell the node
+            raise
         finally:
             self.stats.active -= 1
             for t in list(tasks):
                 t.cancel()
+            if why and self._server is not None:
+                try:
+                    self.hooks.on_session_lost(keys.peer_host, why)
+                except Exception:
+                    log.exception("event=control_hook_error host=%s type=lost", keys.peer_host)
 
     async def _dispatch(
         self,
@@ -319,7 +332,7 @@ class ControlServer:
                 ts = msg.get("ts")
                 if type(ts) not in (int, float):
                     raise BadRequestError("ts: must be a number")
-                return {"type": "PONG", "ts": ts}
+                return {"type": "PONG", "ts": ts, "instance": self.hooks.instance}
             raise BadRequestError(f"unknown message type {kind[:32]!r}")
         except BadRequestError as exc:
             self.stats.bad_requests += 1
@@ -340,6 +353,7 @@ class ControlServer:
             mtu_payload=field_int(msg, "mtu_payload", 1 << 32),
             private_data=field_data(msg, "private_data"),
             session_secret=keys.session_secret,
+            instance=field_instance(msg),
         )
         if src_host != peer_index:
             return {"type": "REJECT", "reason": f"src_host {src_host} is not {keys.peer_host}"}
@@ -355,4 +369,5 @@ class ControlServer:
             "dst_qpn": result.dst_qpn,
             "dst_psn": result.dst_psn,
             "private_data": b64(result.private_data),
+            **({"instance": result.instance} if result.instance else {}),
         }

@@ -157,6 +157,7 @@ class Controller:
             "ctl.query_ev_profile": self.query_ev_profile,
             "ctl.list_ev_profiles": self.list_ev_profiles,
             "ctl.query_ev_states": self.query_ev_states,
+            "ctl.query_qps": self.query_qps,
             "ctl.query_cc_profile": self.query_cc_profile,
             "ctl.list_cc_profiles": self.list_cc_profiles,
             "ctl.subscribe_ev_events": self.subscribe_ev_events,
@@ -291,6 +292,14 @@ class Controller:
             return rows
         qpns = set(self.profiles.users(self.node, ev=profile))
         return [r for r in rows if r["qpn"] in qpns]
+
+    def query_qps(self, args: dict[str, Any], who: Subscriber) -> list[dict[str, Any]]:
+        """Every QP (or one): peer, state, RTO and retry budget."""
+        qpn = a.get_opt_int(args, "qpn", 0, U32)
+        rows = self.node.qp_info(qpn)
+        if qpn is not None and not rows:
+            raise ApiError(errno.ENOENT, f"no QP {qpn}")
+        return rows
 
     # CC profiles ------------------------------------------------------------------------------
     def create_cc_profile(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:

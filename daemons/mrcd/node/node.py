@@ -15,6 +15,7 @@ import asyncio
 import functools
 import logging
 import random
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from mrcstack.daemons.mrcd.control.server import ControlServer, ControlStats
 from mrcstack.daemons.mrcd.datapath.probes import Prober
 from mrcstack.daemons.mrcd.datapath.transport import Address, Transport, clock, open_plane_socket
 from mrcstack.daemons.mrcd.node.listeners import Listener, Listeners
+from mrcstack.daemons.mrcd.node.peers import PeerWatch
 from mrcstack.daemons.mrcd.node.ports import Ports
 from mrcstack.daemons.mrcd.node.profiles import ProfileStore
 from mrcstack.daemons.mrcd.node.qps import Accepted, Context, IncomingConnect, Qp, QpAttrs, QpState
@@ -125,6 +127,10 @@ class Node:
         self.stopping = False
         self.started_at = time.time()
         self.control_stats = ControlStats()  # the control server's, once it runs
+        #: Random at each start: peers tell a restarted mrcd from a reconnecting one.
+        self.instance = secrets.token_hex(8)
+        self.peers = PeerWatch(self, cfg.fabric.planes, self.loop)
+        self.ports.on_change = self.peers.ports_changed
 
     # Lifecycle --------------------------------------------------------------------------
     async def start(self, *, start_control: bool = True) -> None:
@@ -136,7 +142,9 @@ class Node:
         try:
             self._open_data_path()
             cfg = self.cfg
-            self.control_client = ControlClient(cfg.host_name, cfg.auth, dict(cfg.peers))
+            self.control_client = ControlClient(
+                cfg.host_name, cfg.auth, dict(cfg.peers), on_lost=self.peers.session_lost
+            )
             creds = self.control_client.creds
             keys = {
                 peer: key
@@ -216,6 +224,7 @@ class Node:
         for qpn in list(self.qps):
             self.destroy_qp(qpn, reason="mrcd stopping")
         self.listeners.close()
+        await self.peers.close()
         if self.control_server is not None:
             await self.control_server.stop()
             self.control_server = None
@@ -407,6 +416,7 @@ class Node:
                 planes=self.fabric.planes,
                 mtu_payload=qp.attrs.mtu_payload,
                 private_data=private_data,
+                instance=self.instance,
                 timeout=timeout,
             )
         except ConnectRejectedError as exc:
@@ -415,6 +425,7 @@ class Node:
             raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
         key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
         self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key)
+        qp.peer_instance = accept.instance
         return accept.private_data
 
     async def on_connect(self, req: ConnectRequest) -> Accept | Reject:
@@ -440,13 +451,38 @@ class Node:
         except LocalError as exc:
             accepted.connected.set_result(str(exc))
             return Reject(str(exc))
+        self.qps[accepted.qpn].peer_instance = req.instance
         accepted.connected.set_result(None)
-        return Accept(accepted.qpn, accepted.psn, accepted.private_data)
+        return Accept(accepted.qpn, accepted.psn, accepted.private_data, self.instance)
 
     def on_port_status(self, host: int, bitmap: int) -> None:
         """ControlHooks: a peer's PORT_STATUS_UPDATE, applied to our QPs to that host as
         the port bitmap in its SACKs would be (:meth:`Ports.peer_status`)."""
         self.ports.peer_status(host, bitmap)
+        self.peers.peer_ports(host, bitmap)
+
+    def on_session_lost(self, peer_host: str, reason: str) -> None:
+        """ControlHooks: a peer's session to our control server ended."""
+        self.peers.session_lost(peer_host, reason)
+
+    def fail_peer(self, host: int, reason: str, qpns: list[int] | None = None) -> int:
+        """The peer ``host`` is gone: fail our live QPs to it (or those of ``qpns``) now,
+        as an exhausted retry budget would; returns how many failed."""
+        failed = 0
+        for qpn, qp in list(self.qps.items()):
+            conn = qp.conn
+            if (
+                conn is None
+                or qp.remote_host != host
+                or conn.failed is not None
+                or (qpns is not None and qpn not in qpns)
+            ):
+                continue
+            conn.peer_gone(reason)
+            failed += 1
+            while (event := conn.next_event()) is not None:
+                self._on_event(qpn, event)
+        return failed
 
     def new_request_id(self) -> int:
         return self.listeners.new_request_id()
@@ -512,6 +548,8 @@ class Node:
         qp = self.qps.get(qpn)
         if type(event) is EvStateChanged:
             if event.new is EvState.ASSUMED_BAD:
+                if event.reason == "rto" and qp is not None:
+                    self.peers.path_timed_out(qp.remote_host)
                 log.warning(
                     "event=path_failed qpn=%d ev=%#x plane=%d drops=%d reason=%s",
                     qpn,
@@ -570,12 +608,46 @@ class Node:
                 )
         return out
 
+    def qp_info(self, qpn: int | None = None) -> list[dict[str, object]]:
+        """Each QP (or one) with its peer, state and retry budget (``mrcctl qp show``)."""
+        out: list[dict[str, object]] = []
+        for q, qp in sorted(self.qps.items()):
+            if qpn is not None and q != qpn:
+                continue
+            conn = qp.conn
+            doc: dict[str, object] = {
+                "qpn": q,
+                "state": qp.state.value,
+                "remote_host": Fabric.host_name(qp.remote_host) if qp.remote_host >= 0 else None,
+                "remote_qpn": qp.remote_qpn if qp.remote_qpn >= 0 else None,
+                "peer_instance": qp.peer_instance or None,
+                "failure": qp.failure,
+                "writes_in_flight": len(qp.posted),
+                "timeout": qp.attrs.timeout,
+                "linear_cnt": qp.attrs.linear_cnt,
+                "exp_cnt": qp.attrs.exp_cnt,
+            }
+            if conn is not None:
+                doc.update(
+                    max_rto=conn.cfg.max_rto,
+                    rto=conn.sender.rto(),
+                    srtt=conn.sender.srtt,
+                    retry_budget=conn.retry_budget(),
+                )
+            out.append(doc)
+        return out
+
     def writes_in_flight(self) -> int:
         """Writes posted and not completed yet, over every QP."""
         return sum(len(qp.posted) for qp in self.qps.values())
 
     def connections(self) -> list[Connection]:
         return [qp.conn for qp in self.qps.values() if qp.conn is not None]
+
+    def retry_budget(self) -> float:
+        """The longest retry budget of a live QP (0.0 with none)."""
+        live = [qp.conn for qp in self.qps.values() if qp.state is QpState.RTS and qp.conn]
+        return max((conn.retry_budget() for conn in live), default=0.0)
 
     def snapshot(self) -> NodeSnapshot:
         """Everything the metrics exporter shows, read at scrape time."""
@@ -608,4 +680,6 @@ class Node:
             write_completion=self.write_completion.snapshot(),
             control_auth_failures=sum(self.control_stats.auth_failures.values()),
             control_rejections=MappingProxyType(dict(self.control_stats.rejected)),
+            peer_failures=MappingProxyType(dict(self.peers.failures)),
+            retry_budget=self.retry_budget(),
         )

@@ -45,6 +45,8 @@ class Ports:
         self.kick = kick
         self.admin = [True] * planes
         self.link = [True] * planes
+        #: Told our new bitmap after a port changed (the node tells its peers).
+        self.on_change: Callable[[int], None] | None = None
 
     def check(self, plane: int) -> None:
         if not 0 <= plane < self.planes:
@@ -79,6 +81,8 @@ class Ports:
             if qp.conn is not None:
                 qp.conn.set_port_state(plane, after, now)
                 self.kick(qpn)
+        if self.on_change is not None:
+            self.on_change(self.bits())
 
     def new_connection(self, conn: Connection) -> None:
         """A connection starts with our down ports out of use."""

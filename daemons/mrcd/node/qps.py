@@ -86,5 +86,8 @@ class Qp:
     remote_qpn: int = -1
     conn: Connection | None = None
     failure: str | None = None
+    #: The peer mrcd's instance when the QP connected ("" if it sent none): a later
+    #: session to a different instance means the peer restarted and this QP is gone there.
+    peer_instance: str = ""
     #: wr_id -> when it was posted, until its completion (the write-completion histogram).
     posted: dict[int, float] = field(default_factory=dict)

@@ -133,6 +133,10 @@ class NodeSnapshot:
     control_auth_failures: int = 0  # control-channel peers that failed authentication
     #: Other control-channel connections closed, by reason (controlserver.REJECT_REASONS).
     control_rejections: Mapping[str, int] = field(default_factory=_empty)
+    #: Peers' QPs failed early because the peer was found gone, by signal (peers.SIGNALS).
+    peer_failures: Mapping[str, int] = field(default_factory=_empty)
+    #: The longest retry budget of a live QP: the latest a silent peer fails a QP.
+    retry_budget: float = 0.0
 
     def __post_init__(self) -> None:
         if self.planes < 0:

@@ -34,6 +34,7 @@ from prometheus_client.utils import floatToGoString
 from mrcstack.core.events import EvState
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
 from mrcstack.daemons.mrcd.datapath.probes import REASONS as PROBE_REASONS
+from mrcstack.daemons.mrcd.node.peers import SIGNALS as PEER_SIGNALS
 from mrcstack.daemons.mrcd.node.snapshot import HistogramSnapshot, NodeSnapshot
 from mrcstack.wire import DecodeReason, NackReason
 
@@ -152,6 +153,12 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
     ):
         yield _per_plane(GaugeMetricFamily(gauge, doc, labels=["plane"]), [int(v) for v in flags])
     yield GaugeMetricFamily("mrc_connections", "Live (connected) QPs.", value=s.connections)
+    yield GaugeMetricFamily(
+        "mrc_retry_budget_seconds",
+        "The longest retry budget of a live QP: how long a QP waits without progress "
+        "before it fails on its own (0 with no QP).",
+        value=s.retry_budget,
+    )
 
     reasons: list[tuple[str, str, Sequence[str], Mapping[str, int]]] = [
         (
@@ -173,6 +180,13 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
             "(busy, timeout, eof, a bad frame or record, ...).",
             CONTROL_REJECT_REASONS,
             s.control_rejections,
+        ),
+        (
+            "mrc_peer_failures",
+            "Times a peer was found gone and our QPs to it failed at once, by the signal "
+            "(control_refused, restarted, unreachable, ports_down, silent).",
+            PEER_SIGNALS,
+            s.peer_failures,
         ),
     ]
     for name, doc, known, table in reasons:
