@@ -6,7 +6,7 @@ PY    := .venv/bin/python
 # prometheus (promtool and the server) and systemd (systemd-analyze) check what mrcd ships.
 APT_PACKAGES := tshark iproute2 nftables clang libbpf-dev prometheus systemd
 
-.PHONY: setup lint test bench demo clean-venv
+.PHONY: setup lint test bench demo experiments clean-venv
 
 # The demo needs only the testbed's tools (and Prometheus with PROMETHEUS=1), so a fresh
 # machine runs it without waiting for clang or tshark.
@@ -50,6 +50,10 @@ test: setup lint
 
 bench: setup
 	$(PY) -m bench
+
+# The MRC paper's experiments in the quick profile: experiments-out/index.md.
+experiments: .venv/.installed
+	$(PY) -m mrcstack experiment run --quick --out experiments-out
 
 # The demo needs root (namespaces); PROMETHEUS=1 leaves Prometheus, the testbed and mrcd up.
 demo: .venv/.installed

@@ -7,6 +7,7 @@ mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
 mrcstack files [NAME]  the shipped example and systemd files (mrcstack.resources)
 mrcstack render ...    switch configurations for real switches (mrcstack.render)
+mrcstack experiment .. the MRC paper's experiments with plots (mrcstack.experiments.cli)
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
     "files": ("mrcstack.resources", "shipped example fabrics, scenarios and systemd units"),
     "render": ("mrcstack.render", "switch configs (linux, frr, sonic) from a fabric description"),
+    "experiment": ("mrcstack.experiments.cli", "the MRC paper's experiments, with plots"),
 }
 
 
 def usage() -> str:
     lines = [f"usage: {PROG} COMMAND [ARGS...] | --version", "", "commands:"]
-    lines += [f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", f"`{PROG} COMMAND --help` describes each one."]
     return "\n".join(lines)
 

@@ -1,0 +1,596 @@
+"""The MRC paper's experiments in the simulator, each MRC next to RoCE mode (one path per
+flow, go-back-N: what RoCEv2 on ECMP does).
+
+Time scaling: the paper's links run at 400 Gbit/s for seconds; here links run at
+:data:`RATE` (10 Gbit/s) for milliseconds, so a run stays small enough for a laptop.  The
+protocol's reactions are counted in RTTs, which scale with the link delay and packet size
+alike; each result states its rate, fabric and time scale in its parameters.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from mrcstack import addrplan
+from mrcstack.experiments.base import Claim, Experiment, Outcome, Plot, Table
+from mrcstack.experiments.plots import bars, cdf, lines
+from mrcstack.fabric import Fabric
+from mrcstack.sim import LinkFailure, NicDown, SimConfig, SwitchFailure, run
+
+RATE = 10e9
+MODES = ("mrc", "roce")
+BIN_S = 50e-6
+SMOOTH = 4  # bins averaged for the "worst moment" figures (0.2 ms)
+
+
+def _size(profile: str, quick: int, full: int) -> int:
+    return quick if profile == "quick" else full
+
+
+def _series(cfg: SimConfig) -> tuple[dict[str, Any], list[float]]:
+    """Run; the result's JSON and goodput per bin in Gbit/s (the run's whole length)."""
+    doc = run(cfg).to_json()
+    return doc, [b["goodput_bps"] / 1e9 for b in doc["timeline"]]
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def _worst(series: list[float], start_s: float, end_s: float) -> float:
+    """The lowest 0.2 ms average of goodput between two times."""
+    a, b = int(start_s / BIN_S), max(int(end_s / BIN_S), int(start_s / BIN_S) + SMOOTH)
+    spans = [_mean(series[i : i + SMOOTH]) for i in range(a, max(a + 1, b - SMOOTH + 1))]
+    return min(spans) if spans else float("nan")
+
+
+def _timeline(name: str, runs: dict[str, list[float]], until_s: float | None = None) -> Table:
+    """Goodput per bin of each run, side by side (up to ``until_s``: a slower baseline's
+    tail would squeeze the part where the faults are)."""
+    n = max(len(s) for s in runs.values())
+    if until_s is not None:
+        n = min(n, int(until_s / BIN_S))
+    rows = tuple(
+        (round(i * BIN_S * 1e3, 4), *(s[i] if i < len(s) else 0.0 for s in runs.values()))
+        for i in range(n)
+    )
+    return Table(name, ("time_ms", *runs), rows)
+
+
+def _fault_run(
+    profile: str,
+    seed: int,
+    *,
+    fabric: Fabric,
+    pairs: tuple[tuple[int, int], ...],
+    duration_s: float,
+    faults: dict[str, Any],
+) -> dict[str, tuple[dict[str, Any], list[float]]]:
+    per_flow = int(RATE * fabric.planes / 8 * duration_s)
+    out = {}
+    for mode in MODES:
+        cfg = SimConfig(
+            fabric=fabric,
+            pairs=pairs,
+            bytes_per_flow=per_flow,
+            mode=mode,
+            rate_bps=RATE,
+            seed=seed,
+            max_sim_time_s=duration_s * 4,
+            series_interval_s=BIN_S,
+            **faults,
+        )
+        out[mode] = _series(cfg)
+    return out
+
+
+# Fig 9a: link flaps -------------------------------------------------------------------------
+def fig9a(profile: str, seed: int) -> Outcome:
+    fabric = Fabric()
+    dur = _size(profile, 6, 12) * 1e-3
+    flaps = [("p0:t0a-t1a", 1.0), ("p1:t0a-t1b", 2.0), ("p2:t0b-t1c", 3.0), ("p3:t0b-t1d", 4.0)]
+    down = 0.5e-3
+    failures = tuple(LinkFailure(link, t * 1e-3, t * 1e-3 + down) for link, t in flaps)
+    runs = _fault_run(
+        profile,
+        seed,
+        fabric=fabric,
+        pairs=((0, 2), (1, 3)),
+        duration_s=dur,
+        faults={"link_failures": failures},
+    )
+    pre = {m: _mean(s[int(0.3e-3 / BIN_S) : int(1e-3 / BIN_S)]) for m, (_, s) in runs.items()}
+    worst = {m: _worst(s, 1e-3, 4.5e-3 + down) / pre[m] for m, (_, s) in runs.items()}
+    tl = _timeline("goodput", {m: s for m, (_, s) in runs.items()}, dur * 1.1)
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1, 2 racks x 2 hosts",
+            "rate": "10 Gbit/s per link",
+            "flows": "h0->h2, h1->h3",
+            "flaps": f"{len(flaps)} T0-T1 links, 0.5 ms each",
+            "bin_ms": BIN_S * 1e3,
+        },
+        tables=[tl],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput over time",
+                lines(
+                    "goodput",
+                    "time_ms",
+                    list(MODES),
+                    xlabel="time (ms)",
+                    ylabel="goodput (Gbit/s, both flows)",
+                    title="Fig 9a: T0-T1 link flaps",
+                    spans=[(t, t + down * 1e3, link) for link, t in flaps],
+                ),
+            )
+        ],
+        claims=[
+            Claim(
+                "MRC's worst 0.2 ms during the flaps, as a fraction of its pre-flap goodput",
+                worst["mrc"],
+                0.75,
+            ),
+            Claim(
+                "RoCE mode's worst 0.2 ms during the flaps (a flow on a dead link stalls)",
+                worst["roce"],
+                0.75,
+                "<=",
+            ),
+            Claim("MRC's worst moment minus RoCE mode's", worst["mrc"] - worst["roce"], 0.0),
+        ],
+    )
+
+
+# Fig 9b: NIC ports down, then up ------------------------------------------------------------
+def fig9b(profile: str, seed: int) -> Outcome:
+    fabric = Fabric(planes=8, t1_per_plane=2)
+    dur = _size(profile, 6, 12) * 1e-3
+    t_down, t_up = 2e-3, 4e-3
+    nics = tuple(NicDown(0, plane, t_down, t_up) for plane in range(4))
+    cfg = SimConfig(
+        fabric=fabric,
+        pairs=((0, 2),),
+        bytes_per_flow=int(RATE * 8 / 8 * dur),
+        rate_bps=RATE,
+        seed=seed,
+        max_sim_time_s=dur * 4,
+        series_interval_s=BIN_S,
+        nic_downs=nics,
+    )
+    doc, s = _series(cfg)
+    pre = _mean(s[int(0.5e-3 / BIN_S) : int(t_down / BIN_S)])
+    during = _mean(s[int((t_down + 0.3e-3) / BIN_S) : int(t_up / BIN_S)]) / pre
+    after = _mean(s[int((t_up + 0.5e-3) / BIN_S) : int((t_up + 1.5e-3) / BIN_S)]) / pre
+    return Outcome(
+        params={
+            "fabric": "8 planes x 2 T1",
+            "rate": "10 Gbit/s per link",
+            "flow": "h0->h2",
+            "fault": "h0's NICs of planes 0-3 down at 2 ms, up at 4 ms",
+        },
+        tables=[_timeline("goodput", {"mrc": s})],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput",
+                lines(
+                    "goodput",
+                    "time_ms",
+                    ["mrc"],
+                    xlabel="time (ms)",
+                    ylabel="goodput (Gbit/s)",
+                    title="Fig 9b: 4 of 8 NIC ports down, then up",
+                    marks=[(t_down * 1e3, "4 NICs down"), (t_up * 1e3, "NICs up")],
+                ),
+            )
+        ],
+        claims=[
+            Claim(
+                "goodput with 4 of 8 ports down, over the pre-fault goodput (halves)", during, 0.40
+            ),
+            Claim("... and not more than about half", during, 0.60, "<="),
+            Claim(
+                "goodput 0.5-1.5 ms after the ports come back, over the pre-fault goodput",
+                after,
+                0.90,
+            ),
+        ],
+        notes=[f"flow verified: {doc['verified']}"],
+    )
+
+
+# Fig 9d: a T1 switch fails ------------------------------------------------------------------
+def fig9d(profile: str, seed: int) -> Outcome:
+    fabric = Fabric()
+    dur = _size(profile, 5, 10) * 1e-3
+    t_fail = 1.5e-3
+    pairs = ((0, 2), (1, 3), (2, 0), (3, 1))
+    # The T1 that fails is the one RoCE mode's ECMP hashing loaded most (a short dry run):
+    # the paper's figure is about the flows that crossed the failed switch.
+    dry = run(
+        SimConfig(
+            fabric=fabric,
+            pairs=pairs,
+            bytes_per_flow=1 << 20,
+            mode="roce",
+            rate_bps=RATE,
+            seed=seed,
+        )
+    ).to_json()
+    load: dict[str, int] = {}
+    for link, st in dry["links"].items():  # "p3:t0a-t1c": plane 3, T0 a to T1 c
+        plane, _, ends = link.partition(":")
+        for end in ends.split("-"):
+            if end.startswith("t1"):
+                load[f"{plane}-{end}"] = load.get(f"{plane}-{end}", 0) + int(st["bytes"])
+    switch = max(sorted(load), key=lambda k: load[k]) if load else "p1-t1b"
+    runs = _fault_run(
+        profile,
+        seed,
+        fabric=fabric,
+        pairs=pairs,
+        duration_s=dur,
+        faults={"switch_failures": (SwitchFailure(switch, t_fail),)},
+    )
+    pre = {m: _mean(s[int(0.5e-3 / BIN_S) : int(t_fail / BIN_S)]) for m, (_, s) in runs.items()}
+    after = {
+        m: _mean(s[int((t_fail + 1e-3) / BIN_S) : int((t_fail + 2e-3) / BIN_S)]) / pre[m]
+        for m, (_, s) in runs.items()
+    }
+    failed = {m: sum(1 for f in d["flows"] if f["failed"]) for m, (d, _) in runs.items()}
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1, 2 racks x 2 hosts",
+            "rate": "10 Gbit/s per link",
+            "flows": "4 cross-rack flows",
+            "fault": f"T1 {switch} fails at 1.5 ms",
+        },
+        tables=[_timeline("goodput", {m: s for m, (_, s) in runs.items()}, dur * 1.1)],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput",
+                lines(
+                    "goodput",
+                    "time_ms",
+                    list(MODES),
+                    xlabel="time (ms)",
+                    ylabel="goodput (Gbit/s, all flows)",
+                    title="Fig 9d: a T1 switch fails",
+                    marks=[(t_fail * 1e3, f"T1 {switch} fails")],
+                ),
+            )
+        ],
+        claims=[
+            Claim(
+                "MRC keeps this fraction of its pre-failure goodput 1-2 ms after a T1 fails "
+                "(a T1 is 1/16 of the paths)",
+                after["mrc"],
+                0.85,
+            ),
+            Claim(
+                "RoCE mode keeps (its flows through the failed T1 stall)", after["roce"], 0.9, "<="
+            ),
+            Claim("MRC flows failed", failed["mrc"], 0, "<="),
+        ],
+    )
+
+
+# Figs 12-13: one EV dropping 20% ------------------------------------------------------------
+def fig12(profile: str, seed: int) -> Outcome:
+    fabric = Fabric()
+    size = _size(profile, 16, 64) << 20
+    base = SimConfig(
+        fabric=fabric,
+        bytes_per_flow=size,
+        rate_bps=RATE,
+        seed=seed,
+        series_interval_s=BIN_S,
+        max_sim_time_s=1.0,
+    )
+    clean, s0 = _series(base)
+    # An EV the flow sprays on from the start: the first of plane 1 in its profile.
+    entries = addrplan.ev_profile(fabric, 0, fabric.hosts - 1, base.ev_count)
+    bad_ev = next(e.value for e in entries if e.port == 1)
+    lossy, s1 = _series(replace(base, ev_loss=((bad_ev, 0.2),)))
+    demoted = [
+        e["t_s"]
+        for e in lossy["events"]
+        if e["ev"] == bad_ev and e["new"] == "assumed_bad" and e["side"] == "sender"
+    ]
+    rtt = base.base_rtt(0, fabric.hosts - 1)
+    ratio = lossy["goodput_bps"] / clean["goodput_bps"]
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1",
+            "rate": "10 Gbit/s per link",
+            "bytes": size,
+            "lossy_ev": hex(bad_ev),
+            "ev_loss": 0.2,
+            "base_rtt_us": rtt * 1e6,
+        },
+        tables=[_timeline("goodput", {"no loss": s0, "one EV drops 20%": s1})],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput",
+                lines(
+                    "goodput",
+                    "time_ms",
+                    ["no loss", "one EV drops 20%"],
+                    xlabel="time (ms)",
+                    ylabel="goodput (Gbit/s)",
+                    title="Figs 12-13: one EV dropping 20%",
+                ),
+            )
+        ],
+        claims=[
+            Claim("goodput with one EV dropping 20%, over lossless goodput", ratio, 0.9),
+            Claim(
+                "RTTs until the lossy EV is ASSUMED_BAD",
+                (min(demoted) / rtt) if demoted else float("nan"),
+                10,
+                "<=",
+            ),
+        ],
+    )
+
+
+# Figs 16-17: collectives under loss ---------------------------------------------------------
+def fig16(profile: str, seed: int) -> Outcome:
+    fabric = Fabric(racks=2, hosts_per_rack=4)
+    n = fabric.hosts
+    per = _size(profile, 256, 2048) << 10
+    losses = (0.0, 0.001, 0.01)
+    rows = []
+    times: dict[tuple[str, str, float], float] = {}
+    for coll in ("all-to-all", "ring all-reduce"):
+        for mode in MODES:
+            for loss in losses:
+                cfg = SimConfig(
+                    fabric=fabric,
+                    mode=mode,
+                    rate_bps=RATE,
+                    loss=loss,
+                    seed=seed,
+                    max_sim_time_s=2.0,
+                )
+                if coll == "all-to-all":
+                    pairs = tuple((s, d) for s in range(n) for d in range(n) if s != d)
+                    t = run(replace(cfg, pairs=pairs, bytes_per_flow=per)).completion_time_s
+                else:  # 2 (n - 1) steps, each every host to its ring neighbour, one chunk
+                    ring = tuple((h, (h + 1) % n) for h in range(n))
+                    one = run(replace(cfg, pairs=ring, bytes_per_flow=per)).completion_time_s
+                    t = one * 2 * (n - 1)
+                times[(coll, mode, loss)] = t
+                rows.append((coll, mode, loss * 100, t * 1e3))
+    table = Table("completion", ("collective", "mode", "loss_pct", "completion_ms"), tuple(rows))
+    slow = {(c, m): times[(c, m, 0.01)] / times[(c, m, 0.0)] for c, m, _ in times}
+    by_loss = Table(
+        "by_loss",
+        ("case", *(f"{loss * 100:g}% loss" for loss in losses)),
+        tuple(
+            (f"{c} {m}", *(times[(c, m, loss)] * 1e3 for loss in losses))
+            for c in ("all-to-all", "ring all-reduce")
+            for m in MODES
+        ),
+    )
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1, 2 racks x 4 hosts",
+            "rate": "10 Gbit/s per link",
+            "chunk_bytes": per,
+            "all_reduce": "2(n-1) ring steps, each timed alone",
+        },
+        tables=[table, by_loss],
+        plots=[
+            Plot(
+                "completion",
+                "completion",
+                bars(
+                    "by_loss",
+                    "case",
+                    [f"{loss * 100:g}% loss" for loss in losses],
+                    ylabel="completion time (ms)",
+                    title="Figs 16-17: collectives under random loss",
+                ),
+            )
+        ],
+        claims=[
+            Claim(
+                "all-to-all at 1% loss over lossless, MRC", slow[("all-to-all", "mrc")], 1.5, "<="
+            ),
+            Claim(
+                "ring all-reduce at 1% loss over lossless, MRC",
+                slow[("ring all-reduce", "mrc")],
+                1.5,
+                "<=",
+            ),
+            Claim(
+                "all-to-all at 1% loss: RoCE mode's slowdown over MRC's",
+                slow[("all-to-all", "roce")] / slow[("all-to-all", "mrc")],
+                1.0,
+            ),
+        ],
+    )
+
+
+# Fig 18: incast -----------------------------------------------------------------------------
+def fig18(profile: str, seed: int) -> Outcome:
+    fabric = Fabric(racks=2, hosts_per_rack=4)
+    per = _size(profile, 1, 4) << 20
+    senders = [h for h in range(fabric.hosts) if h != 0]
+    pairs = tuple((s, 0) for s in senders)
+    ideal = len(senders) * per * 8 / (fabric.planes * RATE)
+    rows = []
+    p99: dict[str, float] = {}
+    for label, mode, trim in (
+        ("MRC, trimming", "mrc", True),
+        ("MRC, tail drop", "mrc", False),
+        ("RoCE mode, tail drop", "roce", False),
+    ):
+        doc = run(
+            SimConfig(
+                fabric=fabric,
+                pairs=pairs,
+                bytes_per_flow=per,
+                mode=mode,
+                trim=trim,
+                rate_bps=RATE,
+                seed=seed,
+                max_sim_time_s=2.0,
+            )
+        ).to_json()
+        fcts = sorted((f["completion_time_s"] or float("inf")) for f in doc["flows"])
+        for f in fcts:
+            rows.append((label, f * 1e3, f / ideal))
+        p99[label] = fcts[min(len(fcts) - 1, int(0.99 * len(fcts)))] / ideal
+    table = Table("fct", ("case", "fct_ms", "slowdown"), tuple(rows))
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1, 2 racks x 4 hosts",
+            "rate": "10 Gbit/s per link",
+            "incast": f"{len(senders)}:1 into h0",
+            "bytes_per_flow": per,
+            "ideal_ms": ideal * 1e3,
+        },
+        tables=[table],
+        plots=[
+            Plot(
+                "fct_cdf",
+                "flow completion",
+                cdf(
+                    "fct",
+                    "slowdown",
+                    "case",
+                    xlabel="flow completion time / ideal (all flows share "
+                    "the receiver's links fairly)",
+                    title="Fig 18: 7:1 incast",
+                ),
+            )
+        ],
+        claims=[
+            Claim("p99 slowdown, MRC with trimming", p99["MRC, trimming"], 1.5, "<="),
+            Claim(
+                "p99 slowdown: MRC with tail drop over MRC with trimming",
+                p99["MRC, tail drop"] / p99["MRC, trimming"],
+                1.0,
+            ),
+            Claim(
+                "p99 slowdown: RoCE mode over MRC with trimming",
+                p99["RoCE mode, tail drop"] / p99["MRC, trimming"],
+                1.0,
+            ),
+        ],
+        notes=[
+            "The DCQCN-style RoCE baseline and last-hop ECN marking are not modelled yet: "
+            "RoCE mode here uses the same congestion control as MRC."
+        ],
+    )
+
+
+# Fig 20: permutation traffic ----------------------------------------------------------------
+def fig20(profile: str, seed: int) -> Outcome:
+    fabric = Fabric(racks=4, hosts_per_rack=2, t1_per_plane=8)
+    per = _size(profile, 4, 16) << 20
+    rng = random.Random(seed)
+    rows = []
+    frac: dict[str, list[float]] = {m: [] for m in MODES}
+    for trial in range(_size(profile, 3, 10)):
+        hosts = list(range(fabric.hosts))
+        while True:  # a permutation with every host sending to another rack
+            rng.shuffle(hosts)
+            if all(fabric.rack_of(s) != fabric.rack_of(d) for s, d in enumerate(hosts)):
+                break
+        pairs = tuple(enumerate(hosts))
+        for mode in MODES:
+            doc = run(
+                SimConfig(
+                    fabric=fabric,
+                    pairs=pairs,
+                    bytes_per_flow=per,
+                    mode=mode,
+                    rate_bps=RATE,
+                    seed=seed + trial,
+                    max_sim_time_s=2.0,
+                )
+            ).to_json()
+            frac[mode].append(doc["goodput_fraction"])
+            rows.append((trial, mode, doc["goodput_fraction"]))
+    table = Table("goodput", ("trial", "mode", "goodput_fraction"), tuple(rows))
+    means = Table("mean", ("mode", "goodput_fraction"), tuple((m, _mean(frac[m])) for m in MODES))
+    return Outcome(
+        params={
+            "fabric": "4 planes x 8 T1, 4 racks x 2 hosts",
+            "rate": "10 Gbit/s per link",
+            "bytes_per_flow": per,
+            "trials": len(frac["mrc"]),
+        },
+        tables=[table, means],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput",
+                bars(
+                    "mean",
+                    "mode",
+                    ["goodput_fraction"],
+                    ylabel="goodput / capacity",
+                    title="Fig 20: permutation traffic, spraying against one ECMP path per flow",
+                ),
+            )
+        ],
+        claims=[
+            Claim("MRC's goodput as a fraction of capacity", _mean(frac["mrc"]), 0.85),
+            Claim("RoCE mode's (ECMP collisions)", _mean(frac["roce"]), 1.0, "<="),
+            Claim("MRC over RoCE mode", _mean(frac["mrc"]) / _mean(frac["roce"]), 1.0),
+        ],
+    )
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig9a-link-flaps", "Fig 9a", "goodput over time while T0-T1 links flap", "sim", fig9a
+    ),
+    Experiment(
+        "fig9b-nic-down-up",
+        "Fig 9b",
+        "with 8 planes and 4 NIC ports down, goodput halves and comes back",
+        "sim",
+        fig9b,
+    ),
+    Experiment("fig9d-t1-fail", "Fig 9d", "a T1 switch fails under traffic", "sim", fig9d),
+    Experiment(
+        "fig12-lossy-ev",
+        "Figs 12-13",
+        "one EV dropping 20%: bandwidth stays flat, the EV is replaced within a few RTTs",
+        "sim",
+        fig12,
+    ),
+    Experiment(
+        "fig16-collectives",
+        "Figs 16-17",
+        "all-to-all and ring all-reduce under 0, 0.1 and 1% loss, MRC against RoCE mode",
+        "sim",
+        fig16,
+    ),
+    Experiment(
+        "fig18-incast",
+        "Fig 18",
+        "7:1 incast: trimming against tail drop, MRC against RoCE mode, per-flow completion",
+        "sim",
+        fig18,
+    ),
+    Experiment(
+        "fig20-permutation",
+        "Fig 20",
+        "permutation traffic: spraying against one ECMP path per flow",
+        "sim",
+        fig20,
+    ),
+)
