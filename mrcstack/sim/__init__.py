@@ -21,9 +21,11 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
     key                type            meaning
     -----------------  --------------  -----------------------------------------------------
     bytes_delivered    int             payload bytes of writes completed with SUCCESS
-    verified           bool            every flow completed; every receiver region equals
-                                       its source; each completion fired once, in order,
-                                       with SUCCESS; the immediate arrived exactly once
+    verified           bool            every flow completed; every write's bytes, derived
+                                       from its flow and offset, were found in place when
+                                       its immediate arrived; each completion fired once,
+                                       in order, with SUCCESS; each immediate exactly once
+                                       (memory stays flat: a ring of 8 MiB per flow end)
     completion_time_s  float           when the last flow finished (the end of the run if
                                        a flow never did)
     goodput_bps        float           bytes_delivered * 8 / completion_time_s

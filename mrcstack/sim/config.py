@@ -73,7 +73,7 @@ class SimConfig:
     fabric: Fabric = field(default_factory=Fabric)
     pairs: tuple[tuple[int, int], ...] = ()  # (src, dst) hosts; () = one flow h0 -> last host
     bytes_per_flow: int = DEFAULT_BYTES
-    wr_size: int | None = None  # None = one work request per flow
+    wr_size: int | None = None  # None = 1 MiB work requests (runner.DEFAULT_WR_SIZE)
     mode: str = "mrc"
     cc: str = "nscc"
     cc_params: CCParams | None = None  # None = CCParams.for_path(line rate, base RTT)

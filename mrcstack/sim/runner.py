@@ -1,9 +1,13 @@
 """Scenario in, result out: wire MRC connections to the simulated fabric and run a transfer.
 
-Each flow is one connection (a QP at each end).  The sender registers a buffer of seeded
-random bytes and posts RDMA WRITEs of ``wr_size`` (the last one with an immediate) into a
-zeroed region the receiver registered.  A flow is done when the sender saw every
-SendCompleted and the receiver the WriteImmReceived.  The adapter is the usual sans-IO
+Each flow is one connection (a QP at each end).  The sender posts RDMA WRITEs of
+``wr_size`` (default :data:`DEFAULT_WR_SIZE`), each with an immediate, into a region the
+receiver registered.  Memory stays flat whatever the flow size: both ends register a ring
+of a few work requests' size (:data:`RING_BYTES`); a write's content is derived from its
+flow and offset (a seeded filler, and a header of flow and offset in every 4 KiB block, so
+a misplaced block shows), generated when it is posted and checked in the receiver's ring
+when its immediate says it is placed; a slot is posted again only once its write completed.
+A flow is done when the sender saw every SendCompleted and the receiver every immediate.  The adapter is the usual sans-IO
 loop: after any input, drain events, transmit ``datagrams_to_send``, re-arm one timer.
 
 All randomness comes from ``random.Random`` instances derived from ``SimConfig.seed``, and
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import random
+import struct
 from collections.abc import Callable
 
 from mrcstack.core.config import ConnectionConfig
@@ -110,20 +115,34 @@ def _real_connection(
 
 
 # The adapter ----------------------------------------------------------------------------
+#: Work-request size when the scenario sets none.
+DEFAULT_WR_SIZE = 1 << 20
+#: Each end's ring of work-request buffers, per flow (at least two work requests).
+RING_BYTES = 8 << 20
+_BLOCK = 4096
+_HEADER = struct.Struct("<QQ")  # flow index, offset in the flow
+
+
 class _Flow:
     """One transfer and the bookkeeping that decides whether it completed correctly."""
 
-    def __init__(self, index: int, src: int, dst: int, cfg: SimConfig, data: bytes) -> None:
+    def __init__(self, index: int, src: int, dst: int, cfg: SimConfig, filler: bytes) -> None:
         self.index, self.src, self.dst = index, src, dst
-        self.source = bytearray(data)
-        self.target = bytearray(len(data))
-        size = cfg.wr_size or len(data)
-        self.wrs = [(off, min(size, len(data) - off)) for off in range(0, len(data), size)]
-        self.imm = index
+        self.size = cfg.bytes_per_flow
+        self.wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, self.size)
+        self.nwrs = -(-self.size // self.wr_size)
+        self.slots = min(self.nwrs, max(2, RING_BYTES // self.wr_size))
+        self.source = bytearray(self.slots * self.wr_size)
+        self.target = bytearray(self.slots * self.wr_size)
+        self.filler = filler  # wr_size seeded random bytes
+        self.expected = bytearray(self.wr_size)
+        self.posted = 0  # work requests posted so far
         self.plane_bytes = [0] * cfg.fabric.planes
-        self.completions: list[tuple[int, WcStatus]] = []
+        self.completed = 0  # SendCompleted seen, all SUCCESS and in order while intact
+        self.completions_ok = True
         self.bytes_done = 0
-        self.imms: list[int] = []
+        self.imms = 0  # immediates seen, each checked against its write's content
+        self.content_ok = True
         self.failed: str | None = None
         self.done_at: float | None = None
         self.failed_at: float | None = None  # when ``failed`` was first set
@@ -134,14 +153,34 @@ class _Flow:
     def complete(self) -> bool:
         return self.done_at is not None
 
+    def wr(self, k: int) -> tuple[int, int, int]:
+        """Work request ``k``: its offset in the flow, length, and ring slot offset."""
+        offset = k * self.wr_size
+        return offset, min(self.wr_size, self.size - offset), k % self.slots * self.wr_size
+
+    def content(self, k: int, into: memoryview) -> None:
+        """Write ``k``'s bytes into ``into``: the filler, a header per 4 KiB block."""
+        offset, length, _ = self.wr(k)
+        into[:length] = self.filler[:length]
+        for b in range(0, length - _HEADER.size + 1, _BLOCK):
+            _HEADER.pack_into(into, b, self.index, offset + b)
+
+    def check_placed(self, k: int, imm: int) -> None:
+        """The receiver says write ``k`` (and every earlier one) is placed: compare."""
+        _, length, slot = self.wr(k)
+        self.content(k, memoryview(self.expected))
+        placed = memoryview(self.target)[slot : slot + length]
+        if imm != k & 0xFFFF_FFFF or placed != memoryview(self.expected)[:length]:
+            self.content_ok = False
+
     def verified(self) -> bool:
-        expected = [(i, WcStatus.SUCCESS) for i in range(len(self.wrs))]
         return (
             self.complete()
             and self.failed is None
-            and self.completions == expected
-            and self.imms == [self.imm]
-            and self.target == self.source
+            and self.completions_ok
+            and self.completed == self.nwrs
+            and self.imms == self.nwrs
+            and self.content_ok
         )
 
     def result(self) -> FlowResult:
@@ -151,12 +190,12 @@ class _Flow:
             index=self.index,
             src=self.src,
             dst=self.dst,
-            bytes=len(self.source),
-            work_requests=len(self.wrs),
+            bytes=self.size,
+            work_requests=self.nwrs,
             complete=self.complete(),
             verified=self.verified(),
             completion_time_s=time,
-            goodput_bps=len(self.source) * 8 / time if time else 0.0,
+            goodput_bps=self.size * 8 / time if time else 0.0,
             failed=self.failed,
             failure_time_s=self.failed_at,
             retransmissions=sum_counts([tx.retransmissions, rx.retransmissions]),
@@ -255,7 +294,8 @@ class _Simulation:
         data_rng = random.Random(master.getrandbits(64))
         hash_rng = random.Random(master.getrandbits(64))
         for index, (src, dst) in enumerate(pairs):
-            flow = _Flow(index, src, dst, cfg, data_rng.randbytes(cfg.bytes_per_flow))
+            wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, cfg.bytes_per_flow)
+            flow = _Flow(index, src, dst, cfg, data_rng.randbytes(wr_size))
             self.flows.append(flow)
             qpn = QPN_BASE + 2 * index
             for sender, host, peer, local in ((True, src, dst, qpn), (False, dst, src, qpn + 1)):
@@ -325,22 +365,29 @@ class _Simulation:
 
     def _post_all(self, _: object) -> None:
         for flow in self.flows:
-            sender = flow.ends[0]
-            region = flow.target_region
-            if region is None:
-                raise SimError(f"flow {flow.index} has no target region")
-            source = memoryview(flow.source)
-            last = len(flow.wrs) - 1
-            for wr_id, (offset, length) in enumerate(flow.wrs):
-                sender.conn.post_write(
-                    wr_id,
-                    source[offset : offset + length],
-                    region.va + offset,
-                    region.rkey,
-                    imm=flow.imm if wr_id == last else None,
-                    now=0.0,
-                )
-            sender.pump()
+            for _k in range(flow.slots):
+                self._post(flow)
+            flow.ends[0].pump()
+
+    def _post(self, flow: _Flow) -> None:
+        """Post the flow's next write into its ring slot (free: the write it held is done)."""
+        k = flow.posted
+        region = flow.target_region
+        if region is None:
+            raise SimError(f"flow {flow.index} has no target region")
+        if k - flow.slots >= flow.completed:
+            raise SimError(f"flow {flow.index}: ring slot of write {k} still in use")
+        _, length, slot = flow.wr(k)
+        source = memoryview(flow.source)[slot : slot + length]
+        flow.content(k, source)
+        flow.posted += 1
+        flow.ends[0].conn.post_write(
+            k, source, region.va + slot, region.rkey, imm=k & 0xFFFF_FFFF, now=self.engine.now
+        )
+
+    @staticmethod
+    def _pump_sender(flow: _Flow) -> None:
+        flow.ends[0].pump()
 
     def series_add(self, flow: int, now: float, n: int) -> None:
         if self.series is None or self.cfg.series_interval_s is None:
@@ -351,14 +398,24 @@ class _Simulation:
     def on_event(self, endpoint: _Endpoint, event: Event, now: float) -> None:
         flow = endpoint.flow
         if isinstance(event, SendCompleted):
-            flow.completions.append((event.wr_id, event.status))
+            if event.wr_id != flow.completed or event.status is not WcStatus.SUCCESS:
+                flow.completions_ok = False
+            flow.completed += 1
             if event.status is WcStatus.SUCCESS:
                 flow.bytes_done += event.byte_len
+                if flow.posted < flow.nwrs and flow.failed is None:
+                    self._post(flow)
+                    # Sent by a pump of its own: this event may come from a pump's last drain.
+                    self.engine.at(now, self._pump_sender, flow)
             elif flow.failed is None:
                 flow.failed = f"wr {event.wr_id}: {event.status.value}"
                 flow.failed_at = now
         elif isinstance(event, WriteImmReceived):
-            flow.imms.append(event.imm)
+            if flow.imms >= flow.posted:
+                flow.content_ok = False  # an immediate for a write never posted
+            else:
+                flow.check_placed(flow.imms, event.imm)
+            flow.imms += 1
         elif isinstance(event, EvStateChanged):
             self.ev_changes += 1
             if len(self.ev_log) < MAX_EVENTS_LISTED:
@@ -385,7 +442,7 @@ class _Simulation:
             flow.failed_at = now
         if flow.finished:
             return
-        if len(flow.completions) >= len(flow.wrs) and flow.imms:
+        if flow.completed >= flow.nwrs and flow.imms >= flow.nwrs:
             flow.done_at = now
         elif flow.failed is None:
             return
