@@ -7,8 +7,9 @@ of a few work requests' size (:data:`RING_BYTES`); a write's content is derived 
 flow and offset (a seeded filler, and a header of flow and offset in every 4 KiB block, so
 a misplaced block shows), generated when it is posted and checked in the receiver's ring
 when its immediate says it is placed; a slot is posted again only once its write completed.
-A flow is done when the sender saw every SendCompleted and the receiver every immediate.  The adapter is the usual sans-IO
-loop: after any input, drain events, transmit ``datagrams_to_send``, re-arm one timer.
+A flow is done when the sender saw every SendCompleted and the receiver every immediate.
+The adapter is the usual sans-IO loop: after any input, drain events, transmit
+``datagrams_to_send``, re-arm one timer.
 
 All randomness comes from ``random.Random`` instances derived from ``SimConfig.seed``, and
 time is virtual, so a configuration always produces the same :class:`SimResult`.
