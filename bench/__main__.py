@@ -42,7 +42,7 @@ def main() -> int:
     for key, value in wire_bench.run().items():
         print(f"{key:<40} {value:14,.1f}")
     print("== simulator: full transfer ==")
-    for key, value in sim_bench.run().items():
+    for key, value in {**sim_bench.run(), **sim_bench.scaling()}.items():
         print(f"{key:<40} {value:14,.3f}")
     if os.geteuid() == 0:
         print("== testbed: build and teardown ==")

@@ -124,6 +124,52 @@ def run(transfer_bytes: int = TRANSFER_BYTES) -> dict[str, float]:
     }
 
 
+#: The same ``scaling()`` runs on this 2-core machine at the revision before SACK processing
+#: became O(newly acknowledged) (packets per wall second), for the ratios it prints.
+BASELINE_PKTS_PER_S = {
+    "loss_1pct": 13_308.0,
+    "evs_16": 15_689.0,
+    "evs_256": 16_226.0,
+    "evs_1024": 23_471.0,
+}
+LOSSY_BYTES = 16 << 20
+
+
+def _timed(cfg: SimConfig) -> tuple[float, float, float]:
+    """(packets per wall second, core CPU us per packet, verified) of one run."""
+    clock = _CoreClock()
+
+    def factory(config: ConnectionConfig, memory: MemoryTable, rng: random.Random) -> Connection:
+        return _TimedConnection(config, memory, rng, clock)
+
+    wall0 = time.perf_counter()
+    result = run_sim(cfg, connection_factory=factory)
+    wall = time.perf_counter() - wall0
+    packets = result.packets_sent
+    return packets / wall, clock.ns / NS_PER_US / packets, float(result.verified)
+
+
+def scaling() -> dict[str, float]:
+    """4 planes x 8 T1 at 1% loss on every link, and lossless at 16, 256 and 1024 EVs:
+    packets per wall second, core CPU per packet, and the ratio to the recorded baseline."""
+    cases = {
+        "loss_1pct": SimConfig(fabric=FABRIC, bytes_per_flow=LOSSY_BYTES, loss=0.01, seed=SEED),
+        **{
+            f"evs_{n}": SimConfig(fabric=FABRIC, bytes_per_flow=LOSSY_BYTES, ev_count=n, seed=SEED)
+            for n in (16, 256, 1024)
+        },
+    }
+    out: dict[str, float] = {}
+    for name, cfg in cases.items():
+        rate, core_us, verified = _timed(cfg)
+        out[f"{name}_packets_per_wall_s"] = rate
+        out[f"{name}_core_cpu_us_per_packet"] = core_us
+        base = BASELINE_PKTS_PER_S.get(name, 0.0)
+        out[f"{name}_vs_baseline"] = rate / base if base else float("nan")
+        out[f"{name}_verified"] = verified
+    return out
+
+
 def _print(results: dict[str, float], names: Sequence[str] | None = None) -> None:
     for name in names or sorted(results):
         print(f"{name:24} {results[name]:.6g}")
@@ -131,3 +177,4 @@ def _print(results: dict[str, float], names: Sequence[str] | None = None) -> Non
 
 if __name__ == "__main__":
     _print(run())
+    _print(scaling())

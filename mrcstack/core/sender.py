@@ -136,6 +136,10 @@ class Sender:
         self.send_wr_index = 0  # index in wrs of the WR holding next_seq
         self.next_seq = config.local_psn
         self.snd_una = config.local_psn  # oldest unacknowledged sequence number
+        # The newest SACK bitmap processed and its base: an ACK walks only the bits that
+        # are new to it, so SACK costs O(newly acknowledged), not O(window), per ACK.
+        self._sack_base = config.local_psn
+        self._sack_seen = 0
         self.end_seq = config.local_psn  # one past the last posted packet
         self.txs: dict[int, Tx] = {}  # current transmission of every unacked sent packet
         self.ev_fifo: dict[int, deque[Tx]] = {}
@@ -375,11 +379,20 @@ class Sender:
         bitmap = ack.sack_bitmap
         if bitmap:
             base = unwrap(ack.sack_base, self.snd_una)
+            shift = base - self._sack_base
+            if shift >= 0:  # the usual case: this ACK is at least as new as the last one
+                bitmap &= ~(self._sack_seen >> shift)
+                # (bits past next_seq name nothing we sent: never counted as seen)
+                sent = ack.sack_bitmap & ((1 << max(0, self.next_seq - base)) - 1)
+                self._sack_base, self._sack_seen = base, sent
+            else:  # an older ACK, reordered: skip what the newer one reported
+                bitmap &= ~(self._sack_seen << -shift)
+            txs = self.txs
             while bitmap:
                 low = bitmap & -bitmap
                 seq = base + low.bit_length() - 1
                 bitmap ^= low
-                if self.snd_una <= seq < self.next_seq:
+                if self.snd_una <= seq < self.next_seq and seq in txs:
                     hit = seq == echo_seq
                     self._acked(seq, rtt if hit else None, ecn and hit, now, echo_tx)
         if not self.roce:
