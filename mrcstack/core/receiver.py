@@ -13,20 +13,25 @@ from dataclasses import dataclass
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, WriteImmReceived
 from mrcstack.core.memory import MemoryTable
-from mrcstack.core.psn import to_psn, unwrap
+from mrcstack.core.psn import HALF
 from mrcstack.errors import AccessError
-from mrcstack.wire.packets import DataFlags, DataPacket, NackReason
+from mrcstack.wire.packets import PSN_MASK, PSN_MOD, DataFlags, DataPacket, NackReason
 
 SACK_BITS = 64
+_SACK_MASK = (1 << SACK_BITS) - 1
 # Plain ints: IntFlag arithmetic costs a method call per packet.
 _TRIMMED = int(DataFlags.TRIMMED)
 _TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
 _LAST = int(DataFlags.LAST)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Feedback:
-    """The ACK or NACK to send for one data packet (the connection encodes it)."""
+    """The ACK or NACK to send for one data packet (the connection encodes it).
+
+    Not frozen: one is built per data packet, and a frozen dataclass pays a
+    ``object.__setattr__`` call per field.  Nothing changes it after it is built.
+    """
 
     cum_psn: int
     msn: int
@@ -58,46 +63,56 @@ class Receiver:
         self.roce = config.mode == "roce"
         self.rcv_nxt = config.remote_psn  # every seq below this has been placed
         self.ooo: dict[int, int] = {}  # seq -> payload bytes, received beyond rcv_nxt
+        # The same set as bits (bit i: seq rcv_nxt + i), so that a SACK bitmap is a shift
+        # and a mask, not a walk over what arrived out of order (that is up to a window).
+        self.ooo_bits = 0
         self.imms: dict[int, int] = {}  # seq of a received imm-carrying packet -> imm
         self.msn = 0  # messages (writes) completed, mod 2**24
         self.msg_bytes = 0  # bytes of the write being completed (since the last write's end)
         self.nak_sent_at: int | None = None  # roce mode: one NAK per gap
 
     def on_data(self, pkt: DataPacket, ecn: bool) -> Feedback | None:
-        seq = unwrap(pkt.psn, self.rcv_nxt)
+        nxt = self.rcv_nxt
+        delta = (pkt.psn - nxt) & PSN_MASK  # unwrap(), inline: this runs per packet
+        if delta >= HALF:
+            delta -= PSN_MOD
+        seq = nxt + delta
         flags = pkt.flags
+        ooo = self.ooo
         if flags & _TRIMMED:
             self.stats.trims_received += 1
-            if seq < self.rcv_nxt or seq in self.ooo:
-                return self._ack(pkt, seq, ecn)  # already have it: a plain ACK will do
+            if delta < 0 or seq in ooo:
+                return self._feedback(pkt, seq, ecn, 0)  # already have it: a plain ACK
             reason = NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
             return self._feedback(pkt, seq, ecn, reason)
-        if seq < self.rcv_nxt or seq in self.ooo:
+        if delta < 0 or seq in ooo:
             self.stats.duplicates += 1
             return self._feedback(pkt, seq, ecn, 0, dup=True)
-        if seq >= self.rcv_nxt + self.cfg.max_window:
+        if delta >= self.cfg.max_window:
             self.stats.count(self.stats.rejected, "psn_window")
             return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW)
-        if self.roce and seq != self.rcv_nxt:
-            if self.nak_sent_at == self.rcv_nxt:
+        if self.roce and delta:
+            if self.nak_sent_at == nxt:
                 return None
-            self.nak_sent_at = self.rcv_nxt
+            self.nak_sent_at = nxt
             return self._feedback(pkt, seq, ecn, NackReason.SEQ_ERROR)
-        size = len(pkt.payload)
+        payload = pkt.payload
+        size = len(payload)
         try:
             target = self.memory.target(pkt.rkey, pkt.va, size)
         except AccessError:
             self.stats.count(self.stats.rejected, "rkey")
             return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS)
-        target[:] = pkt.payload
+        target[:] = payload
         self.stats.data_bytes_placed += size
         if flags & _LAST:
             self.imms[seq] = -1 if pkt.imm is None else pkt.imm
-        if seq == self.rcv_nxt:
-            self._advance(seq + 1, size)
+        if delta:
+            ooo[seq] = size
+            self.ooo_bits |= 1 << delta
         else:
-            self.ooo[seq] = size
-        return self._ack(pkt, seq, ecn)
+            self._advance(seq + 1, size)
+        return self._feedback(pkt, seq, ecn, 0)
 
     def _advance(self, new_nxt: int, size: int) -> None:
         """Move the cumulative point past ``new_nxt - 1`` and whatever it makes contiguous."""
@@ -118,40 +133,31 @@ class Receiver:
             if nxt is None:
                 break
             size = nxt
+        if self.ooo_bits:
+            self.ooo_bits >>= seq - self.rcv_nxt
         self.rcv_nxt = seq
         self.nak_sent_at = None
-
-    def _ack(self, pkt: DataPacket, seq: int, ecn: bool) -> Feedback:
-        return self._feedback(pkt, seq, ecn, 0)
 
     def _feedback(
         self, pkt: DataPacket, seq: int, ecn: bool, reason: int, dup: bool = False
     ) -> Feedback:
-        base = max(self.rcv_nxt, seq - SACK_BITS + 1)
-        bitmap = 0
-        ooo = self.ooo
-        if ooo:
-            if len(ooo) < SACK_BITS:
-                for s in ooo:
-                    off = s - base
-                    if 0 <= off < SACK_BITS:
-                        bitmap |= 1 << off
-            else:
-                for off in range(SACK_BITS):
-                    if base + off in ooo:
-                        bitmap |= 1 << off
+        nxt = self.rcv_nxt
+        base = seq - SACK_BITS + 1
+        if base < nxt:
+            base = nxt
+        bits = self.ooo_bits
         return Feedback(
-            cum_psn=to_psn(self.rcv_nxt - 1),
-            msn=self.msn,
-            echo_ev=pkt.ev,
-            echo_psn=pkt.psn,
-            echo_ts_ns=pkt.ts_ns,
-            sack_base=to_psn(base),
-            sack_bitmap=bitmap,
-            ecn=ecn,
-            nack_reason=reason,
-            dup=dup,
-            seq=seq,
-            base=base,
-            rcv_nxt=self.rcv_nxt,
+            (nxt - 1) & PSN_MASK,
+            self.msn,
+            pkt.ev,
+            pkt.psn,
+            pkt.ts_ns,
+            base & PSN_MASK,
+            bits >> (base - nxt) & _SACK_MASK if bits else 0,
+            ecn,
+            reason,
+            dup,
+            seq,
+            base,
+            nxt,
         )
