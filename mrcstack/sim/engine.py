@@ -7,6 +7,7 @@ ties), so a run depends only on its inputs, never on hash order or the wall cloc
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ class Engine:
         self.now = 0.0
         self.events_run = 0
         self._heap: list[tuple[float, int, Callback, Any]] = []
-        self._seq = 0
+        self._seq = itertools.count(1)
         self._stopped = False
 
     def at(self, time: float, callback: Callback, arg: Any = None) -> None:
@@ -37,8 +38,13 @@ class Engine:
             if math.isnan(time):
                 raise ValueError("event time is NaN")
             time = self.now
-        self._seq += 1
-        heapq.heappush(self._heap, (time, self._seq, callback, arg))
+        heapq.heappush(self._heap, (time, next(self._seq), callback, arg))
+
+    def queue(self) -> tuple[list[tuple[float, int, Callback, Any]], Callable[[], int]]:
+        """The heap and its tie-break counter, for a caller that pushes
+        ``(time, tiebreak(), callback, arg)`` itself with ``time >= now``: the network does,
+        once per packet per hop, where a method call is a noticeable share of the cost."""
+        return self._heap, self._seq.__next__
 
     def stop(self) -> None:
         """End :meth:`run` after the current event (e.g. every flow has finished)."""

@@ -26,6 +26,7 @@ framing is not modelled.
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -241,7 +242,13 @@ class Network:
         self._ev_loss_pairs = None if ev_loss_pairs is None else frozenset(ev_loss_pairs)
         self._handlers: dict[int, Handler] = {}
         self._routes: dict[tuple[int, int, int, int], tuple[Link, ...]] = {}
+        # The per-hop path pushes onto the engine's heap itself (see Engine.queue).
+        self._engine = engine
+        self._heap, self._tiebreak = engine.queue()
+        self._push = heapq.heappush
+        self._trim = params.trim
         self._forward_cb = self._forward
+        self._deliver_cb = self._deliver
         self.packets_sent = 0
         self.packets_delivered = 0
         self.drops_ev_loss = 0
@@ -346,35 +353,40 @@ class Network:
 
     def send(self, src: int, dst: int, plane: int, ev: int, data: bytes) -> None:
         """Inject a datagram at ``src``'s NIC port for ``plane`` now, on the path of ``ev``."""
-        route = self.route(src, dst, plane, ev)
+        route = self._routes.get((src, dst, plane, ev)) or self.route(src, dst, plane, ev)
         doomed = False
-        p = self._ev_loss.get(ev)
-        if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
-            doomed = self._rng.random() < p
+        if self._ev_loss:
+            p = self._ev_loss.get(ev)
+            if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
+                doomed = self._rng.random() < p
         self.packets_sent += 1
         self._forward(_Packet(data, route, dst, plane, doomed))
 
     def _forward(self, pkt: _Packet) -> None:
-        """The packet is at the node before ``route[hop]``: enqueue it there, or deliver."""
-        now = self.engine.now
+        """The packet is at the node before ``route[hop]``: enqueue it there.
+
+        It then reaches the next node (the next hop's event) or, after the last link, its
+        host (the delivery event).  This runs once per packet per hop: locals, no calls.
+        """
+        now = self._engine.now
         route = pkt.route
         hop = pkt.hop
-        if hop == len(route):
-            self._deliver(pkt)
-            return
         link = route[hop]
-        pkt.hop = hop + 1
+        hop += 1
+        pkt.hop = hop
         if link.down:
             link.drops_down += 1
             return
         size = len(pkt.data) + WIRE_OVERHEAD_BYTES
         busy = link.busy_until
-        busy = max(busy, now)
+        if busy < now:
+            busy = now
         if link.switch_egress:
             queued = (busy - now) * link.bytes_per_s
-            link.max_queue = max(link.max_queue, queued)
+            if queued > link.max_queue:
+                link.max_queue = queued
             if not pkt.priority:
-                if pkt.is_data and self.params.trim and queued + size > self.trim_threshold:
+                if pkt.is_data and self._trim and queued + size > self.trim_threshold:
                     pkt.data = self._trimmer(pkt.data, link.last_hop)
                     pkt.priority = True
                     link.trims += 1
@@ -400,7 +412,15 @@ class Network:
         if link.loss and self._rng.random() < link.loss:
             link.drops_loss += 1
             return
-        self.engine.at(depart + link.delay, self._forward_cb, pkt)
+        self._push(
+            self._heap,
+            (
+                depart + link.delay,
+                self._tiebreak(),
+                self._forward_cb if hop < len(route) else self._deliver_cb,
+                pkt,
+            ),
+        )
 
     def _deliver(self, pkt: _Packet) -> None:
         if pkt.doomed:
