@@ -1,13 +1,15 @@
 """The simulator at scale: flows of any size in flat memory, every byte still checked.
 
-A write's content is derived from its flow and offset and checked in the receiver's ring
-when its immediate arrives, so a 1 GiB flow needs a few MiB.  The RSS figures are measured
-in a child process (its ``VmHWM``), so the test process's own memory does not count.
+A write's content is derived from its flow and offset and checked as each packet is placed
+(the receiver's memory holds nothing), so a 1 GiB flow needs a few MiB.  The RSS figures
+are measured in a child process (its ``VmHWM``), so the test process's own memory does not
+count.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.memory import MemoryTable
 from mrcstack.fabric import Fabric
 from mrcstack.sim import SimConfig, run
+from mrcstack.sim.content import CheckingSink, FlowContent
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -71,18 +74,17 @@ def test_16_flows_of_256mib_run_verify_and_stay_small() -> None:
 def test_a_misplaced_block_is_caught() -> None:
     """The receiver's memory puts one packet 4 KiB off (a placement bug): not verified."""
 
-    class Misplacing(MemoryTable):
+    class Misplacing(CheckingSink):
         calls = 0
 
         def target(self, rkey: int, va: int, length: int) -> memoryview:
             Misplacing.calls += 1
-            view = super().target(rkey, va, length)
             if Misplacing.calls == 700:  # some packet in the middle of the flow
-                return super().target(rkey, va + 4096, length)
-            return view
+                va += 4096
+            return super().target(rkey, va, length)
 
     def factory(config: ConnectionConfig, memory: MemoryTable, rng: object) -> Connection:
-        if config.local_qpn % 2:  # the receiver's end
+        if isinstance(memory, CheckingSink):  # the receiver's end
             memory.__class__ = Misplacing
         return Connection(config, memory=memory, rng=rng, now=0.0)  # type: ignore[arg-type]
 
@@ -97,3 +99,34 @@ def test_work_requests_are_flat_too() -> None:
     """Many small work requests: completions and immediates counted, not listed."""
     r = run(SimConfig(fabric=Fabric(), bytes_per_flow=4 * MIB + 123, wr_size=64 << 10))
     assert r.verified and r.flows[0].work_requests == 65
+
+
+def test_the_sink_catches_wrong_bytes_twice_written_bytes_and_gaps() -> None:
+    def sink() -> tuple[CheckingSink, FlowContent]:
+        content = FlowContent(3, random.Random(1))
+        return CheckingSink(content, 3 * 4096, 4096), content
+
+    def write(s: CheckingSink, c: FlowContent, offset: int, corrupt: bool = False) -> None:
+        view = s.target(s.rkey, s.va + offset, 4096)
+        c.fill(view, offset)
+        if corrupt:
+            view[100] ^= 1
+        s.check()
+
+    good, c = sink()
+    for offset in (8192, 0, 4096):  # out of order is fine
+        write(good, c, offset)
+    assert good.intact_below(3 * 4096)
+    bad, c = sink()
+    write(bad, c, 0)
+    write(bad, c, 4096, corrupt=True)
+    write(bad, c, 8192)
+    assert not bad.intact_below(3 * 4096)
+    twice, c = sink()
+    for offset in (0, 4096, 4096, 8192):
+        write(twice, c, offset)
+    assert not twice.intact_below(3 * 4096)
+    gap, c = sink()
+    write(gap, c, 0)
+    write(gap, c, 8192)
+    assert gap.intact_below(4096) and not gap.intact_below(3 * 4096)

@@ -1,12 +1,13 @@
 """Scenario in, result out: wire MRC connections to the simulated fabric and run a transfer.
 
 Each flow is one connection (a QP at each end).  The sender posts RDMA WRITEs of
-``wr_size`` (default :data:`DEFAULT_WR_SIZE`), each with an immediate, into a region the
-receiver registered.  Memory stays flat whatever the flow size: both ends register a ring
-of a few work requests' size (:data:`RING_BYTES`); a write's content is derived from its
-flow and offset (a seeded filler, and a header of flow and offset in every 4 KiB block, so
-a misplaced block shows), generated when it is posted and checked in the receiver's ring
-when its immediate says it is placed; a slot is posted again only once its write completed.
+``wr_size`` (default :data:`DEFAULT_WR_SIZE`), each with an immediate.  Memory stays flat
+whatever the flow size: a write's content is derived from its flow and offset (a seeded
+filler, and a header of flow and offset in every 4 KiB block, so a misplaced block shows,
+see :mod:`.content`); the sender fills a ring of a few work requests
+(:data:`RING_BYTES`) when it posts, and a slot is posted again only once its write
+completed; the receiver's memory is a :class:`~.content.CheckingSink` as large as the flow
+that stores nothing and checks every packet as it is placed, each byte exactly once.
 A flow is done when the sender saw every SendCompleted and the receiver every immediate.
 The adapter is the usual sans-IO loop: after any input, drain events, transmit
 ``datagrams_to_send``, re-arm one timer.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import random
-import struct
 from collections.abc import Callable
 
 from mrcstack.core.config import ConnectionConfig
@@ -36,7 +36,7 @@ from mrcstack.core.events import (
     WcStatus,
     WriteImmReceived,
 )
-from mrcstack.core.memory import MemoryRegion, MemoryTable
+from mrcstack.core.memory import MemoryTable
 from mrcstack.sim.config import (
     DATA_PACKET_OVERHEAD_BYTES,
     DEFAULT_BYTES,
@@ -52,6 +52,7 @@ from mrcstack.sim.config import (
     Window,
     ev_profile,
 )
+from mrcstack.sim.content import CheckingSink, FlowContent
 from mrcstack.sim.engine import Engine
 from mrcstack.sim.network import Network
 from mrcstack.sim.result import (
@@ -118,38 +119,35 @@ def _real_connection(
 # The adapter ----------------------------------------------------------------------------
 #: Work-request size when the scenario sets none.
 DEFAULT_WR_SIZE = 1 << 20
-#: Each end's ring of work-request buffers, per flow (at least two work requests).
+#: The sender's ring of work-request buffers, per flow (at least two work requests).
 RING_BYTES = 8 << 20
-_BLOCK = 4096
-_HEADER = struct.Struct("<QQ")  # flow index, offset in the flow
 
 
 class _Flow:
     """One transfer and the bookkeeping that decides whether it completed correctly."""
 
-    def __init__(self, index: int, src: int, dst: int, cfg: SimConfig, filler: bytes) -> None:
+    def __init__(self, index: int, src: int, dst: int, cfg: SimConfig, rng: random.Random) -> None:
         self.index, self.src, self.dst = index, src, dst
         self.size = cfg.bytes_per_flow
         self.wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, self.size)
         self.nwrs = -(-self.size // self.wr_size)
         self.slots = min(self.nwrs, max(2, RING_BYTES // self.wr_size))
         self.source = bytearray(self.slots * self.wr_size)
-        self.target = bytearray(self.slots * self.wr_size)
-        self.filler = filler  # wr_size seeded random bytes
-        self.expected = bytearray(self.wr_size)
+        self.content = FlowContent(index, rng)
+        # The receiver's memory: as large as the flow, holding nothing, checking each write.
+        self.sink = CheckingSink(self.content, self.size, cfg.mtu_payload)
         self.posted = 0  # work requests posted so far
         self.plane_bytes = [0] * cfg.fabric.planes
         self.completed = 0  # SendCompleted seen, all SUCCESS and in order while intact
         self.completions_ok = True
         self.bytes_done = 0
-        self.imms = 0  # immediates seen, each checked against its write's content
+        self.imms = 0  # immediates seen, each checked against the sink
         self.content_ok = True
         self.failed: str | None = None
         self.done_at: float | None = None
         self.failed_at: float | None = None  # when ``failed`` was first set
         self.finished = False
         self.ends: list[_Endpoint] = []  # sender, receiver
-        self.target_region: MemoryRegion | None = None
 
     def complete(self) -> bool:
         return self.done_at is not None
@@ -159,19 +157,11 @@ class _Flow:
         offset = k * self.wr_size
         return offset, min(self.wr_size, self.size - offset), k % self.slots * self.wr_size
 
-    def content(self, k: int, into: memoryview) -> None:
-        """Write ``k``'s bytes into ``into``: the filler, a header per 4 KiB block."""
-        offset, length, _ = self.wr(k)
-        into[:length] = self.filler[:length]
-        for b in range(0, length - _HEADER.size + 1, _BLOCK):
-            _HEADER.pack_into(into, b, self.index, offset + b)
-
     def check_placed(self, k: int, imm: int) -> None:
-        """The receiver says write ``k`` (and every earlier one) is placed: compare."""
-        _, length, slot = self.wr(k)
-        self.content(k, memoryview(self.expected))
-        placed = memoryview(self.target)[slot : slot + length]
-        if imm != k & 0xFFFF_FFFF or placed != memoryview(self.expected)[:length]:
+        """The receiver says write ``k`` (and every earlier one) is placed: it must be, each
+        byte once and as the sender made it (the sink checked every write on arrival)."""
+        offset, length, _ = self.wr(k)
+        if imm != k & 0xFFFF_FFFF or not self.sink.intact_below(offset + length):
             self.content_ok = False
 
     def verified(self) -> bool:
@@ -182,6 +172,7 @@ class _Flow:
             and self.completed == self.nwrs
             and self.imms == self.nwrs
             and self.content_ok
+            and self.sink.intact_below(self.size)
         )
 
     def result(self) -> FlowResult:
@@ -223,6 +214,7 @@ class _Endpoint:
         self.spin_at = -1.0
         self.spins = 0
         self.placed = 0
+        self.sink = None if sender else flow.sink
         self._on_timer_cb = self._on_timer
         while conn.next_event() is not None:
             pass  # connection setup (the initial EV activations) is not a state change
@@ -230,6 +222,8 @@ class _Endpoint:
     def receive(self, data: bytes, plane: int, ecn: bool) -> None:
         now = self.sim.engine.now
         self.conn.receive_datagram(data, now=now, port=plane, ecn=ecn)
+        if self.sink is not None:
+            self.sink.check()  # the write this datagram placed, if any
         if self.sim.series is not None and not self.sender:
             placed = self.conn.stats.data_bytes_placed
             if placed != self.placed:
@@ -295,8 +289,7 @@ class _Simulation:
         data_rng = random.Random(master.getrandbits(64))
         hash_rng = random.Random(master.getrandbits(64))
         for index, (src, dst) in enumerate(pairs):
-            wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, cfg.bytes_per_flow)
-            flow = _Flow(index, src, dst, cfg, data_rng.randbytes(wr_size))
+            flow = _Flow(index, src, dst, cfg, data_rng)
             self.flows.append(flow)
             qpn = QPN_BASE + 2 * index
             for sender, host, peer, local in ((True, src, dst, qpn), (False, dst, src, qpn + 1)):
@@ -312,9 +305,10 @@ class _Simulation:
                     ev_count=cfg.ev_count,
                 )
                 memory = MemoryTable()
-                region = memory.register(flow.source if sender else flow.target)
-                if not sender:
-                    flow.target_region = region
+                if sender:
+                    memory.register(flow.source)
+                else:
+                    memory = flow.sink
                 conn = factory(config, memory, random.Random(master.getrandbits(64)))
                 endpoint = _Endpoint(self, flow, conn, sender)
                 flow.ends.append(endpoint)
@@ -373,17 +367,15 @@ class _Simulation:
     def _post(self, flow: _Flow) -> None:
         """Post the flow's next write into its ring slot (free: the write it held is done)."""
         k = flow.posted
-        region = flow.target_region
-        if region is None:
-            raise SimError(f"flow {flow.index} has no target region")
         if k - flow.slots >= flow.completed:
             raise SimError(f"flow {flow.index}: ring slot of write {k} still in use")
-        _, length, slot = flow.wr(k)
+        offset, length, slot = flow.wr(k)
         source = memoryview(flow.source)[slot : slot + length]
-        flow.content(k, source)
+        flow.content.fill(source, offset)
         flow.posted += 1
+        sink = flow.sink
         flow.ends[0].conn.post_write(
-            k, source, region.va + slot, region.rkey, imm=k & 0xFFFF_FFFF, now=self.engine.now
+            k, source, sink.va + offset, sink.rkey, imm=k & 0xFFFF_FFFF, now=self.engine.now
         )
 
     @staticmethod

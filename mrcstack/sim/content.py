@@ -1,0 +1,132 @@
+"""A flow's bytes, derived from (flow, offset): made where they are sent, checked where placed.
+
+Neither end holds a flow: the sender fills a work request's buffer just before posting it,
+and the receiver's memory is a :class:`CheckingSink`, a region as large as the flow that
+keeps nothing and compares every write with what belongs at its offset.  So a run's memory
+does not grow with the flow size, and a run still tells whether every byte arrived intact
+and in its place.
+
+Every 4 KiB block starts with a header (flow index, block offset): a write placed at the
+wrong offset or into the wrong flow never matches.  The rest of a block is a seeded random
+filler taken at an offset that depends on the block, so that a packet with no header in it
+(a small MTU) still differs from its neighbours.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+from mrcstack.core.memory import VA_BASE, MemoryTable
+from mrcstack.errors import AccessError
+
+BLOCK = 4096
+_HEADER = struct.Struct("<QQ")  # flow index, the block's offset in the flow
+_FILLER = 1 << 16
+#: The sink's one region: its rkey (any valid one: it is the table's only region).
+SINK_RKEY = 0x100
+#: Odd, and prime to the filler's size: consecutive blocks take far-apart filler slices.
+_STRIDE = 4099 * 16 + 7
+
+
+class FlowContent:
+    """The content of flow ``index``: ``block(b)`` is its ``b``-th 4 KiB block."""
+
+    __slots__ = ("_cache", "_filler", "_index", "_last")
+
+    def __init__(self, index: int, rng: random.Random) -> None:
+        self._index = index
+        filler = rng.randbytes(_FILLER)
+        self._filler = filler + filler[:BLOCK]  # any block's body is one slice
+        self._last = -1
+        self._cache = b""
+
+    def block(self, b: int) -> bytes:
+        """Block ``b`` (4096 bytes; the flow's last block is cut by the caller)."""
+        if b != self._last:
+            start = b * _STRIDE % _FILLER
+            self._cache = (
+                _HEADER.pack(self._index, b * BLOCK)
+                + self._filler[start : start + BLOCK - _HEADER.size]
+            )
+            self._last = b
+        return self._cache
+
+    def fill(self, into: memoryview, offset: int) -> None:
+        """Write the flow's bytes at ``offset`` into all of ``into``."""
+        n = into.nbytes
+        pos = 0
+        while pos < n:
+            b, within = divmod(offset + pos, BLOCK)
+            take = min(BLOCK - within, n - pos)
+            into[pos : pos + take] = self.block(b)[within : within + take]
+            pos += take
+
+    def matches(self, data: bytes | bytearray, offset: int) -> bool:
+        """Whether ``data`` is the flow's content at ``offset``."""
+        n = len(data)
+        pos = 0
+        while pos < n:
+            b, within = divmod(offset + pos, BLOCK)
+            take = min(BLOCK - within, n - pos)
+            if data[pos : pos + take] != self.block(b)[within : within + take]:
+                return False
+            pos += take
+        return True
+
+
+class CheckingSink(MemoryTable):
+    """The receiver's memory in the simulator: one remote-writable region of ``size`` bytes
+    that stores nothing.  A write lands in a scratch buffer and is checked by the next
+    :meth:`check` (the adapter calls it after every datagram) against ``content``; each
+    byte must be written exactly once.  The rkey and range checks are the real table's."""
+
+    def __init__(self, content: FlowContent, size: int, max_write: int) -> None:
+        super().__init__(rkey_seed=SINK_RKEY + 1)
+        self.content = content
+        self.size = size
+        self.va = VA_BASE
+        self.rkey = SINK_RKEY
+        self._scratch = bytearray(max_write)
+        self._pending: tuple[int, int] | None = None  # (offset, length) not checked yet
+        self.frontier = 0  # every byte below this offset was written, once, correctly
+        self._ahead: dict[int, int] = {}  # start -> end of writes placed beyond the frontier
+        self.bad_writes = 0  # wrong content, or bytes written twice
+
+    def target(self, rkey: int, va: int, length: int) -> memoryview:
+        self.check()
+        if rkey != self.rkey:
+            raise AccessError(f"unknown rkey {rkey:#x}")
+        offset = va - self.va
+        if length < 0 or offset < 0 or offset + length > self.size:
+            raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
+        if length > len(self._scratch):
+            self._scratch = bytearray(length)
+        self._pending = (offset, length)
+        return memoryview(self._scratch)[:length]
+
+    def check(self) -> None:
+        """Check the write :meth:`target` handed out last, if any."""
+        if self._pending is None:
+            return
+        offset, length = self._pending
+        self._pending = None
+        scratch = self._scratch
+        data = scratch if length == len(scratch) else scratch[:length]
+        if not self.content.matches(data, offset):
+            self.bad_writes += 1
+        end = offset + length
+        if offset == self.frontier:
+            ahead = self._ahead
+            while end in ahead:
+                end = ahead.pop(end)
+            self.frontier = end
+        elif offset > self.frontier and offset not in self._ahead:
+            self._ahead[offset] = end
+        else:
+            self.bad_writes += 1  # written before
+
+    def intact_below(self, end: int) -> bool:
+        """Every byte below ``end`` was written once with the right content."""
+        self.check()
+        return self.bad_writes == 0 and self.frontier >= end
