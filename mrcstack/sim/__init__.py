@@ -14,7 +14,12 @@ significant digits).
 Accounting: a packet occupies ``len(datagram) + 48`` bytes on the wire (outer IPv6 40 +
 UDP 8; no Ethernet framing).  Goodput counts payload only while capacity is raw line rate,
 so headers cap ``goodput_fraction`` at 4096 / (4096 + 60 + 48) = 0.974 with 4096-byte
-payloads and CRC trailers.
+payloads and CRC trailers.  A write completes only when its last packet has crossed the
+fabric and its ACK has come back, so a short transfer cannot reach that cap either: 16 MiB
+over 4 x 100 Gbit/s with 1 us links takes at least 344.4 us of serialization plus 5.0 us
+for the last packet's remaining hops plus 4.0 us for the ACK, a ``goodput_fraction`` of at
+most 0.9494 (0.960 for ``arrival_fraction``, which ends at the receiver).  The simulated
+flows start at line rate and reach both bounds to within 0.1%.
 
 JSON reference (``SimResult.to_json()``; these keys are stable)::
 
@@ -25,12 +30,17 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        from its flow and offset, were found in place when
                                        its immediate arrived; each completion fired once,
                                        in order, with SUCCESS; each immediate exactly once
-                                       (memory stays flat: a ring of 8 MiB per flow end)
+                                       (memory stays flat: the receiver stores nothing and
+                                       checks each packet as it is placed)
     completion_time_s  float           when the last flow finished (the end of the run if
                                        a flow never did)
     goodput_bps        float           bytes_delivered * 8 / completion_time_s
     capacity_bps       float           planes x host link rate x distinct sending hosts
     goodput_fraction   float           goodput_bps / capacity_bps
+    arrival_time_s     float           when the last receiver had its last immediate
+    arrival_fraction   float           bytes of flows whose last immediate arrived * 8 /
+                                       arrival_time_s / capacity_bps: goodput as the
+                                       receivers see it, without the last ACK's way back
     retransmissions    {reason: int}   summed over all connections (core's reason names)
     spurious_retransmissions  int      retransmitted packets the receiver already had
     trims              int             data packets trimmed by switches
@@ -42,7 +52,9 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        on each plane
     flows              [object]        per flow: index, src, dst, bytes, work_requests,
                                        complete, verified, completion_time_s (null if not
-                                       complete), goodput_bps, failed (reason or null),
+                                       complete), goodput_bps, arrival_time_s (the
+                                       receiver's last immediate, or null), failed (reason
+                                       or null),
                                        failure_time_s (when it failed, or null),
                                        retransmissions, spurious_retransmissions,
                                        nacks_received, trims_received

@@ -26,6 +26,7 @@ class FlowResult:
     verified: bool  # complete, data identical, completions once each and in order
     completion_time_s: float | None
     goodput_bps: float
+    arrival_time_s: float | None  # the receiver had the last immediate (None: it never did)
     failed: str | None  # ConnectionFailed reason or a non-success completion status
     failure_time_s: float | None  # when it failed (virtual time), None if it did not
     retransmissions: dict[str, int]
@@ -77,6 +78,8 @@ class SimResult:
     goodput_bps: float
     capacity_bps: float
     goodput_fraction: float
+    arrival_time_s: float
+    arrival_fraction: float
     retransmissions: dict[str, int]
     spurious_retransmissions: int
     trims: int

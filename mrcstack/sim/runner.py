@@ -145,6 +145,7 @@ class _Flow:
         self.content_ok = True
         self.failed: str | None = None
         self.done_at: float | None = None
+        self.arrived_at: float | None = None  # the receiver's last immediate
         self.failed_at: float | None = None  # when ``failed`` was first set
         self.finished = False
         self.ends: list[_Endpoint] = []  # sender, receiver
@@ -188,6 +189,7 @@ class _Flow:
             verified=self.verified(),
             completion_time_s=time,
             goodput_bps=self.size * 8 / time if time else 0.0,
+            arrival_time_s=self.arrived_at,
             failed=self.failed,
             failure_time_s=self.failed_at,
             retransmissions=sum_counts([tx.retransmissions, rx.retransmissions]),
@@ -409,6 +411,8 @@ class _Simulation:
             else:
                 flow.check_placed(flow.imms, event.imm)
             flow.imms += 1
+            if flow.imms == flow.nwrs:
+                flow.arrived_at = now
         elif isinstance(event, EvStateChanged):
             self.ev_changes += 1
             if len(self.ev_log) < MAX_EVENTS_LISTED:
@@ -453,6 +457,9 @@ class _Simulation:
         completion = max(times) if times else 0.0
         delivered = sum(f.bytes_done for f in self.flows)
         goodput = delivered * 8 / completion if completion > 0 else 0.0
+        arrivals = [f.arrived_at if f.arrived_at is not None else end for f in self.flows]
+        arrival = max(arrivals) if arrivals else 0.0
+        arrived = sum(f.size for f in self.flows if f.arrived_at is not None)
         senders = len({f.src for f in self.flows})
         capacity = cfg.fabric.planes * cfg.host_rate_bps() * senders
         stats = self.net.stats()
@@ -464,6 +471,8 @@ class _Simulation:
             goodput_bps=goodput,
             capacity_bps=capacity,
             goodput_fraction=goodput / capacity,
+            arrival_time_s=arrival,
+            arrival_fraction=arrived * 8 / arrival / capacity if arrival > 0 else 0.0,
             retransmissions=sum_counts([f.retransmissions for f in flows]),
             spurious_retransmissions=sum(f.spurious_retransmissions for f in flows),
             trims=stats.trims,
