@@ -175,6 +175,7 @@ def counters(state: TestbedState, cluster: Cluster) -> dict[str, float]:
             out["sent_packets"] += value
     src = _page(cluster, SRC)
     out["retx_spurious"] = src.get("mrc_spurious_retransmissions_total", 0.0)
+    out["tlp_unneeded"] = src.get("mrc_tlp_unneeded_total", 0.0)
     out["send_errors"] = src.get("mrc_send_errors_total", 0.0)
     out["dst_duplicates"] = _page(cluster, DST).get("mrc_duplicate_packets_total", 0.0)
     snmp = call_in_netns(state.ns(f"h{DST}"), lambda: Path("/proc/net/snmp6").read_text())

@@ -250,6 +250,49 @@ def test_a_lost_tail_is_found_by_the_tail_probe_not_the_rto() -> None:
     assert a.stats.retransmissions == {"tlp": 1}  # no timeout, and nothing else resent
 
 
+def test_a_probe_that_finds_the_tail_arrived_is_no_spurious_retransmission() -> None:
+    """The tail arrived but its ack is late (a busy host): the probe goes out, the receiver
+    reports it as a duplicate, and that is the probe's expected outcome, counted apart:
+    no spurious retransmission, and the reordering window stays as it was."""
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)  # warm up: srtt = 19 us
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(4 * MTU), va, rkey, imm=7, now=100e-6)
+    burst = send_all(a, 100e-6)
+    acks = deliver(b, burst, 110e-6)  # everything arrives; the acks are held back
+    window = a.sender.reo_fraction
+    probe = run_timers(a, 100e-6 + 5 * 20e-6)
+    assert a.stats.retransmissions == {"tlp": 1} and len(probe) == 1
+    feed(a, acks + deliver(b, probe, 210e-6), 220e-6)
+    a.datagrams_to_send(220e-6)
+    assert b.stats.duplicates == 1  # the receiver did see the probe as a duplicate
+    assert a.stats.tlp_unneeded == 1
+    assert a.stats.spurious_retransmissions == 0
+    assert a.sender.reo_fraction == window
+    done = [e for e in iter(a.next_event, None) if isinstance(e, SendCompleted)]
+    assert [e.wr_id for e in done] == [1, 2]
+
+
+def test_a_needless_loss_declaration_still_counts_as_spurious() -> None:
+    """The counterpart: a packet declared lost by the timer (not a probe) that had arrived
+    is a spurious retransmission, and widens the reordering window."""
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(2 * MTU), va, rkey, imm=None, now=1e-3)
+    sent = send_all(a, 1e-3)
+    acks = deliver(b, sent, 1.01e-3)  # arrived; acks held back past the RTO
+    again = run_timers(a, 5e-3)
+    assert a.stats.retransmissions.get("timeout", 0) >= 1
+    window = a.sender.reo_fraction
+    feed(a, deliver(b, again, 5.1e-3) + acks, 5.2e-3)
+    a.datagrams_to_send(5.2e-3)
+    assert a.stats.spurious_retransmissions >= 1
+    assert a.sender.reo_fraction > window
+
+
 def test_the_tail_probe_stays_quiet_while_acks_come() -> None:
     a, b, va, rkey = pair(timeout=1e-3)
     a.post_write(1, bytes(4 * MTU), va, rkey, imm=None, now=T0)

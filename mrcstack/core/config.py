@@ -160,7 +160,8 @@ class ConnectionStats:
     ecn_echoes: int = 0
     ecn_received: int = 0
     duplicates: int = 0
-    spurious_retransmissions: int = 0  # retransmitted, then the original was acknowledged
+    spurious_retransmissions: int = 0  # declared lost and resent, yet the receiver had it
+    tlp_unneeded: int = 0  # tail-loss probes that found the tail had arrived (no loss)
     rejected: dict[str, int] = field(default_factory=dict)
     probes_sent: int = 0
     probe_replies: int = 0

@@ -155,6 +155,9 @@ class Sender:
         self.rack_timer: float | None = None  # the reordering timer (RFC 8985 6.3)
         self.tlp_deadline: float | None = None  # the tail-loss probe timer (RFC 8985 7)
         self.tlp_out = False  # a probe is out and no ack came since
+        # (seq, EV) of the last probe sent: a duplicate report for it means the tail had
+        # arrived after all, which is a probe's expected outcome, not a needless retransmission.
+        self.tlp_sent: tuple[int, int] | None = None
         self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
         self._reo_acks = 0
         self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
@@ -245,6 +248,8 @@ class Sender:
                 self.retx.appendleft((tx, reason))
                 return out
             self.stats.count(self.stats.retransmissions, reason)  # counted when resent
+            if reason == "tlp":
+                self.tlp_sent = (tx.seq, spec.ev)
             out.append(spec)
         max_seq = self.snd_una + self.cfg.max_window
         while self.next_seq < self.end_seq and self.next_seq < max_seq and len(out) < limit:
@@ -346,9 +351,16 @@ class Sender:
             echo_tx = None  # the ack is for an earlier transmission of that packet
         ecn = bool(ack.flags & _ECN_ECHO)
         if ack.flags & _DUPLICATE:
-            # The receiver already had that packet: our retransmission was spurious, so
-            # packets get reordered more than the window allows (TCP's DSACK, RFC 8985 6.2).
-            self._spurious()
+            if self.tlp_sent == (echo_seq, ack.echo_ev):
+                # The probe found the tail already there: nothing was lost and nothing was
+                # misjudged (the probe fired for want of acks, not on a reordering guess).
+                self.tlp_sent = None
+                self.stats.tlp_unneeded += 1
+            else:
+                # The receiver already had that packet: our retransmission was spurious, so
+                # packets get reordered more than the window allows (TCP's DSACK, RFC 8985
+                # 6.2).
+                self._spurious()
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and rtt < 0:
             rtt = None  # an echo from the future (a bad peer): no sample for anyone

@@ -42,7 +42,10 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        arrival_time_s / capacity_bps: goodput as the
                                        receivers see it, without the last ACK's way back
     retransmissions    {reason: int}   summed over all connections (core's reason names)
-    spurious_retransmissions  int      retransmitted packets the receiver already had
+    spurious_retransmissions  int      packets declared lost and resent that the
+                                       receiver already had
+    tlp_unneeded       int             tail-loss probes that found the tail had arrived
+                                       (a probe, not a loss declaration)
     trims              int             data packets trimmed by switches
     ecn_marks          int             CE marks set by switches (never on host ports)
     drops              {reason: int}   queue (tail drop), loss (random), link_down,
@@ -57,6 +60,7 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        or null),
                                        failure_time_s (when it failed, or null),
                                        retransmissions, spurious_retransmissions,
+                                       tlp_unneeded,
                                        nacks_received, trims_received
                                        (receiver), ecn_echoes (sender), per_plane_bytes
     events             [object]        the first 1000 EV state changes: t_s, flow, side

@@ -31,6 +31,7 @@ class FlowResult:
     failure_time_s: float | None  # when it failed (virtual time), None if it did not
     retransmissions: dict[str, int]
     spurious_retransmissions: int  # the receiver already had the packet (it says so)
+    tlp_unneeded: int  # tail-loss probes that found the tail had arrived
     nacks_received: dict[str, int]
     trims_received: int  # at the receiver
     ecn_echoes: int  # at the sender
@@ -82,6 +83,7 @@ class SimResult:
     arrival_fraction: float
     retransmissions: dict[str, int]
     spurious_retransmissions: int
+    tlp_unneeded: int
     trims: int
     ecn_marks: int
     drops: dict[str, int]

@@ -101,6 +101,7 @@ class TrafficCounters:
     data_bytes_placed: int = 0
     retransmissions: Mapping[str, int] = field(default_factory=_empty)
     spurious_retransmissions: int = 0
+    tlp_unneeded: int = 0
     trims_received: int = 0
     nacks_received: Mapping[str, int] = field(default_factory=_empty)
     ecn_echoes: int = 0
@@ -172,6 +173,7 @@ class Totals:
     _INTS = (
         "data_bytes_placed",
         "spurious_retransmissions",
+        "tlp_unneeded",
         "trims_received",
         "ecn_echoes",
         "ecn_received",

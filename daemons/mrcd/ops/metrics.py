@@ -195,7 +195,16 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
             fam.add_metric([reason], n)
         yield fam
     for name, doc, value in (
-        ("mrc_spurious_retransmissions", "Needless retransmissions.", t.spurious_retransmissions),
+        (
+            "mrc_spurious_retransmissions",
+            "Packets declared lost and resent that the receiver already had.",
+            t.spurious_retransmissions,
+        ),
+        (
+            "mrc_tlp_unneeded",
+            "Tail-loss probes that found the tail had arrived (nothing was lost).",
+            t.tlp_unneeded,
+        ),
         ("mrc_trims_received", "Trimmed data packets received.", t.trims_received),
         ("mrc_ecn_echoes", "ECN echoes received (our packets were marked).", t.ecn_echoes),
         ("mrc_ecn_marks_received", "CE-marked data packets received.", t.ecn_received),
