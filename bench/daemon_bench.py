@@ -39,10 +39,8 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,18 +48,16 @@ from typing import Any
 
 from bench import mptcp
 from mrcstack import addrplan
-from mrcstack.api import CompletionQueue, Device, Listener, QueuePair, WcStatus, WriteWr
+from mrcstack.api import CompletionQueue, Device, WcStatus, WriteWr
 from mrcstack.daemons.cluster import Cluster
+from mrcstack.experiments.live import SHAPED_BPS, accept, bed, counters, mptcp_setup
 from mrcstack.fabric import Fabric
-from mrcstack.netns import testbed
-from mrcstack.netns.run import call_in_netns, ip
 from mrcstack.netns.state import TestbedState, load
 from mrcstack.wire import AeadIntegrity, DataPacket, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 UNSHAPED, SHAPED = "dbu", "dbs"  # testbed names of this benchmark
 SRC, DST = 0, 3
-SHAPED_BPS = 200e6
 WRITE = 1 << 20
 OUTSTANDING = 16
 REGION = 64 << 20
@@ -97,7 +93,7 @@ def mrcd_goodput(
         amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
         amr.buf[:] = os.urandom(REGION)
         listener = b.listen(77)
-        t = threading.Thread(target=lambda: _accept(listener, qb))
+        t = threading.Thread(target=lambda: accept(listener, qb))
         t.start()
         qa.connect(DST, 77, timeout=30)
         t.join(30)
@@ -134,12 +130,6 @@ def mrcd_goodput(
         b.close()
 
 
-def _accept(listener: Listener, qp: QueuePair) -> None:
-    req = listener.get_request(timeout=30)
-    if req is not None:
-        listener.accept(req, qp, timeout=30)
-
-
 def _completions(cq: CompletionQueue) -> int:
     """Wait for at least one completion; how many came (all must be SUCCESS)."""
     wcs = cq.poll_wait(4096, timeout=30)
@@ -149,43 +139,6 @@ def _completions(cq: CompletionQueue) -> int:
         if wc.status is not WcStatus.SUCCESS:
             raise RuntimeError(f"mrcd goodput run: write failed: {wc}")
     return len(wcs)
-
-
-def _page(cluster: Cluster, host: int) -> dict[str, float]:
-    """One daemon's /metrics as ``{'name{labels}': value}``."""
-    with urllib.request.urlopen(cluster.daemons[host].metrics_url, timeout=10) as resp:
-        page = resp.read().decode()
-    return {
-        name: float(value)
-        for name, _, value in (line.rpartition(" ") for line in page.splitlines())
-        if name and not name.startswith("#")
-    }
-
-
-def counters(state: TestbedState, cluster: Cluster) -> dict[str, float]:
-    """What explains a goodput: the sender's packets, retransmissions by reason (and the
-    spurious ones) and send errors; the receiver's duplicates; the receiving namespace's UDP
-    receive-buffer drops and the kernel's backlog drops (``/proc/net/softnet_stat``)."""
-    out: dict[str, float] = {"sent_packets": 0.0}
-    for name, value in _page(cluster, SRC).items():
-        if name.startswith("mrc_retransmissions_total{"):
-            reason = name.split('"')[1]
-            out[f"retx_{reason}"] = value
-        elif name.startswith("mrc_sent_packets_total{"):
-            out["sent_packets"] += value
-    src = _page(cluster, SRC)
-    out["retx_spurious"] = src.get("mrc_spurious_retransmissions_total", 0.0)
-    out["tlp_unneeded"] = src.get("mrc_tlp_unneeded_total", 0.0)
-    out["send_errors"] = src.get("mrc_send_errors_total", 0.0)
-    out["dst_duplicates"] = _page(cluster, DST).get("mrc_duplicate_packets_total", 0.0)
-    snmp = call_in_netns(state.ns(f"h{DST}"), lambda: Path("/proc/net/snmp6").read_text())
-    for line in snmp.splitlines():
-        key, text = line.split()
-        if key == "Udp6RcvbufErrors":
-            out["dst_rcvbuf_drops"] = float(text)
-    softnet = Path("/proc/net/softnet_stat").read_text().splitlines()
-    out["softnet_drops"] = float(sum(int(line.split()[1], 16) for line in softnet))
-    return out
 
 
 # Baseline processes -------------------------------------------------------------------------
@@ -404,38 +357,7 @@ def tcp_flow(
     return float(got["bytes"] * 8 / got["seconds"]), sender
 
 
-def mptcp_setup(state: TestbedState) -> None:
-    """Limits on both ends; the server announces its planes 1.. addresses (one subflow each).
-
-    Client-side ``subflow`` endpoints alone do not work here: a subflow bound to nicP would
-    have to reach the server's plane-0 address, and the planes are separate networks.
-    """
-    for host in (SRC, DST):
-        ip("mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8",
-           netns=state.ns(f"h{host}"))  # fmt: skip
-    for plane, addr in enumerate(state.baseline[f"h{DST}"]):
-        if plane:
-            ip("mptcp", "endpoint", "add", addr, "dev", f"nic{plane}", "signal",
-               netns=state.ns(f"h{DST}"))  # fmt: skip
-
-
 # The runs -----------------------------------------------------------------------------------
-@contextmanager
-def bed(fabric: Fabric, name: str) -> Iterator[tuple[TestbedState, Cluster]]:
-    testbed.clean(name)
-    workdir = Path(tempfile.mkdtemp(prefix=f"mrc-bench-{name}-"))
-    try:
-        testbed.up(fabric, name)
-        state = load(name)
-        with Cluster(state, workdir, log_level="warning") as cluster:
-            yield state, cluster
-    finally:
-        testbed.clean(name)
-        for f in sorted(workdir.iterdir()):
-            f.unlink()
-        workdir.rmdir()
-
-
 def _add(total: dict[str, float], more: dict[str, float]) -> None:
     for k, v in more.items():
         total[k] = total.get(k, 0.0) + v

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from typing import Any, NoReturn
 
 from mrcstack import __version__
 from mrcstack.experiments.base import Experiment, index, write
-from mrcstack.experiments.simexp import EXPERIMENTS
+from mrcstack.experiments.registry import EXPERIMENTS
 
 PROG = "mrcstack experiment"
 DEFAULT_OUT = "experiments-out"
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i, e in enumerate(chosen, 1):
         t0 = time.monotonic()
         print(f"[{i}/{len(chosen)}] {e.name} ({e.figure}, {e.where}, {profile}) ...", flush=True)
+        if e.needs_root and os.geteuid() != 0:
+            print("      skipped: needs root (it builds network namespaces)", flush=True)
+            continue
         outcome = e.run(profile, args.seed)
         took = time.monotonic() - t0
         doc = write(out, e, outcome, took)

@@ -1,0 +1,371 @@
+"""Faults under traffic on the namespace testbed: mrcd next to kernel TCP and MPTCP.
+
+One measurement, shared by the failover benchmark (``make bench``) and the testbed
+experiments (``mrcstack experiment run --where testbed``), so a figure means the same in
+both.  A run moves data h0 -> h3 (different racks) for ``warmup + pre`` seconds, applies a
+:class:`FaultCase` (its first step at ``fault_at``, later steps at their offsets), moves
+data for ``window`` seconds more, then restores every fault.  The series is what completed,
+``(time_s, bytes)``:
+
+- **mrcd**: one QP through the application API, 256 KiB RDMA writes, 16 in flight; each
+  completion is a sample.  The run also reports the sender's retransmissions by reason
+  (its /metrics) and the time from the fault to the first EV state change in its EV event
+  stream;
+- **MPTCP** (one subflow per plane: the receiver announces its other planes' addresses) or
+  **TCP** (plain kernel TCP between the plane-0 addresses, the fabric's ECMP picks its
+  path): the receiver counts the bytes it reads per millisecond.
+
+:func:`mrcstack.progress.analyze` turns a series into the progress lost and the recovery
+time.  The stream baselines run as their own processes inside the hosts' namespaces
+(:mod:`.stream`, one JSON line out).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mrcstack.api import Controller, Device, Listener, QueuePair, WcStatus, WriteWr
+from mrcstack.daemons.cluster import Cluster
+from mrcstack.fabric import Fabric
+from mrcstack.netns import testbed
+from mrcstack.netns.faults import Faults
+from mrcstack.netns.run import call_in_netns, ip
+from mrcstack.netns.state import TestbedState, load
+from mrcstack.progress import Impact, analyze
+
+SRC, DST = 0, 3
+WRITE = 256 << 10
+OUTSTANDING = 16
+REGION = 64 << 20
+WARMUP_S = 0.5  # fresh pages, CC ramp: not part of the pre-fault rate
+PRE_S = 1.0
+WINDOW_S = 1.5  # MPTCP needs 0.5-1.2 s to move off a dead path: the window includes it
+SETTLE_S = 0.5
+#: Every link of the shaped fabric: 4 planes x 200 Mbit/s between two hosts, so the fabric,
+#: not the daemons' CPU, is the bottleneck.
+SHAPED_BPS = 200e6
+SERVICE = 91
+STACKS = ("mrcd", "tcp", "mptcp")
+
+#: A fault action on the testbed's fault harness.
+Action = Callable[[Faults], object]
+
+
+@dataclass(frozen=True)
+class FaultCase:
+    """A fault: ``apply`` at the fault time, then each ``(offset_s, action)`` of ``later``."""
+
+    name: str
+    text: str
+    apply: Action
+    #: Target (ms) for mrcd's median progress lost on the unshaped fabric (the benchmark).
+    lost_target_ms: float = 0.0
+    later: tuple[tuple[float, Action], ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One transfer across a fault: its series and what the stack reported."""
+
+    stack: str
+    samples: tuple[tuple[float, int], ...]
+    fault_at: float
+    retx: dict[str, float]
+    first_ev_ms: float | None  # mrcd only: fault -> first EV state change
+    command_ms: float  # how long the fault's first command took
+
+    def impact(self, pre_s: float = PRE_S, window_s: float = WINDOW_S) -> Impact:
+        return analyze(self.samples, self.fault_at, pre_s=pre_s, window_s=window_s)
+
+    def timeline(self, bin_s: float, start_s: float, end_s: float) -> list[float]:
+        """Goodput (bit/s) per ``bin_s`` from ``start_s`` to ``end_s`` around the fault."""
+        count = round((end_s - start_s) / bin_s)
+        bins = [0] * count
+        for t, n in self.samples:
+            i = int((t - self.fault_at - start_s) // bin_s)
+            if 0 <= i < count:
+                bins[i] += n
+        return [b * 8 / bin_s for b in bins]
+
+
+# The testbed -------------------------------------------------------------------------------
+@contextmanager
+def bed(fabric: Fabric, name: str) -> Iterator[tuple[TestbedState, Cluster]]:
+    """A testbed ``name`` with mrcd on every host, removed by name on the way out."""
+    testbed.clean(name)
+    workdir = Path(tempfile.mkdtemp(prefix=f"mrc-live-{name}-"))
+    try:
+        testbed.up(fabric, name)
+        state = load(name)
+        with Cluster(state, workdir, log_level="warning") as cluster:
+            yield state, cluster
+    finally:
+        testbed.clean(name)
+        for f in sorted(workdir.iterdir()):
+            f.unlink()
+        workdir.rmdir()
+
+
+def shaped(fabric: Fabric) -> Fabric:
+    """The same fabric with every link at :data:`SHAPED_BPS`."""
+    return replace(fabric, host_link_bps=SHAPED_BPS, fabric_link_bps=SHAPED_BPS)
+
+
+def mptcp_setup(state: TestbedState, src: int = SRC, dst: int = DST) -> None:
+    """Limits on both ends; the server announces its planes 1.. addresses (one subflow each).
+
+    Client-side ``subflow`` endpoints alone do not work here: a subflow bound to nicP would
+    have to reach the server's plane-0 address, and the planes are separate networks.
+    """
+    for host in (src, dst):
+        ip("mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8",
+           netns=state.ns(f"h{host}"))  # fmt: skip
+    for plane, addr in enumerate(state.baseline[f"h{dst}"]):
+        if plane:
+            ip("mptcp", "endpoint", "add", addr, "dev", f"nic{plane}", "signal",
+               netns=state.ns(f"h{dst}"))  # fmt: skip
+
+
+def metrics(cluster: Cluster, host: int) -> dict[str, float]:
+    """One daemon's /metrics as ``{'name{labels}': value}``."""
+    with urllib.request.urlopen(cluster.daemons[host].metrics_url, timeout=10) as resp:
+        page = resp.read().decode()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in page.splitlines())
+        if name and not name.startswith("#")
+    }
+
+
+def counters(state: TestbedState, cluster: Cluster) -> dict[str, float]:
+    """What explains a goodput: the sender's packets, retransmissions by reason (and the
+    spurious ones, and needless tail probes) and send errors; the receiver's duplicates; the
+    receiving namespace's UDP receive-buffer drops and the kernel's backlog drops."""
+    out: dict[str, float] = {"sent_packets": 0.0}
+    src = metrics(cluster, SRC)
+    for name, value in src.items():
+        if name.startswith("mrc_retransmissions_total{"):
+            reason = name.split('"')[1]
+            out[f"retx_{reason}"] = value
+        elif name.startswith("mrc_sent_packets_total{"):
+            out["sent_packets"] += value
+    out["retx_spurious"] = src.get("mrc_spurious_retransmissions_total", 0.0)
+    out["tlp_unneeded"] = src.get("mrc_tlp_unneeded_total", 0.0)
+    out["send_errors"] = src.get("mrc_send_errors_total", 0.0)
+    out["dst_duplicates"] = metrics(cluster, DST).get("mrc_duplicate_packets_total", 0.0)
+    snmp = call_in_netns(state.ns(f"h{DST}"), lambda: Path("/proc/net/snmp6").read_text())
+    for line in snmp.splitlines():
+        key, text = line.split()
+        if key == "Udp6RcvbufErrors":
+            out["dst_rcvbuf_drops"] = float(text)
+    softnet = Path("/proc/net/softnet_stat").read_text().splitlines()
+    out["softnet_drops"] = float(sum(int(line.split()[1], 16) for line in softnet))
+    return out
+
+
+def accept(listener: Listener, qp: QueuePair) -> None:
+    req = listener.get_request(timeout=30)
+    if req is not None:
+        listener.accept(req, qp, timeout=30)
+
+
+def _quiet(line: str) -> None:
+    """The harness's own log file keeps every fault; the caller prints what it measured."""
+
+
+class _Injector:
+    """Applies a case's steps beside the transfer: a fault command takes 6-30 ms (ip, nft,
+    tc in a namespace), and a loop that waited for it would stamp its own pause as progress
+    lost."""
+
+    def __init__(self, faults: Faults, case: FaultCase) -> None:
+        self.faults, self.case = faults, case
+        self.applied: list[float] = []
+        self.fault_at = 0.0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.fault_at = time.time()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def _run(self) -> None:
+        self.case.apply(self.faults)
+        self.applied.append(time.time())
+        for offset, action in self.case.later:
+            time.sleep(max(0.0, self.fault_at + offset - time.time()))
+            action(self.faults)
+
+    def join(self) -> float:
+        """Wait for every step; how long the first command took (ms)."""
+        if self._thread is not None:
+            self._thread.join()
+        return (self.applied[0] - self.fault_at) * 1e3 if self.applied else float("nan")
+
+
+# One mrcd run -------------------------------------------------------------------------------
+def mrcd_run(
+    state: TestbedState,
+    cluster: Cluster,
+    case: FaultCase,
+    *,
+    pre_s: float = PRE_S,
+    window_s: float = WINDOW_S,
+) -> Run:
+    """Write h0 -> h3 across the fault; the series, the fault time and what mrcd reported."""
+    a = Device.open(cluster.daemons[SRC].api_socket).create_context()
+    b = Device.open(cluster.daemons[DST].api_socket).create_context()
+    faults = Faults(state, log=_quiet)
+    injector = _Injector(faults, case)
+    samples: list[tuple[float, int]] = []
+    try:
+        acq, bcq = a.create_cq(4096), b.create_cq(4096)
+        qa, qb = a.create_qp(acq), b.create_qp(bcq)
+        amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
+        listener = b.listen(SERVICE)
+        t = threading.Thread(target=lambda: accept(listener, qb))
+        t.start()
+        qa.connect(DST, SERVICE, timeout=30)
+        t.join(30)
+        slots = REGION // WRITE
+        posted = done = 0
+
+        def post() -> None:
+            nonlocal posted
+            off = posted % slots * WRITE
+            qa.post_send(WriteWr(posted, (amr, off, WRITE), bmr.addr + off, bmr.rkey))
+            posted += 1
+
+        amr.buf[:] = bytes(REGION)  # touch every page before the clock starts
+        bmr.buf[:] = bytes(REGION)
+        before = counters(state, cluster)
+        fault_at = time.time() + WARMUP_S + pre_s
+        end = fault_at + window_s
+        for _ in range(OUTSTANDING):
+            post()
+        while True:
+            now = time.time()
+            if not injector.started and now >= fault_at:
+                injector.start()
+                fault_at = injector.fault_at
+            if now >= end:
+                break
+            for wc in acq.poll_wait(4096, timeout=0.005) or ():
+                if wc.status is not WcStatus.SUCCESS:
+                    raise RuntimeError(f"live run {case.name}: write failed: {wc}")
+                samples.append((time.time(), WRITE))
+                done += 1
+            while posted - done < OUTSTANDING:
+                post()
+        command_ms = injector.join()
+        after = counters(state, cluster)
+        with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
+            events = [e for e in ctl.recent_ev_events() if float(e.get("time", 0)) >= fault_at]
+        first_ev = min((float(e["time"]) for e in events), default=None)
+        retx = {
+            k.removeprefix("retx_"): after[k] - before.get(k, 0.0)
+            for k in after
+            if k.startswith("retx_")
+        }
+        return Run(
+            "mrcd",
+            tuple(samples),
+            fault_at,
+            retx,
+            None if first_ev is None else (first_ev - fault_at) * 1e3,
+            command_ms,
+        )
+    finally:
+        injector.join()
+        faults.restore_all()
+        a.close()
+        b.close()
+        time.sleep(SETTLE_S)  # EVs condemned by the fault come back before the next run
+
+
+# One TCP or MPTCP run -----------------------------------------------------------------------
+def stream_run(
+    state: TestbedState,
+    case: FaultCase,
+    proto: str = "mptcp",
+    *,
+    pre_s: float = PRE_S,
+    window_s: float = WINDOW_S,
+) -> Run:
+    """The same transfer over kernel MPTCP (``proto="mptcp"``; :func:`mptcp_setup` first)
+    or plain TCP (``"tcp"``) between the plane-0 addresses."""
+    if proto not in ("tcp", "mptcp"):
+        raise ValueError(f"proto must be tcp or mptcp, not {proto!r}")
+    faults = Faults(state, log=_quiet)
+    injector = _Injector(faults, case)
+    total = WARMUP_S + pre_s + window_s
+    wait = str(total + 30)
+    argv = [sys.executable, "-m", "mrcstack.experiments.stream", "--proto", proto]
+    recv = subprocess.Popen(
+        ["ip", "netns", "exec", state.ns(f"h{DST}"), *argv, "--role", "recv", "--timeout", wait],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    send: subprocess.Popen[str] | None = None
+    try:
+        assert recv.stdout is not None
+        if '"ready"' not in recv.stdout.readline():
+            raise RuntimeError(f"{proto} receiver did not start")
+        to = state.baseline[f"h{DST}"][0]
+        send = subprocess.Popen(
+            ["ip", "netns", "exec", state.ns(f"h{SRC}"), *argv, "--role", "send", "--to", to,
+             "--seconds", str(total), "--timeout", wait],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(WARMUP_S + pre_s)
+        injector.start()
+        send.communicate(timeout=total + 30)
+        out, _ = recv.communicate(timeout=60)
+        command_ms = injector.join()
+        doc = json.loads([line for line in out.splitlines() if line.strip()][-1])
+        samples = tuple((int(ms) / 1000, n) for ms, n in doc["per_ms"].items())
+        return Run(proto, samples, injector.fault_at, {}, None, command_ms)
+    finally:
+        for proc in (send, recv):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        injector.join()
+        faults.restore_all()
+        time.sleep(SETTLE_S)
+
+
+def measure(
+    state: TestbedState,
+    cluster: Cluster,
+    case: FaultCase,
+    stacks: Sequence[str],
+    runs: int,
+    *,
+    pre_s: float = PRE_S,
+    window_s: float = WINDOW_S,
+) -> dict[str, list[Run]]:
+    """``runs`` transfers per stack across ``case``, stack after stack, on one testbed."""
+    unknown = [s for s in stacks if s not in STACKS]
+    if unknown:
+        raise ValueError(f"unknown stack {unknown[0]!r}: one of {', '.join(STACKS)}")
+
+    def one(stack: str) -> Run:
+        if stack == "mrcd":
+            return mrcd_run(state, cluster, case, pre_s=pre_s, window_s=window_s)
+        return stream_run(state, case, stack, pre_s=pre_s, window_s=window_s)
+
+    return {stack: [one(stack) for _ in range(runs)] for stack in stacks}

@@ -1,0 +1,73 @@
+"""One side of a TCP or MPTCP stream, run inside a host's namespace by :mod:`.live`.
+
+``python -m mrcstack.experiments.stream --role recv|send --proto tcp|mptcp ...`` prints one
+JSON line: the receiver, the bytes it read per millisecond of wall clock (until the sender
+closes); the sender, nothing.  Nothing in the experiments package imports this module, so
+``-m`` runs it once, cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+PORT = 5301
+IPPROTO_MPTCP = 262
+
+
+def role_recv(args: argparse.Namespace) -> dict[str, Any]:
+    """Stream receiver: bytes read per millisecond (wall clock), until the sender closes."""
+    proto = IPPROTO_MPTCP if args.proto == "mptcp" else 0
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("::", PORT))
+    srv.listen(1)
+    print(json.dumps({"ready": True}), flush=True)
+    srv.settimeout(args.timeout)
+    conn, _ = srv.accept()
+    conn.settimeout(args.timeout)
+    buf = bytearray(1 << 20)
+    per_ms: dict[int, int] = {}
+    while n := conn.recv_into(buf):
+        ms = int(time.time() * 1000)
+        per_ms[ms] = per_ms.get(ms, 0) + n
+    return {"per_ms": per_ms}
+
+
+def role_send(args: argparse.Namespace) -> dict[str, Any]:
+    proto = IPPROTO_MPTCP if args.proto == "mptcp" else 0
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
+    sock.settimeout(args.timeout)
+    sock.connect((args.to, PORT))
+    data = b"\x5a" * (256 << 10)
+    end = time.time() + args.seconds
+    while time.time() < end:
+        sock.sendall(data)
+    sock.close()
+    return {}
+
+
+ROLES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "recv": role_recv,
+    "send": role_send,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mrcstack.experiments.stream")
+    p.add_argument("--role", choices=sorted(ROLES), required=True)
+    p.add_argument("--proto", choices=["tcp", "mptcp"], default="mptcp")
+    p.add_argument("--to", default="")
+    p.add_argument("--seconds", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args(argv)
+    print(json.dumps(ROLES[args.role](args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
