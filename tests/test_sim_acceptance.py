@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from typing import Any
 
 from mrcstack.addrplan import canonical_link, ev_fields, path
 from mrcstack.core.evs import EvTable
 from mrcstack.fabric import Fabric
-from mrcstack.sim import LinkFailure, SimConfig, SimResult, run
+from mrcstack.sim import LinkFailure, NicDown, SimConfig, SimResult, SwitchFailure, run
 from mrcstack.sim.config import ev_profile
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=8)
@@ -143,3 +144,24 @@ def test_same_seed_same_json_byte_for_byte() -> None:
     a = json.dumps(run(cfg).to_json(), sort_keys=True)
     b = json.dumps(run(cfg).to_json(), sort_keys=True)
     assert a == b
+
+
+def test_a_t0_failure_is_carrier_loss_at_its_hosts_nics() -> None:
+    """A T0 that fails takes its hosts' links with it, and a NIC sees that as link loss:
+    the connections hear it at once (``port`` retransmissions, no timeout), the flow keeps
+    three planes' worth, and the port comes back only when every cause has ended."""
+    fabric = Fabric()
+    base: dict[str, Any] = dict(
+        fabric=fabric, pairs=((0, 2),), bytes_per_flow=32 << 20, rate_bps=10e9, seed=1
+    )
+    r = run(SimConfig(**base, switch_failures=(SwitchFailure("p1-t0a", 1e-3),)))
+    assert r.verified
+    assert r.retransmissions.get("timeout", 0) == 0 and r.retransmissions.get("port", 0) > 0
+    downs = [e for e in r.port_events if e.side == "sender" and not e.remote]
+    assert [(e.port, e.up, e.t_s) for e in downs] == [(1, False, 1e-3)]
+    # Overlapping causes: the NIC is down 1-2 ms, the T0 1.5-3 ms: up again at 3 ms only.
+    r = run(SimConfig(**base, nic_downs=(NicDown(0, 1, 1e-3, 2e-3),),
+                      switch_failures=(SwitchFailure("p1-t0a", 1.5e-3, 3e-3),)))  # fmt: skip
+    assert r.verified
+    local = [(e.up, e.t_s) for e in r.port_events if e.side == "sender" and not e.remote]
+    assert local == [(False, 1e-3), (True, 3e-3)]

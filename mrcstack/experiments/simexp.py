@@ -281,6 +281,150 @@ def fig9d(profile: str, seed: int) -> Outcome:
     )
 
 
+# Fig 9c: many T0-T1 links down, one after another --------------------------------------------
+def fig9c(profile: str, seed: int) -> Outcome:
+    """The paper takes 20 T0-T1 links down 1 s apart in a large fabric; here 8 of the 32
+    T0-T1 links of a 4-plane x 4-T1 fabric go down 0.25 ms apart and stay down (two per
+    plane, on different T1s, so each plane keeps two whole T1 paths and the uplinks still
+    carry the whole demand: what a large fabric's spare paths give)."""
+    fabric = Fabric()
+    dur = _size(profile, 6, 12) * 1e-3
+    start, gap = 1.0e-3, 0.25e-3
+    links = [
+        link
+        for plane in range(fabric.planes)
+        for link in (f"p{plane}:t0a-t1{'abcd'[plane]}", f"p{plane}:t0b-t1{'abcd'[(plane + 1) % 4]}")
+    ]
+    failures = tuple(LinkFailure(link, start + i * gap) for i, link in enumerate(links))
+    last = start + (len(links) - 1) * gap
+    runs = _fault_run(
+        profile,
+        seed,
+        fabric=fabric,
+        pairs=((0, 2), (1, 3), (2, 0), (3, 1)),
+        duration_s=dur,
+        faults={"link_failures": failures},
+    )
+    pre = {m: _span(s, 0.3e-3, start) for m, (_, s) in runs.items()}
+    after = {m: _span(s, last + 0.5e-3, last + 2e-3) / pre[m] for m, (_, s) in runs.items()}
+    worst = _worst(runs["mrc"][1], start, last + 0.5e-3) / pre["mrc"]
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1, 2 racks x 2 hosts",
+            "rate": "10 Gbit/s per link",
+            "flows": "4 cross-rack flows (a permutation)",
+            "faults": f"{len(links)} T0-T1 links down {gap * 1e3:g} ms apart from "
+            f"{start * 1e3:g} ms, for good (paper: 20 links, 1 s apart)",
+        },
+        tables=[_timeline("goodput", {m: s for m, (_, s) in runs.items()}, dur * 1.1)],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput",
+                lines(
+                    "goodput",
+                    "time_ms",
+                    list(MODES),
+                    xlabel="time (ms)",
+                    ylabel="goodput (Gbit/s, all flows)",
+                    title=f"Fig 9c: {len(links)} T0-T1 links go down one by one",
+                    marks=[((start + i * gap) * 1e3, link) for i, link in enumerate(links)],
+                ),
+            )
+        ],
+        claims=[
+            Claim(
+                "MRC's goodput after the last link went down, over its pre-fault goodput",
+                after["mrc"],
+                0.85,
+            ),
+            Claim("MRC's worst 0.2 ms while links went down, over pre-fault", worst, 0.6),
+            Claim("MRC's fraction kept minus RoCE mode's", after["mrc"] - after["roce"], 0.0),
+        ],
+    )
+
+
+# Figs 10-11: a T0 fails; a T1 fails and returns ------------------------------------------------
+def fig10_11(profile: str, seed: int) -> Outcome:
+    """Permutation traffic across the two racks (every host sends to one host of the other
+    rack and receives from another).  A T0 failure takes one plane away from its rack's
+    hosts, whose NIC ports lose link: the steady state drops by that plane's share.  A T1
+    failure takes 1/16 of the paths: nothing is lost for long."""
+    fabric = Fabric()
+    dur = _size(profile, 6, 12) * 1e-3
+    t_fail, t_back = 1.5e-3, 3.5e-3
+    pairs = ((0, 2), (1, 3), (2, 0), (3, 1))
+    t0 = _fault_run(
+        profile, seed, fabric=fabric, pairs=pairs, duration_s=dur,
+        faults={"switch_failures": (SwitchFailure("p1-t0a", t_fail),)},
+    )  # fmt: skip
+    t1 = _fault_run(
+        profile, seed, fabric=fabric, pairs=pairs, duration_s=dur,
+        faults={"switch_failures": (SwitchFailure("p1-t1b", t_fail, t_back),)},
+    )  # fmt: skip
+
+    def ratio(s: list[float], a: float, b: float) -> float:
+        return _span(s, a, b) / _span(s, 0.5e-3, t_fail)
+
+    t0_after = {m: ratio(s, t_fail + 1e-3, t_fail + 2e-3) for m, (_, s) in t0.items()}
+    t1_during = {m: ratio(s, t_fail + 0.3e-3, t_back) for m, (_, s) in t1.items()}
+    t1_after = {m: ratio(s, t_back + 0.5e-3, t_back + 1.5e-3) for m, (_, s) in t1.items()}
+    series = {f"T0 fails, {m}": s for m, (_, s) in t0.items()}
+    series |= {f"T1 fails and returns, {m}": s for m, (_, s) in t1.items()}
+    return Outcome(
+        params={
+            "fabric": "4 planes x 4 T1, 2 racks x 2 hosts",
+            "rate": "10 Gbit/s per link",
+            "flows": f"{len(pairs)} cross-rack flows (a permutation)",
+            "faults": "T0 p1-t0a fails at 1.5 ms for good; T1 p1-t1b fails at 1.5 ms, "
+            "returns at 3.5 ms (separate runs)",
+        },
+        tables=[_timeline("goodput", series, dur * 1.1)],
+        plots=[
+            Plot(
+                "goodput",
+                "goodput",
+                lines(
+                    "goodput",
+                    "time_ms",
+                    list(series),
+                    xlabel="time (ms)",
+                    ylabel="goodput (Gbit/s, all flows)",
+                    title="Figs 10-11: a T0 fails; a T1 fails and returns",
+                    marks=[(t_fail * 1e3, "switch fails"), (t_back * 1e3, "T1 returns")],
+                ),
+            )
+        ],
+        claims=[
+            Claim(
+                "MRC's steady state after a T0 fails, over before (every flow loses one "
+                "plane of four at one end: about 0.75)",
+                t0_after["mrc"],
+                0.65,
+            ),
+            Claim(
+                "... and at most 0.85 of it: a plane behind a dead T0 is really gone",
+                t0_after["mrc"],
+                0.85,
+                "<=",
+            ),
+            Claim("MRC's goodput while a T1 is down, over before", t1_during["mrc"], 0.9),
+            Claim("MRC's goodput after the T1 returns, over before", t1_after["mrc"], 0.9),
+            Claim(
+                "MRC's fraction kept while the T1 is down minus RoCE mode's",
+                t1_during["mrc"] - t1_during["roce"],
+                0.0,
+            ),
+        ],
+    )
+
+
+def _span(series: list[float], start_s: float, end_s: float) -> float:
+    """Mean goodput between two times; a run that ended (or stalled for good) counts 0."""
+    a, b = int(start_s / BIN_S), int(end_s / BIN_S)
+    return _mean([series[i] if i < len(series) else 0.0 for i in range(a, max(b, a + 1))])
+
+
 # Figs 12-13: one EV dropping 20% ------------------------------------------------------------
 def fig12(profile: str, seed: int) -> Outcome:
     fabric = Fabric()
@@ -564,7 +708,21 @@ EXPERIMENTS = (
         "sim",
         fig9b,
     ),
+    Experiment(
+        "fig9c-many-links",
+        "Fig 9c",
+        "8 T0-T1 links go down one by one and stay down (time-scaled)",
+        "sim",
+        fig9c,
+    ),
     Experiment("fig9d-t1-fail", "Fig 9d", "a T1 switch fails under traffic", "sim", fig9d),
+    Experiment(
+        "fig10-11-switch-fail",
+        "Figs 10-11",
+        "a T0 fails (one plane's share lost), a T1 fails and returns (nothing lost)",
+        "sim",
+        fig10_11,
+    ),
     Experiment(
         "fig12-lossy-ev",
         "Figs 12-13",

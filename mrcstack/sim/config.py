@@ -36,7 +36,8 @@ MAX_TIMELINE_BINS = 10_000_000
 
 @dataclass(frozen=True, slots=True)
 class LinkFailure:
-    """A physical link (either direction's name) down from ``start`` until ``end`` (s)."""
+    """A physical link (either direction's name) down from ``start`` until ``end`` (s).  A
+    host's own link taken down is carrier loss at its NIC port: its connections are told."""
 
     link: str
     start: float
@@ -45,7 +46,8 @@ class LinkFailure:
 
 @dataclass(frozen=True, slots=True)
 class SwitchFailure:
-    """Every link of a switch (node name, e.g. ``p0-t1a``) down during the window."""
+    """Every link of a switch (node name, e.g. ``p0-t1a``) down during the window.  A T0's
+    hosts lose carrier on that plane's NIC port, and their connections are told so."""
 
     switch: str
     start: float

@@ -332,34 +332,55 @@ class _Simulation:
         return deliver
 
     def _schedule_faults(self) -> None:
-        """Validate every failure target now, then schedule its start and end."""
+        """Validate every failure target now, then schedule its start and end.
+
+        A host's NIC port loses link whenever the link to its T0 is down, whatever took it
+        down (a NIC fault, that link failing, or the whole T0 failing): its connections are
+        told through ``set_port_state``, as a real NIC's carrier loss would tell them.
+        """
         net = self.net
         for window in self.cfg.windows():
-            action: Callable[[bool], None]
+            change: Callable[[bool], None]
             if isinstance(window, LinkFailure):
                 link = net.canonical(window.link)
-                action = functools.partial(net.set_link, link)
+                change = functools.partial(net.set_link, link)
+                ports = self._host_ports([link])
             elif isinstance(window, SwitchFailure):
-                net.switch_links(window.switch)
-                action = functools.partial(net.set_switch, window.switch)
+                links = net.switch_links(window.switch)
+                change = functools.partial(net.set_switch, window.switch)
+                ports = self._host_ports(links)
             else:
-                action = self._nic_action(window)
+                link = net.host_link(window.host, window.plane)
+                change = functools.partial(net.set_link, link)
+                ports = [(window.host, window.plane)]
+            action = functools.partial(self._fault, change, ports)
             self.engine.at(window.start, action, False)
             if window.end is not None:
                 self.engine.at(window.end, action, True)
 
-    def _nic_action(self, nic: NicDown) -> Callable[[bool], None]:
-        link = self.net.host_link(nic.host, nic.plane)
-        endpoints = list(self.by_host.get(nic.host, {}).values())
+    def _host_ports(self, links: list[str]) -> list[tuple[int, int]]:
+        """The (host, plane) NIC ports at the end of any of these physical links."""
+        fabric = self.cfg.fabric
+        wanted = set(links)
+        return [
+            (host, plane)
+            for host in range(fabric.hosts)
+            for plane in range(fabric.planes)
+            if self.net.host_link(host, plane) in wanted
+        ]
 
-        def action(up: bool) -> None:
-            self.net.set_link(link, up)
-            now = self.engine.now
-            for endpoint in endpoints:
-                endpoint.conn.set_port_state(nic.plane, up, now)
-                endpoint.pump()
-
-        return action
+    def _fault(
+        self, change: Callable[[bool], None], ports: list[tuple[int, int]], up: bool
+    ) -> None:
+        change(up)
+        now = self.engine.now
+        for host, plane in ports:
+            link = self.net.links[self.net.host_link(host, plane)]
+            port_up = not link.down
+            for endpoint in self.by_host.get(host, {}).values():
+                if endpoint.conn.evs.port_up[plane] != port_up:
+                    endpoint.conn.set_port_state(plane, port_up, now)
+                    endpoint.pump()
 
     def _post_all(self, _: object) -> None:
         for flow in self.flows:
