@@ -45,6 +45,8 @@ def test_each_experiment_leaves_claims_data_and_plots(out: Path, exp: object) ->
     folder = out / name
     doc = json.loads((folder / "result.json").read_text())
     assert doc["name"] == name and doc["params"] and doc["figure"].startswith("Fig")
+    assert doc["profile"] == "quick" and doc["seed"] == 1 and doc["revision"] and doc["machine"]
+    assert doc["rerun"] == f"mrcstack experiment run {name} --quick --seed 1"
     assert doc["claims"], "an experiment states at least one number"
     for c in doc["claims"]:
         assert set(c) == {"text", "value", "threshold", "op", "pass"}
@@ -68,6 +70,9 @@ def test_the_report_collects_every_plot_and_claim(out: Path) -> None:
     claims = [c for d in docs for c in d["claims"]]
     passed = sum(c["pass"] for c in claims)
     assert f"{len(docs)} experiments, {passed} of {len(claims)} claims pass." in text
+    assert "Profile `quick`, seed 1, " in text and docs[0]["machine"] in text
+    for d in docs:
+        assert f"Rerun: `{d['rerun']}`" in text
     for d in docs:
         for plot in d["plots"]:
             assert f"]({d['name']}/{plot})" in text

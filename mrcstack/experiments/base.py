@@ -12,10 +12,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import platform
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mrcstack import __version__
 
 PROFILES = ("quick", "full")
 
@@ -86,7 +91,48 @@ class Experiment:
     needs_root: bool = False
 
 
-def write(out: Path, exp: Experiment, outcome: Outcome, seconds: float) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """How a report was made, so a reader can rerun any figure: stated in every result and
+    at the top of the report."""
+
+    profile: str
+    seed: int
+    revision: str  # git revision of the checkout, or the package version
+    machine: str  # OS, CPUs, Python
+
+    @classmethod
+    def here(cls, profile: str, seed: int) -> RunInfo:
+        return cls(profile, seed, _revision(), _machine())
+
+    def command(self, name: str) -> str:
+        quick = " --quick" if self.profile == "quick" else ""
+        return f"mrcstack experiment run {name}{quick} --seed {self.seed}"
+
+
+def _revision() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except OSError:
+        return f"mrcstack {__version__}"
+    rev = proc.stdout.strip()
+    return f"git {rev}" if proc.returncode == 0 and rev else f"mrcstack {__version__}"
+
+
+def _machine() -> str:
+    return (
+        f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def write(
+    out: Path, exp: Experiment, outcome: Outcome, seconds: float, info: RunInfo
+) -> dict[str, Any]:
     """``out/NAME/``: result.json, the tables as CSV, the plots as PNG; returns the JSON."""
     folder = out / exp.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,6 +150,11 @@ def write(out: Path, exp: Experiment, outcome: Outcome, seconds: float) -> dict[
         "shows": exp.shows,
         "where": exp.where,
         "params": outcome.params,
+        "profile": info.profile,
+        "seed": info.seed,
+        "revision": info.revision,
+        "machine": info.machine,
+        "rerun": info.command(exp.name),
         "seconds": round(seconds, 2),
         "data": {
             t.name: {"columns": list(t.columns), "rows": [list(r) for r in t.rows]}
@@ -118,8 +169,11 @@ def write(out: Path, exp: Experiment, outcome: Outcome, seconds: float) -> dict[
     return doc
 
 
-def index(out: Path, docs: Sequence[dict[str, Any]]) -> Path:
-    """``out/index.md``: every plot with its claims table, and a pass/fail summary."""
+def index(
+    out: Path, docs: Sequence[dict[str, Any]], info: RunInfo, skipped: Sequence[str] = ()
+) -> Path:
+    """``out/index.md``: how it was made, every plot with its claims table, and a pass/fail
+    summary."""
     claims = [c for d in docs for c in d["claims"]]
     passed = sum(1 for c in claims if c["pass"])
     lines = [
@@ -127,6 +181,10 @@ def index(out: Path, docs: Sequence[dict[str, Any]]) -> Path:
         "",
         f"{len(docs)} experiments, {passed} of {len(claims)} claims pass.",
         "",
+        f"Profile `{info.profile}`, seed {info.seed}, {info.revision}; {info.machine}. "
+        "Each section names the command that reruns it.",
+        "",
+        *([f"Skipped (need root): {', '.join(skipped)}.", ""] if skipped else []),
         "| experiment | figure | where | claims passed | seconds |",
         "|---|---|---|---|---|",
     ]
@@ -148,7 +206,7 @@ def index(out: Path, docs: Sequence[dict[str, Any]]) -> Path:
             )
         lines += [f"- {n}" for n in d["notes"]]
         params = ", ".join(f"{k}={v}" for k, v in d["params"].items())
-        lines += ["", f"Parameters: {params}."]
+        lines += ["", f"Parameters: {params}.", "", f"Rerun: `{d['rerun']}`"]
     path = out / "index.md"
     path.write_text("\n".join(lines) + "\n")
     return path

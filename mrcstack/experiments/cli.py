@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mrcstack import __version__
-from mrcstack.experiments.base import Experiment, index, write
+from mrcstack.experiments.base import Experiment, RunInfo, index, write
 from mrcstack.experiments.registry import EXPERIMENTS
 
 PROG = "mrcstack experiment"
@@ -66,16 +66,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = "quick" if args.quick else "full"
     out = Path(args.out)
     docs: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    info = RunInfo.here(profile, args.seed)
     start = time.monotonic()
     for i, e in enumerate(chosen, 1):
         t0 = time.monotonic()
         print(f"[{i}/{len(chosen)}] {e.name} ({e.figure}, {e.where}, {profile}) ...", flush=True)
         if e.needs_root and os.geteuid() != 0:
             print("      skipped: needs root (it builds network namespaces)", flush=True)
+            skipped.append(e.name)
             continue
         outcome = e.run(profile, args.seed)
         took = time.monotonic() - t0
-        doc = write(out, e, outcome, took)
+        doc = write(out, e, outcome, took, info)
         docs.append(doc)
         ok = sum(1 for c in doc["claims"] if c["pass"])
         print(
@@ -83,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(elapsed {time.monotonic() - start:.0f} s)",
             flush=True,
         )
-    report = index(out, docs)
+    report = index(out, docs, info, skipped)
     claims = [c for d in docs for c in d["claims"]]
     passed = sum(1 for c in claims if c["pass"])
     print(f"{len(docs)} experiments, {passed}/{len(claims)} claims pass: {report}")
