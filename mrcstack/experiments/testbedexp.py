@@ -250,6 +250,8 @@ def fig9b_claims(result: Outcome, figures: dict[str, dict[str, float]]) -> Outco
     table = next(t for t in result.tables if t.name == "goodput")
     during = _window_mean(table, "mrcd", 100.0, PORTS_DOWN_S * 1e3)
     before = _window_mean(table, "mrcd", -300.0, 0.0)
+    end = WINDOW_S * 1e3
+    settled = _window_mean(table, "mrcd", end - 300.0, end)
     result.claims = [
         Claim(
             "mrcd's goodput while half the ports are down, as a fraction of before "
@@ -257,7 +259,15 @@ def fig9b_claims(result: Outcome, figures: dict[str, dict[str, float]]) -> Outco
             during / before if before else float("nan"),
             0.4,
         ),
-        *claims(figures, "after the ports come back"),
+        Claim(
+            "mrcd's goodput over the window's last 0.3 s, as a fraction of before (every "
+            "plane back in use)",
+            settled / before if before else float("nan"),
+            0.9,
+        ),
+        # Progress lost is not compared here: while the ports are down it is capacity that
+        # is gone, for every stack alike, not failover.
+        *claims(figures, "after the ports come back")[:2],
     ]
     result.notes = _notes(figures)
     return result
