@@ -50,7 +50,8 @@ from bench import mptcp
 from mrcstack import addrplan
 from mrcstack.api import CompletionQueue, Device, WcStatus, WriteWr
 from mrcstack.daemons.cluster import Cluster
-from mrcstack.experiments.live import SHAPED_BPS, accept, bed, counters, mptcp_setup
+from mrcstack.experiments.live import SHAPED_BPS, accept, bed, counters, mptcp_setup, shaped
+from mrcstack.experiments.stream import IPPROTO_MPTCP
 from mrcstack.fabric import Fabric
 from mrcstack.netns.state import TestbedState, load
 from mrcstack.wire import AeadIntegrity, DataPacket, encode
@@ -64,7 +65,6 @@ REGION = 64 << 20
 MTU_PAYLOAD = 8192  # mrcd's default QpAttrs.mtu_payload
 BLAST_PORT = 4799  # not mrcd's 4791: the blast may run while the daemons are idle
 TCP_PORT = 5201
-IPPROTO_MPTCP = 262
 UDP_NO_CHECK6_TX, UDP_NO_CHECK6_RX = 101, 102
 SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32
 SOCKET_BUFFER = 8 << 20
@@ -399,11 +399,11 @@ def run() -> dict[str, float]:
         "unshaped_udp_blast_lost_fraction": 1 - udp_stats["received"] / udp_stats["sent"],
     }
     out |= {f"unshaped_mrcd_{k}": v for k, v in stats.items()}
-    shaped = Fabric(host_link_bps=SHAPED_BPS, fabric_link_bps=SHAPED_BPS)
-    capacity = shaped.planes * SHAPED_BPS
+    shaped_fabric = shaped(Fabric())
+    capacity = shaped_fabric.planes * SHAPED_BPS
     mrcd, mp, subflows = [], [], []
     stats = {}
-    with bed(shaped, SHAPED) as (state, cluster):
+    with bed(shaped_fabric, SHAPED) as (state, cluster):
         mptcp_setup(state)
         for _ in range(rounds):
             bps, more = mrcd_goodput(state, cluster, duration)
@@ -411,7 +411,7 @@ def run() -> dict[str, float]:
             _add(stats, more)
             to = state.baseline[f"h{DST}"][0]
             bps, sender = tcp_flow(state, duration, to, IPPROTO_MPTCP)
-            subflows.append(mptcp_subflows(sender, shaped.planes))
+            subflows.append(mptcp_subflows(sender, shaped_fabric.planes))
             mp.append(bps)
     m, t = statistics.median(mrcd), statistics.median(mp)
     out |= {

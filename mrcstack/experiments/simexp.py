@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +41,12 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
+def _span(series: list[float], start_s: float, end_s: float) -> float:
+    """Mean goodput between two times; a run that ended (or stalled for good) counts 0."""
+    a, b = int(start_s / BIN_S), int(end_s / BIN_S)
+    return _mean([series[i] if i < len(series) else 0.0 for i in range(a, max(b, a + 1))])
+
+
 def _worst(series: list[float], start_s: float, end_s: float) -> float:
     """The lowest 0.2 ms average of goodput between two times."""
     a, b = int(start_s / BIN_S), max(int(end_s / BIN_S), int(start_s / BIN_S) + SMOOTH)
@@ -58,6 +65,31 @@ def _timeline(name: str, runs: dict[str, list[float]], until_s: float | None = N
         for i in range(n)
     )
     return Table(name, ("time_ms", *runs), rows)
+
+
+def _goodput_plot(
+    columns: list[str],
+    *,
+    ylabel: str,
+    title: str,
+    marks: Sequence[tuple[float, str]] = (),
+    spans: Sequence[tuple[float, float, str]] = (),
+) -> Plot:
+    """The ``goodput`` table's columns over time: the figure most experiments draw."""
+    return Plot(
+        "goodput",
+        "goodput over time",
+        lines(
+            "goodput",
+            "time_ms",
+            columns,
+            xlabel="time (ms)",
+            ylabel=ylabel,
+            title=title,
+            marks=marks,
+            spans=spans,
+        ),
+    )
 
 
 def _fault_run(
@@ -102,7 +134,7 @@ def fig9a(profile: str, seed: int) -> Outcome:
         duration_s=dur,
         faults={"link_failures": failures},
     )
-    pre = {m: _mean(s[int(0.3e-3 / BIN_S) : int(1e-3 / BIN_S)]) for m, (_, s) in runs.items()}
+    pre = {m: _span(s, 0.3e-3, 1e-3) for m, (_, s) in runs.items()}
     worst = {m: _worst(s, 1e-3, 4.5e-3 + down) / pre[m] for m, (_, s) in runs.items()}
     tl = _timeline("goodput", {m: s for m, (_, s) in runs.items()}, dur * 1.1)
     return Outcome(
@@ -115,18 +147,11 @@ def fig9a(profile: str, seed: int) -> Outcome:
         },
         tables=[tl],
         plots=[
-            Plot(
-                "goodput",
-                "goodput over time",
-                lines(
-                    "goodput",
-                    "time_ms",
-                    list(MODES),
-                    xlabel="time (ms)",
-                    ylabel="goodput (Gbit/s, both flows)",
-                    title="Fig 9a: T0-T1 link flaps",
-                    spans=[(t, t + down * 1e3, link) for link, t in flaps],
-                ),
+            _goodput_plot(
+                list(MODES),
+                ylabel="goodput (Gbit/s, both flows)",
+                title="Fig 9a: T0-T1 link flaps",
+                spans=[(t, t + down * 1e3, link) for link, t in flaps],
             )
         ],
         claims=[
@@ -163,9 +188,9 @@ def fig9b(profile: str, seed: int) -> Outcome:
         nic_downs=nics,
     )
     doc, s = _series(cfg)
-    pre = _mean(s[int(0.5e-3 / BIN_S) : int(t_down / BIN_S)])
-    during = _mean(s[int((t_down + 0.3e-3) / BIN_S) : int(t_up / BIN_S)]) / pre
-    after = _mean(s[int((t_up + 0.5e-3) / BIN_S) : int((t_up + 1.5e-3) / BIN_S)]) / pre
+    pre = _span(s, 0.5e-3, t_down)
+    during = _span(s, t_down + 0.3e-3, t_up) / pre
+    after = _span(s, t_up + 0.5e-3, t_up + 1.5e-3) / pre
     return Outcome(
         params={
             "fabric": "8 planes x 2 T1",
@@ -175,18 +200,11 @@ def fig9b(profile: str, seed: int) -> Outcome:
         },
         tables=[_timeline("goodput", {"mrc": s})],
         plots=[
-            Plot(
-                "goodput",
-                "goodput",
-                lines(
-                    "goodput",
-                    "time_ms",
-                    ["mrc"],
-                    xlabel="time (ms)",
-                    ylabel="goodput (Gbit/s)",
-                    title="Fig 9b: 4 of 8 NIC ports down, then up",
-                    marks=[(t_down * 1e3, "4 NICs down"), (t_up * 1e3, "NICs up")],
-                ),
+            _goodput_plot(
+                ["mrc"],
+                ylabel="goodput (Gbit/s)",
+                title="Fig 9b: 4 of 8 NIC ports down, then up",
+                marks=[(t_down * 1e3, "4 NICs down"), (t_up * 1e3, "NICs up")],
             )
         ],
         claims=[
@@ -237,11 +255,8 @@ def fig9d(profile: str, seed: int) -> Outcome:
         duration_s=dur,
         faults={"switch_failures": (SwitchFailure(switch, t_fail),)},
     )
-    pre = {m: _mean(s[int(0.5e-3 / BIN_S) : int(t_fail / BIN_S)]) for m, (_, s) in runs.items()}
-    after = {
-        m: _mean(s[int((t_fail + 1e-3) / BIN_S) : int((t_fail + 2e-3) / BIN_S)]) / pre[m]
-        for m, (_, s) in runs.items()
-    }
+    pre = {m: _span(s, 0.5e-3, t_fail) for m, (_, s) in runs.items()}
+    after = {m: _span(s, t_fail + 1e-3, t_fail + 2e-3) / pre[m] for m, (_, s) in runs.items()}
     failed = {m: sum(1 for f in d["flows"] if f["failed"]) for m, (d, _) in runs.items()}
     return Outcome(
         params={
@@ -252,18 +267,11 @@ def fig9d(profile: str, seed: int) -> Outcome:
         },
         tables=[_timeline("goodput", {m: s for m, (_, s) in runs.items()}, dur * 1.1)],
         plots=[
-            Plot(
-                "goodput",
-                "goodput",
-                lines(
-                    "goodput",
-                    "time_ms",
-                    list(MODES),
-                    xlabel="time (ms)",
-                    ylabel="goodput (Gbit/s, all flows)",
-                    title="Fig 9d: a T1 switch fails",
-                    marks=[(t_fail * 1e3, f"T1 {switch} fails")],
-                ),
+            _goodput_plot(
+                list(MODES),
+                ylabel="goodput (Gbit/s, all flows)",
+                title="Fig 9d: a T1 switch fails",
+                marks=[(t_fail * 1e3, f"T1 {switch} fails")],
             )
         ],
         claims=[
@@ -318,18 +326,11 @@ def fig9c(profile: str, seed: int) -> Outcome:
         },
         tables=[_timeline("goodput", {m: s for m, (_, s) in runs.items()}, dur * 1.1)],
         plots=[
-            Plot(
-                "goodput",
-                "goodput",
-                lines(
-                    "goodput",
-                    "time_ms",
-                    list(MODES),
-                    xlabel="time (ms)",
-                    ylabel="goodput (Gbit/s, all flows)",
-                    title=f"Fig 9c: {len(links)} T0-T1 links go down one by one",
-                    marks=[((start + i * gap) * 1e3, link) for i, link in enumerate(links)],
-                ),
+            _goodput_plot(
+                list(MODES),
+                ylabel="goodput (Gbit/s, all flows)",
+                title=f"Fig 9c: {len(links)} T0-T1 links go down one by one",
+                marks=[((start + i * gap) * 1e3, link) for i, link in enumerate(links)],
             )
         ],
         claims=[
@@ -381,18 +382,11 @@ def fig10_11(profile: str, seed: int) -> Outcome:
         },
         tables=[_timeline("goodput", series, dur * 1.1)],
         plots=[
-            Plot(
-                "goodput",
-                "goodput",
-                lines(
-                    "goodput",
-                    "time_ms",
-                    list(series),
-                    xlabel="time (ms)",
-                    ylabel="goodput (Gbit/s, all flows)",
-                    title="Figs 10-11: a T0 fails; a T1 fails and returns",
-                    marks=[(t_fail * 1e3, "switch fails"), (t_back * 1e3, "T1 returns")],
-                ),
+            _goodput_plot(
+                list(series),
+                ylabel="goodput (Gbit/s, all flows)",
+                title="Figs 10-11: a T0 fails; a T1 fails and returns",
+                marks=[(t_fail * 1e3, "switch fails"), (t_back * 1e3, "T1 returns")],
             )
         ],
         claims=[
@@ -417,12 +411,6 @@ def fig10_11(profile: str, seed: int) -> Outcome:
             ),
         ],
     )
-
-
-def _span(series: list[float], start_s: float, end_s: float) -> float:
-    """Mean goodput between two times; a run that ended (or stalled for good) counts 0."""
-    a, b = int(start_s / BIN_S), int(end_s / BIN_S)
-    return _mean([series[i] if i < len(series) else 0.0 for i in range(a, max(b, a + 1))])
 
 
 # Figs 12-13: one EV dropping 20% ------------------------------------------------------------
@@ -460,17 +448,10 @@ def fig12(profile: str, seed: int) -> Outcome:
         },
         tables=[_timeline("goodput", {"no loss": s0, "one EV drops 20%": s1})],
         plots=[
-            Plot(
-                "goodput",
-                "goodput",
-                lines(
-                    "goodput",
-                    "time_ms",
-                    ["no loss", "one EV drops 20%"],
-                    xlabel="time (ms)",
-                    ylabel="goodput (Gbit/s)",
-                    title="Figs 12-13: one EV dropping 20%",
-                ),
+            _goodput_plot(
+                ["no loss", "one EV drops 20%"],
+                ylabel="goodput (Gbit/s)",
+                title="Figs 12-13: one EV dropping 20%",
             )
         ],
         claims=[
