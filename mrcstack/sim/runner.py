@@ -375,12 +375,11 @@ class _Simulation:
         change(up)
         now = self.engine.now
         for host, plane in ports:
-            link = self.net.links[self.net.host_link(host, plane)]
-            port_up = not link.down
+            # Up only once every cause has ended (failures nest on the link).
+            port_up = not self.net.links[self.net.host_link(host, plane)].down
             for endpoint in self.by_host.get(host, {}).values():
-                if endpoint.conn.evs.port_up[plane] != port_up:
-                    endpoint.conn.set_port_state(plane, port_up, now)
-                    endpoint.pump()
+                endpoint.conn.set_port_state(plane, port_up, now)  # idempotent
+                endpoint.pump()
 
     def _post_all(self, _: object) -> None:
         for flow in self.flows:
