@@ -8,6 +8,7 @@ bind each other's: each run draws a random name, and probes for ports nobody hol
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import secrets
 import socket
@@ -15,7 +16,11 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 from mrcstack.daemons.mrcd.node.node import PORT_STRIDE
+from mrcstack.netns import testbed
+from mrcstack.netns.run import TestbedError
 
 #: Testbed names are [a-z][a-z0-9]{0,5}.
 NAME_LENGTH = 6
@@ -64,3 +69,14 @@ def free_base(hosts: Iterable[int], planes: int) -> int:
 def control_port(base: int, host: int) -> int:
     """Host ``host``'s control port for a :func:`free_base` ``base``."""
     return base + CONTROL_OFFSET + host
+
+
+def skip_unless_testbed(name: str) -> None:
+    """Skip the calling test or fixture, saying why, where testbed ``name`` cannot be built:
+    without root, or where the kernel lacks a feature it needs."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    try:
+        testbed.check_features(name)
+    except TestbedError as exc:
+        pytest.skip(str(exc))

@@ -28,27 +28,20 @@ from mrcstack.daemons.mrcd.config import CONTROL_PORT
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
 from mrcstack.netns.faults import Faults
-from mrcstack.netns.run import TestbedError
 from mrcstack.netns.state import faults_path, load
 from tests.daemons.test_system import Bed, End, connect, drain, metric, open_end
-from tests.isolation import run_name
+from tests.isolation import run_name, skip_unless_testbed
 
 TESTBED = run_name("dp")
 SRC, DST = 0, 3
 MIB = 1 << 20
 WRITES, WRITE = 16, 4 * MIB
 WAIT = 60.0
-ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    if ROOT_REASON:
-        pytest.skip(ROOT_REASON)
-    try:
-        testbed.check_features(TESTBED)
-    except TestbedError as exc:
-        pytest.skip(str(exc))
+    skip_unless_testbed(TESTBED)
     workdir = tmp_path_factory.mktemp("mrcd")
     log: list[str] = []
     try:
@@ -153,7 +146,9 @@ def test_every_receiver_nic_down_fails_the_qp_within_its_budget(bed: Bed) -> Non
         assert errors, "nothing failed"
         assert errors[0].status is WcStatus.RETRY_EXC_ERR
         assert all(wc.status is WcStatus.WR_FLUSH_ERR for wc in errors[1:])
-        assert elapsed < budget + 0.25, (elapsed, budget)
+        # Measured 0.34 s against 0.84 s: the bound leaves a busy 2-core machine room for
+        # scheduling delays while still telling "within the budget" from "after an RTO chain".
+        assert elapsed < 2 * budget, (elapsed, budget)
         # Whichever came first, the port status or a path's timeout, started the probes.
         found = peer_failures(bed, "ports_down") + peer_failures(bed, "silent")
         assert found == 1, bed.cluster.tail(SRC, 30)

@@ -57,11 +57,11 @@ from mrcstack.daemons.mrcd.ops.promserver import run_prometheus
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed, trim
 from mrcstack.netns.faults import Faults
-from mrcstack.netns.run import TestbedError, call_in_netns
+from mrcstack.netns.run import call_in_netns
 from mrcstack.netns.state import TestbedState, faults_path, load
 from mrcstack.netns.traffic import udp_sender
 from mrcstack.wire import AeadIntegrity, CrcIntegrity, DataPacket, encode
-from tests.isolation import run_name
+from tests.isolation import run_name, skip_unless_testbed
 
 #: A name of its own per run ([a-z][a-z0-9]{0,5}): concurrent runs of this module (other
 #: worktrees, CI) must never build, or clean, each other's testbed.
@@ -70,7 +70,6 @@ FABRIC = Fabric()
 WAIT = 60.0  # safety limit for anything that should happen; never a timing assertion
 MIB = 1 << 20
 SRC, DST = 0, 3  # different racks
-ROOT_REASON = "" if os.geteuid() == 0 else "needs root (network namespaces)"
 #: <linux/if_ether.h>
 ETH_P_IPV6 = 0x86DD
 IPPROTO_UDP = 17
@@ -99,12 +98,7 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    if ROOT_REASON:
-        pytest.skip(ROOT_REASON)
-    try:
-        testbed.check_features(TESTBED)
-    except TestbedError as exc:
-        pytest.skip(str(exc))
+    skip_unless_testbed(TESTBED)
     workdir = tmp_path_factory.mktemp("mrcd")
     log: list[str] = []
     codes: dict[int, int | None] = {}

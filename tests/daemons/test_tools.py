@@ -56,12 +56,11 @@ from mrcstack.daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
 from mrcstack.daemons.tools.report import lat_stats
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
-from mrcstack.netns.run import TestbedError
 from mrcstack.netns.scenario import parse_scenario
 from mrcstack.netns.state import TestbedState, exists, faults_path, load
 from mrcstack.netns.topology import mgmt_address
 from tests.daemons.apiharness import Daemons
-from tests.isolation import run_name
+from tests.isolation import run_name, skip_unless_testbed
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -691,12 +690,7 @@ def test_loopback_all_sizes_text_table(loop_daemons: Daemons) -> None:
 # Testbed ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestbedState, Cluster]]:
-    if ROOT_REASON:
-        pytest.skip(ROOT_REASON)
-    try:
-        testbed.check_features(TESTBED)
-    except TestbedError as exc:
-        pytest.skip(str(exc))
+    skip_unless_testbed(TESTBED)
     if exists(TESTBED):
         testbed.clean(TESTBED)
     workdir = tmp_path_factory.mktemp("tt")
