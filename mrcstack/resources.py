@@ -1,8 +1,10 @@
-"""The files mrcstack ships inside its package: example fabrics and scenarios, systemd units.
+"""The files mrcstack ships inside its package: example fabrics and scenarios, systemd units,
+the Wireshark dissector.
 
-In a checkout they are the repository's ``examples/`` and ``systemd/``; in an installed
-package they travel with the code, so ``--fabric examples/fabric-large.toml`` works from any
-directory: a path that does not exist but names a shipped file is read from the package.
+In a checkout they are the repository's ``examples/``, ``systemd/`` and ``wireshark/``; in
+an installed package they travel with the code, so ``--fabric examples/fabric-large.toml``
+works from any directory: a path that does not exist but names a shipped file is read from
+the package.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 #: The shipped folders, as they are named in the repository.
-FOLDERS = ("examples", "systemd")
+FOLDERS = ("examples", "systemd", "wireshark")
 
 
 def shipped() -> dict[str, Traversable]:

@@ -21,11 +21,11 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.memory import Access
 from mrcstack.errors import ConnectionFailedError, LocalError
-from mrcstack.wire import Opcode
+from mrcstack.wire import WRITE_OPCODES
 from tests.pairnet import Faults, PairNet
 
 GUARD = 64
-DATA = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+DATA = WRITE_OPCODES
 
 
 def region(net: PairNet, side: int, size: int) -> tuple[bytearray, int, int]:

@@ -11,10 +11,10 @@ from mrcstack.core.connection import Datagram
 from mrcstack.core.events import EvState, EvStateChanged, SendCompleted, WcStatus
 from mrcstack.core.evs import EvEntry, EvStatus
 from mrcstack.errors import LocalError
-from mrcstack.wire import Opcode
+from mrcstack.wire import WRITE_OPCODES
 from tests.pairnet import Faults, PairNet
 
-DATA = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+DATA = WRITE_OPCODES
 
 
 def data_evs(net: PairNet) -> list[tuple[float, int]]:

@@ -62,9 +62,9 @@ from mrcstack.netns.traffic import DEFAULT_PORT
 from mrcstack.wire import (
     DATA_HDR_LEN,
     DATA_IMM_HDR_LEN,
+    IMM_OPCODES,
     CrcIntegrity,
     DataPacket,
-    Opcode,
     encode,
     encode_trimmed,
     trimmed_length,
@@ -1012,8 +1012,8 @@ def test_live_trim_in_congestion_marks_as_documented(
     trimmed = [d for d, _ in arrived if len(d) < 100]
     whole = [d for d, _ in arrived if len(d) >= 100]
     assert trimmed, "a burst far over the port rate was not trimmed"
-    for d in trimmed:  # docs/trimming.md: UDP payload 8 + 56 (60 with ImmDt), flags set
-        assert len(d) == (DATA_IMM_HDR_LEN if d[0] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+    for d in trimmed:  # docs/trimming.md: UDP payload 8 + 64 (68 with ImmDt), flags set
+        assert len(d) == (DATA_IMM_HDR_LEN if d[0] in IMM_OPCODES
                           else DATA_HDR_LEN) == trimmed_length(d[0])  # fmt: skip
         check_trimmed(d, by_psn[psn_of(d)], last_hop)  # TRIMMED, TRIM_LASTHOP iff last hop
     for d in whole:

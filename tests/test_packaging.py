@@ -63,6 +63,7 @@ def test_the_wheel_has_one_top_level_package(wheel: Path) -> None:
         "mrcstack/examples/scenario-flap.toml",
         "mrcstack/systemd/mrcd.service",
         "mrcstack/systemd/mrcd@.service",
+        "mrcstack/wireshark/mrc.lua",
     ):
         assert data in names, data
 
@@ -95,6 +96,7 @@ def test_shipped_files_are_found_by_name_from_anywhere(venv: Path) -> None:
     assert listing.returncode == 0
     assert "examples/fabric-large.toml" in listing.stdout
     assert "systemd/mrcd@.service" in listing.stdout
+    assert "wireshark/mrc.lua" in listing.stdout
     unit = run([mrcstack, "files", "mrcd@.service"])
     assert unit.returncode == 0 and "[Service]" in unit.stdout
     missing = run([mrcstack, "files", "nope.toml"])

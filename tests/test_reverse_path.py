@@ -21,7 +21,7 @@ def receiver_acks(net: PairNet) -> list[tuple[float, int, int]]:
     log: list[tuple[float, int, int]] = []
 
     def on_send(side: int, d: Datagram, now: float) -> None:
-        if side == 1 and d.data[0] == Opcode.ACKNOWLEDGE:
+        if side == 1 and d.data[0] == Opcode.RELIABILITY_SACK:
             log.append((now, d.port, d.ev))
 
     net.on_send = on_send

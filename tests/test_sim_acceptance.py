@@ -16,6 +16,8 @@ from mrcstack.core.evs import EvTable
 from mrcstack.fabric import Fabric
 from mrcstack.sim import LinkFailure, NicDown, SimConfig, SimResult, SwitchFailure, run
 from mrcstack.sim.config import ev_profile
+from mrcstack.sim.network import WIRE_OVERHEAD_BYTES
+from mrcstack.wire import CRC_TRAILER_LEN, DATA_HDR_LEN
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=8)
 MIB = 1 << 20
@@ -54,7 +56,7 @@ def test_a_16mib_write_starts_at_line_rate() -> None:
     size = 16 * MIB
     r = run(SimConfig(fabric=FABRIC, bytes_per_flow=size, rate_bps=RATE, seed=7))
     assert r.verified and r.retransmissions == {}
-    per_packet = (4096 + 60 + 48) * 8 / RATE
+    per_packet = (4096 + DATA_HDR_LEN + CRC_TRAILER_LEN + WIRE_OVERHEAD_BYTES) * 8 / RATE
     stream = -(-size // 4096 // FABRIC.planes) * per_packet
     arrival_floor = stream + 3 * per_packet + 4 * LINK_DELAY
     completion_floor = arrival_floor + 4 * LINK_DELAY

@@ -21,8 +21,8 @@ RATE = 100e9
 DELAY = 1e-6
 SIZE = 1000  # wire bytes of the test packets
 SER = SIZE * 8 / RATE  # 80 ns
-DATA = 0x0A
-ACK = 0x11
+DATA = 0xCA  # RDMA_WRITE_ONLY
+ACK = 0xDC  # RELIABILITY_SACK
 TRIM_MARK = b"TRIM"
 
 Arrival = tuple[float, bytes, int, bool]  # time, data, plane, ecn

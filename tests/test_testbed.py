@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from ipaddress import IPv6Address
@@ -60,7 +61,8 @@ from mrcstack.netns.traffic import (
     udp_receiver,
     udp_sender,
 )
-from mrcstack.wire import CrcIntegrity, DataPacket, Opcode, encode
+from mrcstack.wire import CrcIntegrity, DataFlags, DataPacket, encode
+from tests import tshark_fields
 from tests.isolation import run_name
 
 NAME = run_name("ta")
@@ -234,22 +236,11 @@ def test_kernel_shift_equals_usid_shift(bed: TestbedState) -> None:
     assert arrived == "1111:2222:bbbb:cccc:dddd:eeee:ffff:0"
 
 
-TSHARK_FIELDS = [
-    "ipv6.dst",
-    "udp.dstport",
-    "infiniband.bth.opcode",
-    "infiniband.bth.destqp",
-    "infiniband.bth.psn",
-    "infiniband.reth.va",
-    "infiniband.reth.r_key",
-    "infiniband.reth.dmalen",
-]
-
-
-def test_capture_on_a_switch_port_decodes_srv6_and_rocev2(bed: TestbedState) -> None:
+def test_capture_on_a_switch_port_decodes_srv6_and_mrc(bed: TestbedState) -> None:
     """tshark on p0-t1c's port towards p0-t0b captures a core-encoded RDMA write sent by h0
     to h3 over the path through p0-t1c: the IPv6 destination is the uSID address after two
-    shifts (T0a, T1c), and the RoCEv2 headers are what mrcstack.wire.encode wrote."""
+    shifts (T0a, T1c), and mrcstack's Lua dissector prints every field mrcstack.wire.encode
+    wrote."""
     tshark = shutil.which("tshark")
     if tshark is None:
         pytest.skip("tshark is not installed (make setup)")
@@ -259,13 +250,13 @@ def test_capture_on_a_switch_port_decodes_srv6_and_rocev2(bed: TestbedState) -> 
     port = bed.port("p0-t1c", "p0-t0b")
     pkt = DataPacket(
         qpn=0x123456, psn=0x00ABCD, va=0x1122334455667788, rkey=0xCAFEBABE,
-        payload=bytes(range(256)), ev=p.ev, port=0, tx_seq=1, ts_ns=42,
+        payload=bytes(range(256)), ev=p.ev, port=0, tx_seq=1, ts_ns=42 << 10,
+        flags=DataFlags.FIRST | DataFlags.LAST,
     )  # fmt: skip
     datagram = encode(pkt, CrcIntegrity())
+    pcap = Path(tempfile.mkdtemp(prefix="mrc-capture-")) / "switch.pcap"
     cmd = ["ip", "netns", "exec", port.netns, tshark, "-n", "-i", port.ifname, "-c", "1"]
-    cmd += ["-a", "duration:60", "-f", f"udp dst port {DEFAULT_PORT}", "-T", "fields"]
-    for name in TSHARK_FIELDS:
-        cmd += ["-e", name]
+    cmd += ["-a", "duration:60", "-f", f"udp dst port {DEFAULT_PORT}", "-w", str(pcap)]
     capture = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with udp_sender(bed.ns("h0")) as tx:
@@ -273,22 +264,21 @@ def test_capture_on_a_switch_port_decodes_srv6_and_rocev2(bed: TestbedState) -> 
             while capture.poll() is None and time.monotonic() < deadline:
                 tx.sendto(datagram, (str(p.address), DEFAULT_PORT))  # until tshark has one
                 time.sleep(0.2)
-        out, err = capture.communicate(timeout=10)
+        _, err = capture.communicate(timeout=10)
+        rows = tshark_fields.dissect(pcap)
+        dst = subprocess.run(
+            [tshark, "-n", "-r", str(pcap), "-T", "fields", "-e", "ipv6.dst"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.split()  # fmt: skip
     finally:
         if capture.poll() is None:
             capture.kill()
             capture.wait()
-    rows = [line.split("\t") for line in out.splitlines() if line.strip()]
+        shutil.rmtree(pcap.parent, ignore_errors=True)
     assert rows, err
-    row = dict(zip(TSHARK_FIELDS, rows[0], strict=True))
-    assert IPv6Address(row["ipv6.dst"]) == hop_destination == IPv6Address("fcbb:bb00:1001:8003::")
-    assert int(row["udp.dstport"]) == DEFAULT_PORT
-    assert int(row["infiniband.bth.opcode"]) == Opcode.RDMA_WRITE_ONLY
-    assert int(row["infiniband.bth.destqp"], 16) == pkt.qpn
-    assert int(row["infiniband.bth.psn"]) == pkt.psn
-    assert int(row["infiniband.reth.va"], 16) == pkt.va
-    assert int(row["infiniband.reth.r_key"], 16) == pkt.rkey
-    assert int(row["infiniband.reth.dmalen"]) == len(pkt.payload)
+    assert IPv6Address(dst[0]) == hop_destination == IPv6Address("fcbb:bb00:1001:8003::")
+    assert bytes.fromhex(rows[0]["udp.payload"]) == datagram
+    assert tshark_fields.mismatches(rows[0], tshark_fields.expected(pkt, datagram)) == []
 
 
 def _proc_net(netns: str, name: str) -> str:

@@ -33,6 +33,7 @@ from mrcstack.wire import (
     CrcIntegrity,
     DataFlags,
     DataPacket,
+    Opcode,
     decode,
     encode,
     encode_trimmed,
@@ -211,7 +212,7 @@ def flow(tclass: int = 0, port: int = PORT) -> Iterator[Flow]:
 
 
 def data_packets(count: int, payload: int, start_psn: int = 0) -> list[bytes]:
-    """Core-encoded WRITE packets; every third one carries an immediate (60-byte header)."""
+    """Core-encoded WRITE packets; every third one ends a write with an immediate."""
     return [
         encode(
             DataPacket(
@@ -224,6 +225,7 @@ def data_packets(count: int, payload: int, start_psn: int = 0) -> list[bytes]:
                 port=3,
                 tx_seq=psn,
                 ts_ns=10**12 + psn,
+                flags=DataFlags.LAST if psn % 3 == 0 else 0,
                 imm=psn if psn % 3 == 0 else None,
             ),
             CRC,
@@ -360,7 +362,7 @@ def test_overload_trims_to_headers_and_trimmed_packets_go_first(net: None, last_
     # The shaper charged trimmed packets their trimmed size (what the priority class sent).
     prio = next(q for q in qdiscs if q["handle"] == "7473:")
     assert prio["packets"] >= len(trimmed)
-    assert prio["bytes"] <= prio["packets"] * (L2_L4 + trimmed_length(0x0B))
+    assert prio["bytes"] <= prio["packets"] * (L2_L4 + trimmed_length(Opcode.RDMA_WRITE_LAST_IMM))
 
 
 @needs_bpf

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import zlib
 from pathlib import Path
 
 import pytest
@@ -17,28 +16,34 @@ from hypothesis import strategies as st
 
 from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire import (
-    ACK_HDR_LEN,
-    AETH_ACK,
-    AETH_NAK_ACCESS,
-    AETH_NAK_SEQ,
     BTH_LEN,
     BTH_PKEY,
+    CC_STATE_LEN,
     CRC_TRAILER_LEN,
     DATA_HDR_LEN,
     DATA_IMM_HDR_LEN,
     MRC_EXT_VERSION,
+    NACK_HDR_LEN,
     PROBE_HDR_LEN,
     PROBE_REPLY_HDR_LEN,
     PSN_MASK,
     PSN_MOD,
+    SACK_HDR_LEN,
+    SETH_LEN,
+    TS_UNIT_NS_SHIFT,
+    XFETH_LEN,
+    BthFlags,
     CrcIntegrity,
     DataFlags,
     DataPacket,
     DecodeError,
     DecodeReason,
+    EndpointOp,
+    IcrcPath,
     NackReason,
     Opcode,
     Packet,
+    SkipHint,
     WireUsageError,
     crc32_header,
     decode,
@@ -47,17 +52,19 @@ from mrcstack.wire import (
     header_length,
     peek_qpn,
     trimmed_length,
+    write_opcode,
 )
 from tests.wire_strategies import (
     MODES,
-    MRCX_FLAGS_FROM_END,
     PROBE,
     PROBE_REPLY,
+    XETH_FLAGS_FROM_END,
     ack,
     any_packet,
     data,
     data_packets,
     forge,
+    icrc,
     make_pair,
     normalized,
 )
@@ -89,9 +96,8 @@ def test_data_length_is_headers_payload_trailer(mode: str, pkt: DataPacket) -> N
 def test_psn_edges_round_trip(psn: int) -> None:
     crc = CrcIntegrity()
     assert decode(encode(data(psn=psn), crc), crc).psn == psn  # type: ignore[union-attr]
-    assert decode(encode(ack(cum_psn=psn, echo_psn=psn), crc), crc) == ack(
-        cum_psn=psn, echo_psn=psn
-    )
+    pkt = ack(cum_psn=psn, echo_psn=(psn + 5) & PSN_MASK, sack_base=(psn - 7) & PSN_MASK)
+    assert decode(encode(pkt, crc), crc) == pkt  # offsets across the PSN wrap
 
 
 @pytest.mark.parametrize("psn", [PSN_MOD, -1, 1 << 32])
@@ -116,6 +122,11 @@ def test_psn_out_of_range_is_a_local_error(psn: int) -> None:
         (ack(sack_base=1 << 24), "sack_base"),
         (ack(sack_bitmap=1 << 64), "sack_bitmap"),
         (ack(port_state=1 << 16), "port_state"),
+        (ack(ooo_count=1 << 15), "ooo_count"),
+        (ack(rcv_bytes=1 << 24), "rcv_bytes"),
+        (data(msn=1 << 16), "msn"),
+        (ack(echo_psn=(0x00FFFE + (1 << 15)) & PSN_MASK), "echo_psn"),
+        (ack(sack_base=(0x00FFFE - (1 << 15) - 1) & PSN_MASK), "sack_base"),
         (dataclasses.replace(PROBE, ts_ns=1 << 64), "ts_ns"),
         (dataclasses.replace(PROBE_REPLY, echo_ev=1 << 32), "echo_ev"),
     ],
@@ -130,12 +141,17 @@ def test_out_of_range_field_is_named(pkt: Packet, field: str) -> None:
 @pytest.mark.parametrize(
     "pkt",
     [
-        data(flags=DataFlags.PROBE),
+        data(flags=0x04),
         data(flags=DataFlags.TRIM_LASTHOP),
+        data(flags=DataFlags.FIRST, imm=5),  # an immediate only on the last packet
         data(flags=DataFlags.TRIMMED, dma_len=10),  # trimmed but carries a payload
         data(payload=b"", flags=DataFlags.TRIMMED),  # trimmed needs dma_len >= 0
         ack(nack_reason=0x55),
         ack(flags=0x04),
+        ack(skip=3),
+        ack(window=100),
+        ack(window=0),
+        ack(window=256 * 128),
     ],
 )
 def test_invalid_combinations_are_refused(pkt: Packet) -> None:
@@ -159,74 +175,127 @@ def test_payload_may_be_a_memoryview_or_bytearray() -> None:
         assert got.dma_len == len(bytes(payload))
 
 
-# --- the exact layout ----------------------------------------------------------------------
+# --- the exact layout (docs/wire-format.md's conformance table) ---------------------------
 
 
-def test_data_layout_offsets() -> None:
-    pkt = data(payload=b"P" * 10)
+def test_write_layout_offsets() -> None:
+    pkt = data(payload=b"P" * 10, flags=DataFlags.FIRST | DataFlags.LAST | DataFlags.RETX)
     wire = encode(pkt, CrcIntegrity())
     assert wire[0] == Opcode.RDMA_WRITE_ONLY
-    assert wire[1] == 0
+    assert wire[1] == 0  # M, SE, PadCnt, TVer
     assert int.from_bytes(wire[2:4]) == BTH_PKEY
     assert wire[4] == 0
     assert int.from_bytes(wire[5:8]) == pkt.qpn
-    assert wire[8] == 0  # AckReq clear
+    assert wire[8] == BthFlags.RTX | BthFlags.TS  # A clear
     assert int.from_bytes(wire[9:12]) == pkt.psn
-    assert int.from_bytes(wire[12:20]) == pkt.va
-    assert int.from_bytes(wire[20:24]) == pkt.rkey
-    assert int.from_bytes(wire[24:28]) == 10  # RETH DMA length = this payload
-    mrcx = wire[28:56]
-    assert mrcx[0] == MRC_EXT_VERSION
-    assert mrcx[1] == DataFlags.LAST
-    assert mrcx[2] == pkt.port
-    assert mrcx[3] == 0
-    assert int.from_bytes(mrcx[4:8]) == pkt.ev
-    assert int.from_bytes(mrcx[8:16]) == pkt.tx_seq
-    assert int.from_bytes(mrcx[16:24]) == pkt.ts_ns
-    assert int.from_bytes(mrcx[24:28]) == crc32_header(wire[:56])
-    assert wire[56:66] == b"P" * 10
-    assert int.from_bytes(wire[66:]) == zlib.crc32(wire[:66])
+    assert int.from_bytes(wire[12:14]) == 0  # METH RQ MSN
+    assert int.from_bytes(wire[14:16]) == pkt.msn
+    assert int.from_bytes(wire[16:18]) == (pkt.ts_ns >> TS_UNIT_NS_SHIFT) & 0xFFFF  # TSETH
+    assert int.from_bytes(wire[18:20]) == 0x0001  # TSR 0, ftype 1
+    assert int.from_bytes(wire[20:28]) == pkt.va
+    assert int.from_bytes(wire[28:32]) == pkt.rkey
+    assert int.from_bytes(wire[32:36]) == 10  # RETH DMA length = this payload
+    xeth = wire[36:64]
+    assert xeth[0] == MRC_EXT_VERSION
+    assert xeth[1] == 0  # switch-writable flags
+    assert xeth[2] == pkt.port
+    assert xeth[3] == 0
+    assert int.from_bytes(xeth[4:8]) == pkt.ev
+    assert int.from_bytes(xeth[8:16]) == pkt.tx_seq
+    assert int.from_bytes(xeth[16:24]) == pkt.ts_ns
+    assert int.from_bytes(xeth[24:28]) == crc32_header(wire[:64])
+    assert wire[64:74] == b"P" * 10
+    assert wire[74:] == icrc(wire[:74])
+
+
+@pytest.mark.parametrize(
+    ("flags", "imm", "opcode"),
+    [
+        (DataFlags.FIRST, None, Opcode.RDMA_WRITE_FIRST),
+        (0, None, Opcode.RDMA_WRITE_MIDDLE),
+        (DataFlags.LAST, None, Opcode.RDMA_WRITE_LAST),
+        (DataFlags.LAST, 7, Opcode.RDMA_WRITE_LAST_IMM),
+        (DataFlags.FIRST | DataFlags.LAST, None, Opcode.RDMA_WRITE_ONLY),
+        (DataFlags.FIRST | DataFlags.LAST, 7, Opcode.RDMA_WRITE_ONLY_IMM),
+    ],
+)
+def test_write_opcodes(flags: int, imm: int | None, opcode: int) -> None:
+    crc = CrcIntegrity()
+    wire = encode(data(flags=flags, imm=imm), crc)
+    assert wire[0] == opcode == write_opcode(flags, imm)
+    got = decode(wire, crc)
+    assert isinstance(got, DataPacket)
+    assert got.flags & (DataFlags.FIRST | DataFlags.LAST) == flags
+    assert got.imm == imm
 
 
 def test_immediate_sits_between_reth_and_extension() -> None:
     wire = encode(data(imm=0x01020304), CrcIntegrity())
-    assert wire[0] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
-    assert wire[28:32] == bytes([1, 2, 3, 4])
-    assert wire[32] == MRC_EXT_VERSION
+    assert wire[0] == Opcode.RDMA_WRITE_LAST_IMM
+    assert wire[36:40] == bytes([1, 2, 3, 4])
+    assert wire[40] == MRC_EXT_VERSION
 
 
-@pytest.mark.parametrize(
-    ("reason", "syndrome"),
-    [
-        (0, AETH_ACK),
-        (NackReason.REMOTE_ACCESS, AETH_NAK_ACCESS),
-        (NackReason.TRIMMED, AETH_NAK_SEQ),
-        (NackReason.SEQ_ERROR, AETH_NAK_SEQ),
-        (NackReason.UNEXP_EVENT, AETH_NAK_SEQ),
-    ],
-)
-def test_ack_layout_and_syndrome(reason: int, syndrome: int) -> None:
-    pkt = ack(nack_reason=reason)
+def test_sack_layout() -> None:
+    pkt = ack(skip=SkipHint.SKIP_ONCE, ooo_count=5, rcv_bytes=0x123456, window=256)
     wire = encode(pkt, CrcIntegrity())
-    assert len(wire) == ACK_HDR_LEN + CRC_TRAILER_LEN
-    assert wire[0] == Opcode.ACKNOWLEDGE
+    assert len(wire) == SACK_HDR_LEN + CRC_TRAILER_LEN
+    assert wire[0] == Opcode.RELIABILITY_SACK
     assert int.from_bytes(wire[9:12]) == pkt.cum_psn
-    assert wire[12] == syndrome
-    assert int.from_bytes(wire[13:16]) == pkt.msn
-    mrcf = wire[16:68]
-    assert mrcf[3] == reason
-    assert int.from_bytes(mrcf[20:24]) == pkt.echo_psn
-    assert int.from_bytes(mrcf[32:36]) == pkt.sack_base
-    assert int.from_bytes(mrcf[36:38]) == pkt.port_state
-    assert int.from_bytes(mrcf[40:48]) == pkt.sack_bitmap
+    seth = wire[12:40]
+    assert seth[0] >> 4 == 0x1  # SETH type; next header (low nibble) = mrcstack's XFETH
+    assert seth[1] == SkipHint.SKIP_ONCE  # m
+    assert int.from_bytes(seth[2:4], signed=True) == pkt.echo_psn - pkt.cum_psn
+    assert int.from_bytes(seth[4:8]) == pkt.echo_ev  # entropy of the acknowledged packet
+    assert seth[8:12] == bytes(4)  # context ids
+    assert seth[12] == 0
+    assert int.from_bytes(seth[13:16]) == pkt.cum_psn
+    assert seth[16] == 0x01  # cc flags: ECN echo
+    assert seth[17] == 2  # MPR: 256 PSNs
+    assert int.from_bytes(seth[18:20], signed=True) == pkt.sack_base - pkt.cum_psn
+    assert int.from_bytes(seth[20:28]) == pkt.sack_bitmap
+    cc = wire[40:48]
+    assert int.from_bytes(cc[0:2]) == (pkt.echo_ts_ns >> TS_UNIT_NS_SHIFT) & 0xFFFF
+    assert int.from_bytes(cc[2:4]) == 5  # ooo_count
+    assert int.from_bytes(cc[5:8]) == 0x123456  # received bytes
+    xf = wire[48:84]
+    assert xf[0] == MRC_EXT_VERSION
+    assert int.from_bytes(xf[24:28]) == pkt.msn
+    assert int.from_bytes(xf[28:30]) == pkt.port_state
 
 
-def test_probe_lengths_and_flags() -> None:
+@pytest.mark.parametrize("reason", list(NackReason))
+def test_nack_layout(reason: NackReason) -> None:
+    pkt = ack(nack_reason=reason, flags=0)
+    wire = encode(pkt, CrcIntegrity())
+    assert len(wire) == NACK_HDR_LEN + CRC_TRAILER_LEN
+    assert wire[0] == Opcode.RELIABILITY_NACK
+    neth = wire[12:32]
+    assert neth[0] == 0x21  # NETH type 2, next header: a SETH
+    assert neth[2] == reason
+    assert int.from_bytes(neth[4:8]) == pkt.echo_ev
+    assert int.from_bytes(neth[13:16]) == pkt.echo_psn
+    assert int.from_bytes(neth[18:20]) == (pkt.echo_ts_ns >> TS_UNIT_NS_SHIFT) & 0xFFFF
+    sack = encode(dataclasses.replace(pkt, nack_reason=0), CrcIntegrity())
+    tail = SETH_LEN + CC_STATE_LEN + XFETH_LEN - 4  # the SACK state it carries, but hdr_check
+    assert wire[32 : 32 + tail] == sack[12 : 12 + tail]
+    assert decode(wire, CrcIntegrity()) == pkt
+
+
+def test_probe_layouts() -> None:
     crc = CrcIntegrity()
     probe = encode(PROBE, crc)
     assert len(probe) == PROBE_HDR_LEN + CRC_TRAILER_LEN
-    assert probe[BTH_LEN + 1] == DataFlags.PROBE
-    assert len(encode(PROBE_REPLY, crc)) == PROBE_REPLY_HDR_LEN + CRC_TRAILER_LEN
+    assert probe[0] == Opcode.ENDPOINT_REQUEST
+    assert probe[BTH_LEN + 1] == EndpointOp.EV_PROBE
+    assert int.from_bytes(probe[BTH_LEN + 4 : BTH_LEN + 8]) == PROBE.port_state
+    assert int.from_bytes(probe[BTH_LEN + 12 : BTH_LEN + 14]) == 42  # ts in 1.024 us units
+    reply = encode(PROBE_REPLY, crc)
+    assert len(reply) == PROBE_REPLY_HDR_LEN + CRC_TRAILER_LEN
+    assert reply[0] == Opcode.ENDPOINT_RESPONSE
+    assert reply[BTH_LEN + 1] == EndpointOp.EV_PROBE
+    assert int.from_bytes(reply[BTH_LEN + 4 : BTH_LEN + 8]) == PROBE_REPLY.echo_ev
+    assert int.from_bytes(reply[BTH_LEN + 28 : BTH_LEN + 30]) == 0  # ts echo: 42 ns >> 10
 
 
 @given(pkt=any_packet)
@@ -237,14 +306,39 @@ def test_hdr_check_matches_the_helper(pkt: Packet) -> None:
     assert int.from_bytes(wire[hlen - 4 : hlen]) == crc32_header(wire[:hlen])
 
 
+@given(pkt=any_packet)
+@settings(max_examples=100, deadline=None)
+def test_icrc_is_the_rocev2_invariant_crc(pkt: Packet) -> None:
+    """The trailer is the ICRC computed from the RoCEv2 rules, not from the codec."""
+    wire = encode(pkt, CrcIntegrity())
+    assert wire[-4:] == icrc(wire[:-4])
+
+
+def test_icrc_covers_the_addresses() -> None:
+    src, dst = bytes.fromhex("fd00" + "00" * 13 + "01"), bytes.fromhex("fd00" + "00" * 13 + "02")
+    tx = CrcIntegrity((IcrcPath(src, dst, local_port=50000),))
+    rx = CrcIntegrity((IcrcPath(dst, src, peer_port=50000),))
+    wire = encode(data(port=0), tx)
+    assert wire[-4:] == icrc(wire[:-4], src, dst, sport=50000)
+    assert decode(wire, rx) == decode(wire, rx)  # the peer's view verifies
+    with pytest.raises(DecodeError) as info:
+        decode(wire, CrcIntegrity())  # other addresses: another packet
+    assert info.value.reason is DecodeReason.BAD_CHECKSUM
+    with pytest.raises(DecodeError):
+        decode(encode(data(port=1), tx), rx)  # no addresses for plane 1
+
+
 def test_header_and_trimmed_lengths() -> None:
-    assert trimmed_length(Opcode.RDMA_WRITE_ONLY) == 56
-    assert trimmed_length(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE) == 60
-    assert header_length(Opcode.ACKNOWLEDGE) == 68
-    assert header_length(Opcode.MRC_PROBE) == 40
-    assert header_length(Opcode.MRC_PROBE_REPLY) == 64
+    assert trimmed_length(Opcode.RDMA_WRITE_ONLY) == 64
+    assert trimmed_length(Opcode.RDMA_WRITE_MIDDLE) == 64
+    assert trimmed_length(Opcode.RDMA_WRITE_ONLY_IMM) == 68
+    assert trimmed_length(Opcode.RDMA_WRITE_LAST_IMM) == 68
+    assert header_length(Opcode.RELIABILITY_SACK) == 84
+    assert header_length(Opcode.RELIABILITY_NACK) == 104
+    assert header_length(Opcode.ENDPOINT_REQUEST) == 56
+    assert header_length(Opcode.ENDPOINT_RESPONSE) == 84
     with pytest.raises(WireUsageError):
-        trimmed_length(Opcode.ACKNOWLEDGE)
+        trimmed_length(Opcode.RELIABILITY_SACK)
     with pytest.raises(WireUsageError):
         header_length(0x42)
 
@@ -254,7 +348,7 @@ def test_peek_qpn() -> None:
     assert peek_qpn(encode(data(qpn=0xABCDEF), crc)) == 0xABCDEF
     assert peek_qpn(memoryview(encode(ack(qpn=5), crc))) == 5
     with pytest.raises(DecodeError) as info:
-        peek_qpn(b"\x0a" * 11)
+        peek_qpn(b"\xca" * 11)
     assert info.value.reason is DecodeReason.TRUNCATED
 
 
@@ -272,7 +366,7 @@ def test_crc_payload_is_a_view_of_the_datagram() -> None:
 
 def test_decode_accepts_bytearray_and_non_byte_views() -> None:
     crc = CrcIntegrity()
-    wire = encode(data(payload=b"abcd" * 8), crc)  # 56 + 32 + 4 = 92 bytes, a multiple of 4
+    wire = encode(data(payload=b"abcd" * 8), crc)  # 64 + 32 + 4 = 100 bytes, a multiple of 4
     assert normalized(decode(bytearray(wire), crc)) == normalized(decode(wire, crc))
     assert normalized(decode(memoryview(wire).cast("I"), crc)) == normalized(decode(wire, crc))
 
@@ -318,7 +412,7 @@ def test_truncated_or_extended_packets_are_rejected(mode: str) -> None:
 def test_setting_trimmed_on_a_full_packet_is_a_length_error() -> None:
     crc = CrcIntegrity()
     wire = bytearray(encode(data(), crc))
-    wire[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= DataFlags.TRIMMED
+    wire[DATA_HDR_LEN - XETH_FLAGS_FROM_END] |= DataFlags.TRIMMED
     with pytest.raises(DecodeError) as info:
         decode(bytes(wire), crc)
     assert info.value.reason is DecodeReason.BAD_LENGTH
@@ -330,12 +424,15 @@ def test_setting_trimmed_on_a_full_packet_is_a_length_error() -> None:
         (1, 0x40, DecodeReason.BAD_FIELD),  # BTH MigReq
         (2, 0x7F, DecodeReason.BAD_FIELD),  # P_Key
         (4, 0x01, DecodeReason.BAD_FIELD),  # BTH reserved byte
-        (8, 0x80, DecodeReason.BAD_FIELD),  # AckReq
-        (24, 0x01, DecodeReason.BAD_LENGTH),  # RETH DMA length != payload
-        (28, 2, DecodeReason.BAD_VERSION),  # MRC extension version
-        (29, 0x08, DecodeReason.BAD_FIELD),  # unknown flag bit
-        (29, 0x80, DecodeReason.BAD_FIELD),  # TRIM_LASTHOP without TRIMMED
-        (31, 0x01, DecodeReason.BAD_FIELD),  # reserved byte
+        (8, 0x90, DecodeReason.BAD_FIELD),  # AckReq
+        (8, 0x18, DecodeReason.BAD_FIELD),  # BTH reserved bits
+        (12, 0x01, DecodeReason.BAD_FIELD),  # METH RQ MSN
+        (19, 0x02, DecodeReason.BAD_FIELD),  # TSETH ftype
+        (35, 0x01, DecodeReason.BAD_LENGTH),  # RETH DMA length != payload
+        (36, 1, DecodeReason.BAD_VERSION),  # mrcstack extension version (1: pre-OCP)
+        (37, 0x08, DecodeReason.BAD_FIELD),  # unknown flag bit
+        (37, 0x80, DecodeReason.BAD_FIELD),  # TRIM_LASTHOP without TRIMMED
+        (39, 0x01, DecodeReason.BAD_FIELD),  # reserved byte
     ],
 )
 def test_field_sanity_even_with_valid_checks(offset: int, value: int, reason: DecodeReason) -> None:
@@ -346,7 +443,7 @@ def test_field_sanity_even_with_valid_checks(offset: int, value: int, reason: De
     assert info.value.reason is reason
 
 
-@pytest.mark.parametrize("opcode", [0x00, 0x06, 0x0C, 0x10, 0x12, 0x64, 0xC2, 0xFF])
+@pytest.mark.parametrize("opcode", [0x00, 0x0A, 0x0B, 0x11, 0x64, 0xC0, 0xC5, 0xD1, 0xDE, 0xFF])
 def test_unknown_opcodes(opcode: int) -> None:
     wire = bytearray(encode(data(), CrcIntegrity()))
     wire[0] = opcode
@@ -356,26 +453,38 @@ def test_unknown_opcodes(opcode: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("offset", "value"),
+    ("nack", "offset", "value"),
     [
-        (12, AETH_NAK_SEQ),  # syndrome says NAK, reason says ACK
-        (16 + 1, 0x04),  # unknown feedback flag
-        (16 + 3, 0x55),  # unknown NACK reason
-        (16 + 20, 0x01),  # echo_psn wider than 24 bits
-        (16 + 38, 0x01),  # reserved u16
+        (False, 9, 0x01),  # BTH PSN differs from SETH cack_psn
+        (False, 12, 0x31),  # SETH type
+        (False, 13, 0x03),  # m = 3 is not a hint
+        (False, 13, 0x04),  # pr bit
+        (False, 20, 0x01),  # context id
+        (False, 24, 0x01),  # reserved byte
+        (False, 28, 0x02),  # unknown cc flag
+        (False, 29, 0x00),  # MPR 0: no window
+        (False, 42, 0x80),  # CC_STATE reserved bit
+        (False, 40, 0x00),  # timestamp echo differs from XFETH's
+        (False, 48 + 1, 0x04),  # unknown XFETH flag
+        (False, 48 + 30, 0x01),  # XFETH reserved u16
+        (True, 12, 0x22),  # NETH next header is not a SETH
+        (True, 14, 0x55),  # unknown NACK reason
+        (True, 15, 0x01),  # vendor info
+        (True, 19, 0x00),  # NETH entropy differs from SETH's
+        (True, 25, 0x02),  # NACK PSN differs from SETH's
     ],
 )
-def test_ack_field_sanity(offset: int, value: int) -> None:
+def test_feedback_field_sanity(nack: bool, offset: int, value: int) -> None:
     crc = CrcIntegrity()
-    wire = forge(encode(ack(), crc), offset, value)
+    wire = forge(encode(ack(nack_reason=NackReason.TRIMMED if nack else 0), crc), offset, value)
     with pytest.raises(DecodeError) as info:
         decode(wire, crc)
     assert info.value.reason is DecodeReason.BAD_FIELD
 
 
-def test_probe_reply_with_ack_fields_is_rejected() -> None:
+def test_probe_reply_with_stray_fields_is_rejected() -> None:
     crc = CrcIntegrity()
-    wire = forge(encode(PROBE_REPLY, crc), 12 + 3, NackReason.TRIMMED)
+    wire = forge(encode(PROBE_REPLY, crc), 12 + 20, 0x01)  # EETH reserved words
     with pytest.raises(DecodeError) as info:
         decode(wire, crc)
     assert info.value.reason is DecodeReason.BAD_FIELD
@@ -384,7 +493,7 @@ def test_probe_reply_with_ack_fields_is_rejected() -> None:
 def test_crc_mismatch_reason() -> None:
     crc = CrcIntegrity()
     wire = bytearray(encode(data(), crc))
-    wire[60] ^= 1  # payload byte: header check still fine
+    wire[70] ^= 1  # payload byte: header check still fine
     with pytest.raises(DecodeError) as info:
         decode(bytes(wire), crc)
     assert info.value.reason is DecodeReason.BAD_CHECKSUM
@@ -424,7 +533,7 @@ def test_trimmed_packet_objects_round_trip(pkt: DataPacket, lasthop: bool) -> No
 def test_trimmed_header_is_still_checked() -> None:
     crc = CrcIntegrity()
     trimmed = encode_trimmed(encode(data(), crc), lasthop=False)
-    flags_at = DATA_HDR_LEN - MRCX_FLAGS_FROM_END
+    flags_at = DATA_HDR_LEN - XETH_FLAGS_FROM_END
     for offset in range(len(trimmed)):
         for xor in (0x01, 0x10, 0xFF):
             bad = bytearray(trimmed)
@@ -442,7 +551,7 @@ def test_switch_bits_are_outside_hdr_check() -> None:
     """Honest limit: anyone on the path can set TRIM_LASTHOP on a trimmed header."""
     crc = CrcIntegrity()
     trimmed = bytearray(encode_trimmed(encode(data(), crc), lasthop=False))
-    trimmed[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= DataFlags.TRIM_LASTHOP
+    trimmed[DATA_HDR_LEN - XETH_FLAGS_FROM_END] |= DataFlags.TRIM_LASTHOP
     got = decode(bytes(trimmed), crc)
     assert got.flags & DataFlags.TRIM_LASTHOP  # type: ignore[union-attr]
 
@@ -452,7 +561,7 @@ def test_encode_trimmed_refuses_non_data() -> None:
     with pytest.raises(WireUsageError):
         encode_trimmed(encode(ack(), crc), lasthop=False)
     with pytest.raises(WireUsageError):
-        encode_trimmed(encode(data(imm=1), crc)[:59], lasthop=False)
+        encode_trimmed(encode(data(imm=1), crc)[:67], lasthop=False)
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -467,7 +576,7 @@ def test_decode_error_names_its_side_and_survives_pickle() -> None:
     assert str(copy) == str(err)
 
 
-@pytest.mark.parametrize("junk", [b"", b"\x0a", b"\xff" * 100, bytes(68), "text", 42, None])
+@pytest.mark.parametrize("junk", [b"", b"\xca", b"\xff" * 100, bytes(68), "text", 42, None])
 def test_decode_junk_raises_decode_error(junk: object) -> None:
     with pytest.raises(DecodeError):
         decode(junk, CrcIntegrity())  # type: ignore[arg-type]
@@ -484,9 +593,9 @@ def test_worked_example_in_the_docs() -> None:
     pkt = DataPacket(
         qpn=0x000101, psn=0x000010, va=0x00007F0000001000, rkey=0x12345678,
         payload=b"MRC!hello,world!", ev=0x00020005, port=2, tx_seq=42,
-        ts_ns=1_000_000_000, flags=DataFlags.LAST, imm=0xCAFE0001,
+        ts_ns=1_000_000_000, flags=DataFlags.LAST, imm=0xCAFE0001, msn=3,
     )  # fmt: skip
     assert dumped == encode(pkt, CrcIntegrity())
     trimmed = encode_trimmed(dumped, lasthop=True)
-    assert trimmed[0x21] == 0xC2
-    assert trimmed == dumped[:0x21] + b"\xc2" + dumped[0x22:60]
+    assert trimmed[0x29] == 0xC0
+    assert trimmed == dumped[:0x29] + b"\xc0" + dumped[0x2A:68]

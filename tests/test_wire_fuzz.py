@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import random
 import struct
-import zlib
 from collections import Counter
 
 from mrcstack.wire import (
+    MPR_UNIT,
+    PSN_MASK,
+    SWITCH_FLAGS,
+    WRITE_OPCODES,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -36,6 +39,7 @@ from mrcstack.wire import (
     header_length,
     peek_qpn,
 )
+from tests.wire_strategies import XETH_FLAGS_FROM_END, icrc
 
 FUZZ_COUNT = int(os.environ.get("MRC_FUZZ_COUNT", "1000000"))
 FUZZ_SEED = int(os.environ.get("MRC_FUZZ_SEED", "20260522"))
@@ -45,6 +49,9 @@ BIG_PAYLOAD = 4096
 KEY = bytes(range(16))
 OPCODES = [int(op) for op in Opcode]
 NACKS = [0, *(int(r) for r in NackReason)]
+_F, _L, _R = DataFlags.FIRST, DataFlags.LAST, DataFlags.RETX
+DATA_FLAGS = [0, _F, _L, _F | _L, _R, _R | _F, _R | _L, _R | _F | _L]
+FEEDBACK_FLAGS = [0, FeedbackFlags.ECN_ECHO, FeedbackFlags.DUPLICATE, 3]
 
 
 def random_packet(rng: random.Random, tx_seq: int) -> Packet:
@@ -53,20 +60,26 @@ def random_packet(rng: random.Random, tx_seq: int) -> Packet:
     r = rng.getrandbits
     if kind == 0:
         size = BIG_PAYLOAD if rng.random() < 0.05 else rng.randrange(MAX_FUZZ_PAYLOAD)
+        flags = rng.choice(DATA_FLAGS)
         return DataPacket(
             qpn=r(24), psn=r(24), va=r(64), rkey=r(32), payload=rng.randbytes(size), ev=r(32),
-            port=r(8), tx_seq=tx_seq, ts_ns=r(64), flags=rng.choice([0, 1, 2, 3]),
-            imm=r(32) if rng.random() < 0.5 else None,
+            port=r(8), tx_seq=tx_seq, ts_ns=r(64), flags=flags,
+            imm=r(32) if flags & DataFlags.LAST and rng.random() < 0.5 else None, msn=r(16),
         )  # fmt: skip
     if kind == 1:
+        cum = r(24)
         return AckPacket(
-            qpn=r(24), cum_psn=r(24), msn=r(24), ev=r(32), port=r(8), tx_seq=tx_seq,
-            echo_ev=r(32), echo_psn=r(24), echo_ts_ns=r(64), sack_base=r(24),
-            sack_bitmap=r(64), port_state=r(16), flags=rng.choice([0, FeedbackFlags.ECN_ECHO]),
-            nack_reason=rng.choice(NACKS),
+            qpn=r(24), cum_psn=cum, msn=r(24), ev=r(32), port=r(8), tx_seq=tx_seq,
+            echo_ev=r(32), echo_psn=(cum + rng.randrange(-40000, 40000) % 65536 - 32768) & PSN_MASK,
+            echo_ts_ns=r(64), sack_base=(cum + r(16) - 32768) & PSN_MASK,
+            sack_bitmap=r(64), port_state=r(16), flags=rng.choice(FEEDBACK_FLAGS),
+            nack_reason=rng.choice(NACKS), skip=rng.randrange(3), ooo_count=r(15),
+            rcv_bytes=r(24), window=rng.randrange(1, 256) * MPR_UNIT,
         )  # fmt: skip
     if kind == 2:
-        return ProbePacket(qpn=r(24), ev=r(32), port=r(8), tx_seq=tx_seq, ts_ns=r(64))
+        return ProbePacket(
+            qpn=r(24), ev=r(32), port=r(8), tx_seq=tx_seq, ts_ns=r(64), port_state=r(16)
+        )
     return ProbeReplyPacket(
         qpn=r(24), ev=r(32), port=r(8), tx_seq=tx_seq, echo_ev=r(32), echo_ts_ns=r(64),
         port_state=r(16),
@@ -79,13 +92,13 @@ def build_corpus(rng: random.Random, tx: Integrity) -> list[bytes]:
     for seq in range(CORPUS_PER_MODE):
         wire = encode(random_packet(rng, seq), tx)
         corpus.append(wire)
-        if wire[0] in (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE):
+        if wire[0] in WRITE_OPCODES:
             corpus.append(encode_trimmed(wire, lasthop=rng.random() < 0.5))
     return corpus
 
 
 def reseal(buf: bytearray, trailer_len: int) -> bytes:
-    """Recompute hdr_check (and a CRC trailer) after a header edit: reaches the field checks."""
+    """Recompute hdr_check (and an ICRC) after a header edit: reaches the field checks."""
     try:
         hlen = header_length(buf[0])
     except ValueError:
@@ -95,7 +108,7 @@ def reseal(buf: bytearray, trailer_len: int) -> bytes:
     struct.pack_into(">I", buf, hlen - 4, crc32_header(buf[:hlen]))
     if trailer_len == 4 and len(buf) >= hlen + 4:
         body = bytes(buf[:-4])
-        return body + struct.pack(">I", zlib.crc32(body))
+        return body + icrc(body)
     return bytes(buf)
 
 
@@ -116,15 +129,15 @@ def mutate(rng: random.Random, wire: bytes, trailer_len: int) -> bytes:
     if choice == 4:  # random byte anywhere
         buf[rng.randrange(n)] = rng.getrandbits(8)
         return bytes(buf)
-    if choice == 5:  # random header byte with valid hdr_check / CRC: a buggy peer
-        buf[rng.randrange(min(n, 72))] = rng.getrandbits(8)
+    if choice == 5:  # random header byte with valid hdr_check / ICRC: a buggy peer
+        buf[rng.randrange(min(n, 108))] = rng.getrandbits(8)
         return reseal(buf, trailer_len)
     if choice == 6:  # random length field (RETH DMA length) with valid checks
-        if n >= 28:
-            struct.pack_into(">I", buf, 24, rng.choice([0, 1, n, 1 << 31, rng.getrandbits(32)]))
+        if n >= 36:
+            struct.pack_into(">I", buf, 32, rng.choice([0, 1, n, 1 << 31, rng.getrandbits(32)]))
         return reseal(buf, trailer_len)
     if choice == 7:  # switch bits flipped
-        flags_at = header_length(buf[0]) - 27 if buf[0] in (10, 11) else 1
+        flags_at = header_length(buf[0]) - XETH_FLAGS_FROM_END if buf[0] in WRITE_OPCODES else 1
         buf[min(flags_at, n - 1)] ^= rng.choice([0x40, 0x80, 0xC0])
         return bytes(buf)
     for _ in range(rng.randrange(1, 4)):  # 1-3 bit flips
@@ -181,6 +194,7 @@ def test_small_fuzz_run_reaches_deep_checks() -> None:
 
 
 def test_flags_constant_matches_mutator() -> None:
-    """The mutator's 27 is the data extension's flags byte: keep it honest."""
-    wire = encode(DataPacket(1, 2, 3, 4, b"", 5, 6, 7, 8, flags=DataFlags.LAST), CrcIntegrity())
-    assert wire[header_length(wire[0]) - 27] == DataFlags.LAST
+    """XETH_FLAGS_FROM_END is the flags byte a switch writes: keep the mutator honest."""
+    crc = CrcIntegrity()
+    wire = encode_trimmed(encode(DataPacket(1, 2, 3, 4, b"x", 5, 6, 7, 8), crc), lasthop=True)
+    assert wire[header_length(wire[0]) - XETH_FLAGS_FROM_END] == SWITCH_FLAGS

@@ -23,8 +23,8 @@ from mrcstack.wire import (
 from tests.wire_strategies import (
     KEY16,
     KEY32,
-    MRCX_FLAGS_FROM_END,
     RECEIVER_ID,
+    XETH_FLAGS_FROM_END,
     ack,
     data,
     make_pair,
@@ -212,9 +212,9 @@ def test_crc32_header_argument_checks() -> None:
 def test_crc32_header_ignores_only_the_switch_bits() -> None:
     header = bytearray(encode(data(), CrcIntegrity())[:DATA_HDR_LEN])
     before = crc32_header(header)
-    header[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] |= 0xC0
+    header[DATA_HDR_LEN - XETH_FLAGS_FROM_END] |= 0xC0
     assert crc32_header(header) == before
-    header[DATA_HDR_LEN - MRCX_FLAGS_FROM_END] ^= DataFlags.RETX
+    header[DATA_HDR_LEN - XETH_FLAGS_FROM_END] ^= DataFlags.RETX
     assert crc32_header(header) != before
     header[-1] ^= 0xFF  # the hdr_check field itself counts as zero
     assert crc32_header(bytes(header)) == crc32_header(bytes(header[:-1]) + b"\x00")

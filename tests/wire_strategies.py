@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from mrcstack.wire import (
     CRC_TRAILER_LEN,
+    MPR_UNIT,
+    PSN_MASK,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -29,7 +31,7 @@ KEY16 = bytes(range(16))
 KEY32 = bytes(range(100, 132))
 MODES = ("crc", "aead", "aead-encrypt")
 SENDER_ID, RECEIVER_ID = 0x0A0B0C0D, 0x01020304
-MRCX_FLAGS_FROM_END = 27  # the data extension's flags byte, counted back from the header end
+XETH_FLAGS_FROM_END = 27  # the XETH flags byte, counted back from a write's header end
 
 
 def make_pair(mode: str, key: bytes = KEY16) -> tuple[Integrity, Integrity]:
@@ -58,27 +60,46 @@ data_packets = st.builds(
     port=u(8),
     tx_seq=u(64),
     ts_ns=u(64),
-    flags=st.sampled_from([0, DataFlags.RETX, DataFlags.LAST, DataFlags.RETX | DataFlags.LAST]),
+    flags=st.sampled_from([0, DataFlags.FIRST, DataFlags.LAST]).flatmap(
+        lambda f: st.sampled_from([f, f | DataFlags.RETX, f | DataFlags.FIRST])
+    ),
     imm=st.none() | u(32),
+    msn=u(16),
+).map(lambda p: p if p.imm is None else dataclasses.replace(p, flags=p.flags | DataFlags.LAST))
+
+
+@st.composite
+def ack_packets(draw: st.DrawFn) -> AckPacket:
+    """Any valid SACK or NACK: its PSN offsets fit SETH's signed 16 bits."""
+    cum = draw(u(24))
+    offset = st.integers(-(1 << 15), (1 << 15) - 1)
+    return AckPacket(
+        qpn=draw(u(24)),
+        cum_psn=cum,
+        msn=draw(u(24)),
+        ev=draw(u(32)),
+        port=draw(u(8)),
+        tx_seq=draw(u(64)),
+        echo_ev=draw(u(32)),
+        echo_psn=(cum + draw(offset)) & PSN_MASK,
+        echo_ts_ns=draw(u(64)),
+        sack_base=(cum + draw(offset)) & PSN_MASK,
+        sack_bitmap=draw(u(64)),
+        port_state=draw(u(16)),
+        flags=draw(
+            st.sampled_from([0, int(FeedbackFlags.ECN_ECHO), int(FeedbackFlags.DUPLICATE), 3])
+        ),
+        nack_reason=draw(st.sampled_from([0, *(int(r) for r in NackReason)])),
+        skip=draw(st.integers(0, 2)),
+        ooo_count=draw(u(15)),
+        rcv_bytes=draw(u(24)),
+        window=draw(st.integers(1, 255)) * MPR_UNIT,
+    )
+
+
+probe_packets = st.builds(
+    ProbePacket, qpn=u(24), ev=u(32), port=u(8), tx_seq=u(64), ts_ns=u(64), port_state=u(16)
 )
-ack_packets = st.builds(
-    AckPacket,
-    qpn=u(24),
-    cum_psn=u(24),
-    msn=u(24),
-    ev=u(32),
-    port=u(8),
-    tx_seq=u(64),
-    echo_ev=u(32),
-    echo_psn=u(24),
-    echo_ts_ns=u(64),
-    sack_base=u(24),
-    sack_bitmap=u(64),
-    port_state=u(16),
-    flags=st.sampled_from([0, int(FeedbackFlags.ECN_ECHO), int(FeedbackFlags.DUPLICATE), 3]),
-    nack_reason=st.sampled_from([0, *(int(r) for r in NackReason)]),
-)
-probe_packets = st.builds(ProbePacket, qpn=u(24), ev=u(32), port=u(8), tx_seq=u(64), ts_ns=u(64))
 probe_reply_packets = st.builds(
     ProbeReplyPacket,
     qpn=u(24),
@@ -89,7 +110,7 @@ probe_reply_packets = st.builds(
     echo_ts_ns=u(64),
     port_state=u(16),
 )
-any_packet = data_packets | ack_packets | probe_packets | probe_reply_packets
+any_packet = data_packets | ack_packets() | probe_packets | probe_reply_packets
 
 
 def data(payload: bytes = b"0123456789abcdef" * 4, **kw: object) -> DataPacket:
@@ -105,6 +126,7 @@ def data(payload: bytes = b"0123456789abcdef" * 4, **kw: object) -> DataPacket:
         "ts_ns": 123456789,
         "flags": DataFlags.LAST,
         "imm": None,
+        "msn": 0x0102,
     }
     fields.update(kw)
     return DataPacket(**fields)  # type: ignore[arg-type]
@@ -119,7 +141,7 @@ def ack(**kw: object) -> AckPacket:
         "port": 2,
         "tx_seq": 78,
         "echo_ev": 0xDEADBEEF,
-        "echo_psn": 0xABCDEF,
+        "echo_psn": 0x010005,
         "echo_ts_ns": 123456789,
         "sack_base": 0x00FFFF,
         "sack_bitmap": 0x8000_0000_0000_0005,
@@ -131,7 +153,7 @@ def ack(**kw: object) -> AckPacket:
     return AckPacket(**fields)  # type: ignore[arg-type]
 
 
-PROBE = ProbePacket(qpn=7, ev=0x01020304, port=5, tx_seq=79, ts_ns=42)
+PROBE = ProbePacket(qpn=7, ev=0x01020304, port=5, tx_seq=79, ts_ns=42 << 10, port_state=0b101)
 PROBE_REPLY = ProbeReplyPacket(
     qpn=7, ev=9, port=1, tx_seq=80, echo_ev=0x01020304, echo_ts_ns=42, port_state=0xFF
 )
@@ -147,12 +169,30 @@ def normalized(pkt: Packet) -> Packet:
 
 
 def forge(wire: bytes, offset: int, value: int, trailer_len: int = CRC_TRAILER_LEN) -> bytes:
-    """Set one header byte and recompute hdr_check and the CRC trailer (a buggy peer)."""
+    """Set one header byte and recompute hdr_check and the ICRC (a buggy peer)."""
     hlen = header_length(wire[0])
     buf = bytearray(wire)
     buf[offset] = value
     struct.pack_into(">I", buf, hlen - 4, crc32_header(buf[:hlen]))
     if trailer_len:
         body = bytes(buf[:-trailer_len])
-        return body + struct.pack(">I", zlib.crc32(body))
+        return body + icrc(body)
     return bytes(buf)
+
+
+def icrc(
+    body: bytes,
+    src: bytes = bytes(16),
+    dst: bytes = bytes(16),
+    sport: int = 4791,
+    dport: int = 4791,
+) -> bytes:
+    """The RoCEv2 ICRC of a UDP payload (without its trailer), written out from the RoCEv2
+    annex independently of the codec: 8 bytes of ones, the IPv6 header with traffic class,
+    flow label and hop limit as ones, the UDP header with its checksum as ones, the BTH with
+    byte 4 as ones; CRC32, sent least significant byte first."""
+    size = 8 + len(body) + 4
+    ip = b"\x6f\xff\xff\xff" + struct.pack(">HBB", size, 17, 0xFF) + src + dst
+    udp = struct.pack(">HHHH", sport, dport, size, 0xFFFF)
+    bth = body[:4] + b"\xff" + body[5:]
+    return struct.pack("<I", zlib.crc32(b"\xff" * 8 + ip + udp + bth))

@@ -74,6 +74,9 @@ class MrcdConfig:
     log_level: str = "info"
     ack_coalesce: int = 16
     encrypt: bool = False
+    # Authenticate every packet of a QP with its AES-GCM key (mrcstack's extension to OCP
+    # MRC 1.0, agreed per QP: used only if both ends want it); false: the plain RoCEv2 ICRC.
+    packet_auth: bool = True
     peers: tuple[tuple[str, Address], ...] = ()  # host node name -> control address
     auth: AuthConfig = field(default_factory=AuthConfig)
     data_mode: str = "srv6"  # "loopback": plane sockets on ::1 (tests, laptops)
@@ -140,6 +143,7 @@ _KEYS = {
     "log_level",
     "ack_coalesce",
     "encrypt",
+    "packet_auth",
     "peers",
     "auth",
     "data_mode",
@@ -232,6 +236,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         log_level=level,
         ack_coalesce=coalesce,
         encrypt=_bool(table, "encrypt", False),
+        packet_auth=_bool(table, "packet_auth", True),
         peers=tuple(peers),
         auth=_auth(_table(table, "auth")),
         data_mode=mode,

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from mrcstack.core.cc import CCParams
 from mrcstack.core.evs import EvEntry, check_entries
 from mrcstack.errors import ConfigError
+from mrcstack.wire.integrity import IcrcPath
+from mrcstack.wire.packets import MAX_WINDOW
 
 MODES = ("mrc", "roce")
 #: The port-state bitmap in SACKs and probe replies is 16 bits wide: one bit per plane.
@@ -32,6 +34,9 @@ class ConnectionConfig:
     mtu_payload: int = 4096
     key: bytes | None = None  # AES-GCM key: authenticate every packet (and replay-protect)
     encrypt: bool = False  # also encrypt payloads (needs key)
+    # Per plane (local, peer) IPv6 addresses as packets arrive, for the RoCEv2 ICRC's
+    # pseudo header; empty: the ICRC counts them as ``::`` (the simulator, loopback tests).
+    icrc_paths: tuple[IcrcPath, ...] = ()
     local_psn: int = 0  # first PSN this end sends
     remote_psn: int = 0  # first PSN the peer sends
     profile_id: int = 0
@@ -52,7 +57,9 @@ class ConnectionConfig:
     probe_lost_needed: int = 2  # consecutive lost probes that demote a feedback EV
     skip_rtts: float = 4.0  # how long an ECN-marked or trimmed EV is skipped
     reverse_evs_per_plane: int = 2
-    max_window: int = 1 << 20  # packets between oldest unacked and newest sent
+    # Packets between oldest unacked and newest sent; SACK states it as MPR (128-PSN units,
+    # 8 bits), so 32,640 at most.
+    max_window: int = MAX_WINDOW
     ack_coalesce: int = 1  # data packets one ACK may stand for (until the next transmit)
 
     def retry_budget(self, base: float | None = None) -> float:
@@ -125,9 +132,10 @@ class ConnectionConfig:
             f"must be in 1..64 (the SACK bitmap covers 64), got {self.ack_coalesce}",
         )
         _check(
-            1 <= self.max_window < 1 << 23,
+            1 <= self.max_window <= MAX_WINDOW,
             "max_window",
-            f"must be in 1..2**23-1 (24-bit PSN space), got {self.max_window}",
+            f"must be in 1..{MAX_WINDOW} (a SACK's MPR states at most 255 x 128 PSNs), "
+            f"got {self.max_window}",
         )
 
 

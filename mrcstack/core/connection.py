@@ -30,6 +30,7 @@ from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
+    MPR_UNIT,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -40,6 +41,7 @@ from mrcstack.wire import (
     ProbePacket,
     ProbeReplyPacket,
     ReplayWindow,
+    SkipHint,
     decode,
     encode,
 )
@@ -91,7 +93,7 @@ class Connection:
             )
             self.replay: ReplayWindow | None = ReplayWindow()
         else:
-            self.integrity = CrcIntegrity()
+            self.integrity = CrcIntegrity(config.icrc_paths)
             self.replay = None
         self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
         self.receiver = Receiver(config, memory, self.stats, self._emit)
@@ -106,6 +108,8 @@ class Connection:
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
+        # The receive window stated in every SACK (MPR counts 128-PSN units, at least one).
+        self._window = max(MPR_UNIT, config.max_window // MPR_UNIT * MPR_UNIT)
         self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
         self._next_probe: float | None = None
         self._last_data_rx = -1.0
@@ -279,6 +283,7 @@ class Connection:
             if self.sender.failed is not None:
                 self._fail(*self.sender.failed)
         elif type(pkt) is ProbePacket:
+            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self._reply_probe(pkt, port)
         elif type(pkt) is ProbeReplyPacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
@@ -391,6 +396,11 @@ class Connection:
             flags=(FeedbackFlags.ECN_ECHO if fb.ecn else 0)
             | (FeedbackFlags.DUPLICATE if fb.dup else 0),
             nack_reason=fb.nack_reason,
+            # An ECN-marked packet's path is busier than the others: skip it a while.
+            skip=SkipHint.SKIP_ONCE if fb.ecn else SkipHint.NONE,
+            ooo_count=fb.ooo_count,
+            rcv_bytes=fb.rcv_bytes,
+            window=self._window,
         )
         self._queue(encode(ack, self.integrity), slot)
 
@@ -449,6 +459,8 @@ class Connection:
                 ts_ns,
                 spec.flags,
                 spec.imm,
+                -1,
+                spec.msn,
             )
             data = encode(pkt, integrity)
             stats.packets_sent[spec.port] += 1
@@ -513,7 +525,12 @@ class Connection:
                 continue
             self._probes[value] = now
             probe = ProbePacket(
-                self.cfg.remote_qpn, value, slot.entry.port, self._next_tx_seq(), int(now * 1e9)
+                self.cfg.remote_qpn,
+                value,
+                slot.entry.port,
+                self._next_tx_seq(),
+                int(now * 1e9),
+                self._port_bits,
             )
             self.stats.probes_sent += 1
             self._queue(encode(probe, self.integrity), slot)

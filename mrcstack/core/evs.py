@@ -32,6 +32,8 @@ GOOD, SKIP, BAD, DENIED, UNKNOWN = (
 TRANSITIONS: dict[tuple[EvState, str], EvState] = {
     (GOOD, "ecn"): SKIP,  # a mark means this path is busier than the others
     (GOOD, "trim"): SKIP,  # a trim means congestion on this path, not breakage
+    (GOOD, "skip_once"): SKIP,  # the receiver's SACK said m = SKIP_ONCE
+    (SKIP, "skip_once"): SKIP,
     (SKIP, "ecn"): SKIP,  # extends the skip
     (SKIP, "trim"): SKIP,
     (SKIP, "skip_expired"): GOOD,
@@ -41,6 +43,8 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
     (SKIP, "lossy"): SKIP,
     (GOOD, "timeout"): BAD,
     (SKIP, "timeout"): BAD,
+    (GOOD, "always_skip"): BAD,  # the receiver's SACK said m = ALWAYS_SKIP
+    (SKIP, "always_skip"): BAD,
     (GOOD, "probe_lost"): BAD,  # the only evidence an ACK-only endpoint has
     (SKIP, "probe_lost"): BAD,
     (BAD, "probe_ok"): GOOD,  # enough consecutive probe replies: resurrect
@@ -59,7 +63,7 @@ TRANSITIONS: dict[tuple[EvState, str], EvState] = {
 
 USABLE = (GOOD, SKIP)
 #: Signals that condemn an EV (count a drop; bounded by ev_min_active).
-DEMOTIONS = frozenset({"loss", "timeout", "probe_lost"})
+DEMOTIONS = frozenset({"loss", "timeout", "probe_lost", "always_skip"})
 EV_MAX = 0xFFFFFFFF  # EVs travel in a 32-bit field
 #: One in this many of a plane's EVs is held back as a backup (at least one per plane that
 #: lists two or more), so an EV found bad is replaced from the same plane.
@@ -282,7 +286,7 @@ class EvTable:
                     return slot.state is not was
                 if self.good_count() - 1 < self.ev_min_active:
                     return False  # ev_min_active: never demote below this many good EVs
-        if signal in ("ecn", "trim") and new is SKIP and slot.state is SKIP:
+        if signal in ("ecn", "trim", "skip_once") and new is SKIP and slot.state is SKIP:
             return False  # the caller extends skip_until; no state change
         self._set(slot, new, reason)
         if new in (BAD, DENIED) and slot.in_use:
@@ -327,7 +331,8 @@ class EvTable:
         self._refresh_in_use()
 
     def skip(self, value: int, until: float, reason: str) -> None:
-        """ECN echo or trim: skip the EV until ``until`` (GOOD -> SKIP, SKIP extended)."""
+        """ECN echo, trim or the receiver's SKIP_ONCE: skip the EV until ``until`` (GOOD ->
+        SKIP, SKIP extended)."""
         slot = self.slots.get(value)
         if slot is None or slot.state not in USABLE:
             return

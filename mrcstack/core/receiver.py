@@ -15,7 +15,7 @@ from mrcstack.core.events import Event, WriteImmReceived
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import HALF
 from mrcstack.errors import AccessError
-from mrcstack.wire.packets import PSN_MASK, PSN_MOD, DataFlags, DataPacket, NackReason
+from mrcstack.wire.packets import PSN_MASK, PSN_MOD, DataFlags, DataPacket, NackReason, SkipHint
 
 SACK_BITS = 64
 _SACK_MASK = (1 << SACK_BITS) - 1
@@ -23,6 +23,12 @@ _SACK_MASK = (1 << SACK_BITS) - 1
 _TRIMMED = int(DataFlags.TRIMMED)
 _TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
 _LAST = int(DataFlags.LAST)
+_SKIP_ONCE = int(SkipHint.SKIP_ONCE)
+#: A duplicate further behind than this gets no feedback: SETH states the echoed PSN as a
+#: signed 16-bit offset from the cumulative PSN (and the sender has long forgotten it).
+OLD_DUPLICATE = 1 << 15
+_OOO_MAX = (1 << 15) - 1  # CC_STATE ooo_count saturates at 15 bits
+_BYTES_MASK = (1 << 24) - 1  # CC_STATE received bytes wrap at 24 bits
 
 
 @dataclass(slots=True)
@@ -46,6 +52,8 @@ class Feedback:
     seq: int = 0  # the echoed packet's unwrapped PSN (coalescing checks coverage with it)
     base: int = 0  # the unwrapped PSN of bit 0 of the SACK bitmap
     rcv_nxt: int = 0  # everything below this is acknowledged cumulatively
+    ooo_count: int = 0  # packets held beyond rcv_nxt (saturating, for CC_STATE)
+    rcv_bytes: int = 0  # payload bytes placed, mod 2**24 (CC_STATE)
 
 
 class Receiver:
@@ -82,11 +90,15 @@ class Receiver:
         if flags & _TRIMMED:
             self.stats.trims_received += 1
             if delta < 0 or seq in ooo:
+                if delta < -OLD_DUPLICATE:
+                    return None
                 return self._feedback(pkt, seq, ecn, 0)  # already have it: a plain ACK
             reason = NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
             return self._feedback(pkt, seq, ecn, reason)
         if delta < 0 or seq in ooo:
             self.stats.duplicates += 1
+            if delta < -OLD_DUPLICATE:
+                return None
             return self._feedback(pkt, seq, ecn, 0, dup=True)
         if delta >= self.cfg.max_window:
             self.stats.count(self.stats.rejected, "psn_window")
@@ -160,4 +172,6 @@ class Receiver:
             seq,
             base,
             nxt,
+            min(len(self.ooo), _OOO_MAX),
+            self.stats.data_bytes_placed & _BYTES_MASK,
         )

@@ -21,7 +21,7 @@ from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.evs import EvSlot, EvTable
 from mrcstack.core.psn import to_psn, unwrap
-from mrcstack.wire.packets import AckPacket, DataFlags, FeedbackFlags, NackReason
+from mrcstack.wire.packets import AckPacket, DataFlags, FeedbackFlags, NackReason, SkipHint
 
 #: RACK reordering window: a quarter of the smoothed RTT (RFC 8985 uses min_rtt/4), and
 #: never less than a microsecond so packets sent in one burst are never compared.
@@ -40,6 +40,9 @@ RACK_LOSSES_TO_BLAME = 2
 # Plain ints: IntFlag arithmetic costs a method call per packet.
 _RETX = int(DataFlags.RETX)
 _LAST = int(DataFlags.LAST)
+_FIRST = int(DataFlags.FIRST)
+_SKIP_ONCE = int(SkipHint.SKIP_ONCE)
+_ALWAYS_SKIP = int(SkipHint.ALWAYS_SKIP)
 _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 #: RFC 6298 smoothing gains.
@@ -50,12 +53,21 @@ RTT_BETA = 1 / 4
 class WorkRequest:
     """A posted RDMA WRITE (or WRITE with immediate), cut into packets lazily."""
 
-    __slots__ = ("acked", "first", "imm", "length", "npkts", "rkey", "src", "va", "wr_id")
+    __slots__ = ("acked", "first", "imm", "length", "msn", "npkts", "rkey", "src", "va", "wr_id")
 
     def __init__(
-        self, wr_id: int, src: memoryview, va: int, rkey: int, imm: int | None, first: int, mtu: int
+        self,
+        wr_id: int,
+        src: memoryview,
+        va: int,
+        rkey: int,
+        imm: int | None,
+        first: int,
+        mtu: int,
+        msn: int = 0,
     ) -> None:
         self.wr_id = wr_id
+        self.msn = msn  # the message's sequence number on the wire (METH), mod 2**16
         self.src = src
         self.va = va
         self.rkey = rkey
@@ -114,6 +126,7 @@ class DataSpec:
     port: int
     flags: int
     imm: int | None
+    msn: int
 
 
 class Sender:
@@ -176,10 +189,12 @@ class Sender:
         self.stall_retries = 0
         self.stall_since = 0.0
         self.on_rtt: Callable[[float], None] | None = None  # e.g. a metrics histogram
+        self.posted = 0  # work requests posted: the next one's message sequence number
 
     # Application side -----------------------------------------------------------------
     def post(self, wr_id: int, src: memoryview, va: int, rkey: int, imm: int | None) -> None:
-        wr = WorkRequest(wr_id, src, va, rkey, imm, self.end_seq, self.mtu)
+        wr = WorkRequest(wr_id, src, va, rkey, imm, self.end_seq, self.mtu, self.posted & 0xFFFF)
+        self.posted += 1
         self.wrs.append(wr)
         self.end_seq += wr.npkts
 
@@ -311,6 +326,8 @@ class Sender:
         last = seq == wr.first + wr.npkts - 1
         if last:
             flags |= _LAST
+        if seq == wr.first:
+            flags |= _FIRST
         self.txs[seq] = tx
         if not self.roce:  # the go-back-N baseline infers nothing from order or time
             fifo = self.ev_fifo.get(ev)
@@ -333,6 +350,7 @@ class Sender:
             slot.entry.port,
             flags,
             wr.imm if last else None,
+            wr.msn,
         )
 
     def _lose(self, tx: Tx, reason: str) -> None:
@@ -375,8 +393,12 @@ class Sender:
                 self._congested(slot, ack.nack_reason == NackReason.TRIMMED_LASTHOP, now)
             if ecn:
                 self.stats.ecn_echoes += 1
-                if self.srtt is not None:
-                    self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, "ecn")
+            skip = ack.skip
+            if (ecn or skip == _SKIP_ONCE) and self.srtt is not None:
+                reason = "ecn" if ecn else "skip_once"
+                self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, reason)
+            elif skip == _ALWAYS_SKIP:
+                self.evs.apply(echo_tx.ev, "always_skip", "always_skip", now)
         cum = unwrap(ack.cum_psn, self.snd_una) + 1
         if cum > self.next_seq:
             return  # acknowledges what we never sent: ignore

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from mrcstack import addrplan
 from mrcstack.fabric import Fabric, letters
 from mrcstack.sim.engine import Engine
-from mrcstack.wire import Opcode, encode_trimmed
+from mrcstack.wire import WRITE_OPCODES, encode_trimmed
 
 #: Outer IPv6 (40) + UDP (8) header bytes added to every datagram on the wire.
 WIRE_OVERHEAD_BYTES = 48
@@ -44,7 +44,7 @@ DEFAULT_LINK_DELAY_S = 1e-6
 DEFAULT_TRIM_FRACTION = 1 / 2
 DEFAULT_ECN_KMIN_FRACTION = 1 / 16
 DEFAULT_ECN_KMAX_FRACTION = 1 / 4
-DATA_OPCODES = frozenset({Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE})
+DATA_OPCODES = WRITE_OPCODES
 
 #: (src host, dst host, plane, ev) -> directional link names from src to dst.
 Router = Callable[[int, int, int, int], Sequence[str]]

@@ -2,9 +2,12 @@
 
 ``encode`` packs a packet dataclass, computes ``hdr_check`` and asks an ``Integrity`` for the
 trailer.  ``decode`` is the only door for bytes from the network: it returns a valid packet
-or raises ``DecodeError``, never anything else, whatever the input.  Data packets are the hot
-path: one precompiled ``struct`` per header, one CRC for the header, no copy of the payload on
+or raises ``DecodeError``, never anything else, whatever the input.  Writes are the hot path:
+one precompiled ``struct`` per layout, one CRC for the header, no copy of the payload on
 receive (a memoryview slice of the datagram is returned).
+
+Every choice made where the public description of OCP MRC 1.0 is ambiguous is a constant in
+the "Readings" block below, so a correction is one edit (``docs/wire-format.md`` lists them).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import TYPE_CHECKING
 from mrcstack.wire.integrity import (
     BTH_LEN,
     HDR_CHECK_LEN,
-    MRCF_LEN,
-    MRCX_LEN,
+    XETH_LEN,
+    XFETH_LEN,
     BytesLike,
     DecodeError,
     DecodeReason,
@@ -25,40 +28,53 @@ from mrcstack.wire.integrity import (
     crc32_header,
 )
 from mrcstack.wire.packets import (
-    AETH_ACK,
-    AETH_NAK_ACCESS,
-    AETH_NAK_SEQ,
+    IMM_OPCODES,
+    MAX_WINDOW,
+    MPR_UNIT,
     MRC_EXT_VERSION,
     PSN_MASK,
+    PSN_MOD,
     SWITCH_FLAGS,
+    WRITE_OPCODES,
     AckPacket,
+    BthFlags,
     DataFlags,
     DataPacket,
+    EndpointOp,
     FeedbackFlags,
     NackReason,
     Opcode,
     Packet,
     ProbePacket,
     ProbeReplyPacket,
+    SkipHint,
 )
 
 if TYPE_CHECKING:
     from mrcstack.wire.integrity import Integrity
 
 __all__ = [
-    "ACK_HDR_LEN",
-    "AETH_LEN",
     "BTH_LEN",
     "BTH_PKEY",
+    "CC_STATE_LEN",
     "DATA_HDR_LEN",
     "DATA_IMM_HDR_LEN",
+    "EETH_LEN",
+    "ERTH_LEN",
     "HDR_CHECK_LEN",
     "IMMDT_LEN",
-    "MRCF_LEN",
-    "MRCX_LEN",
+    "METH_LEN",
+    "NACK_HDR_LEN",
+    "NETH_LEN",
     "PROBE_HDR_LEN",
     "PROBE_REPLY_HDR_LEN",
     "RETH_LEN",
+    "SACK_HDR_LEN",
+    "SETH_LEN",
+    "TSETH_LEN",
+    "TS_UNIT_NS_SHIFT",
+    "XETH_LEN",
+    "XFETH_LEN",
     "DecodeError",
     "DecodeReason",
     "WireUsageError",
@@ -68,72 +84,120 @@ __all__ = [
     "header_length",
     "peek_qpn",
     "trimmed_length",
+    "write_opcode",
 ]
 
+METH_LEN = 4
+TSETH_LEN = 4
 RETH_LEN = 16
 IMMDT_LEN = 4
-AETH_LEN = 4
-DATA_HDR_LEN = BTH_LEN + RETH_LEN + MRCX_LEN  # 56: also a trimmed WRITE's whole length
-DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 60
-ACK_HDR_LEN = BTH_LEN + AETH_LEN + MRCF_LEN  # 68
-PROBE_HDR_LEN = BTH_LEN + MRCX_LEN  # 40
-PROBE_REPLY_HDR_LEN = BTH_LEN + MRCF_LEN  # 64
+SETH_LEN = 28
+CC_STATE_LEN = 8
+NETH_LEN = 20
+ERTH_LEN = 16
+EETH_LEN = 36
+DATA_HDR_LEN = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 64: a trimmed write
+DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 68
+SACK_HDR_LEN = BTH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 84
+NACK_HDR_LEN = BTH_LEN + NETH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 104
+PROBE_HDR_LEN = BTH_LEN + ERTH_LEN + XETH_LEN  # 56
+PROBE_REPLY_HDR_LEN = BTH_LEN + EETH_LEN + XFETH_LEN  # 84
 BTH_PKEY = 0xFFFF  # default partition key, as RoCEv2 NICs send
 QPN_MASK = (1 << 24) - 1
-MSN_MASK = (1 << 24) - 1
-_U24_SHIFT = 24  # a u24 field shares a u32 with the reserved / AckReq byte above it
-_MRCX_FLAGS_FROM_END = MRCX_LEN - 1  # flags byte offset, counted back from the header end
+_U24_SHIFT = 24  # a u24 field shares a u32 with the byte above it
 
-# Header structs, BTH first; every MRC extension ends with hdr_check u32.
-_BTH = ">BBHII"  # opcode, flags, pkey, resv|destqp, ackreq|psn
-_MRCX = "BBBBIQQI"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, hdr_check
-_MRCF = "BBBBIQIIQIHHQI"  # ver, flags, port, nack_reason, ev, tx_seq, echo_ev, echo_psn,
-#                           echo_ts_ns, sack_base, port_state, rsvd, sack_bitmap, hdr_check
-_DATA = struct.Struct(_BTH + "QII" + _MRCX)
-_DATA_IMM = struct.Struct(_BTH + "QII" + "I" + _MRCX)
-_ACK = struct.Struct(_BTH + "I" + _MRCF)
-_PROBE = struct.Struct(_BTH + _MRCX)
-_PROBE_REPLY = struct.Struct(_BTH + _MRCF)
+# Readings: where the public record of OCP MRC 1.0 leaves a choice, this is ours.
+#: TSETH/CC_STATE/NETH/ERTH timestamps: 16 bits of nanoseconds >> 10 (1.024 us units, the
+#: spec's timer unit), wrapping every 67 ms.  Our own 64-bit time travels in XETH/XFETH.
+TS_UNIT_NS_SHIFT = 10
+_TS_MASK = 0xFFFF
+_FTYPE = 0x1  # TSETH / ERTH / PETH ftype
+#: Header type codes in the high nibble of an extension's byte 0; the low nibble names the
+#: header after it (after CC_STATE for a SETH).  ``_NEXT_XETH`` is mrcstack's extension.
+_TYPE_SETH = 0x1
+_TYPE_NETH = 0x2
+_TYPE_ERTH = 0x4
+_TYPE_EETH = 0x5
+_NEXT_SETH = _TYPE_SETH
+_NEXT_XETH = 0xF
+#: SETH byte 1: ``m`` in bits 1-0, ``pr`` in bit 2.
+_M_MASK = 0x03
+#: SETH/NETH cc byte: cc_type in the high nibble (0: none named), flags low; flag bit 0 is
+#: our ECN echo.
+_CC_ECN = 0x01
+#: SETH/NETH context ids: mrcstack addresses a QP by the BTH's DestQP; they are zero.
+
+_TRIMMED = int(DataFlags.TRIMMED)
+_TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
+_SWITCH = int(SWITCH_FLAGS)
+_RETX = int(DataFlags.RETX)
+_LAST = int(DataFlags.LAST)
+_FIRST = int(DataFlags.FIRST)
+_SENDER_DATA_FLAGS = _RETX | _LAST | _FIRST
+_VALID_DATA_FLAGS = _SENDER_DATA_FLAGS | _SWITCH
+_BTH_RTX = int(BthFlags.RTX)
+_BTH_TS = int(BthFlags.TS)
+_ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
+_DUPLICATE = int(FeedbackFlags.DUPLICATE)
+_VALID_FEEDBACK_FLAGS = _ECN_ECHO | _DUPLICATE
+_NACK_REASONS = frozenset(int(r) for r in NackReason)
+_SKIPS = frozenset(int(m) for m in SkipHint)
+_XETH_FLAGS_FROM_END = XETH_LEN - 1  # flags byte offset, counted back from the header end
+
+# opcode of a write from (first, last, has imm)
+_WRITE_OPCODE = {
+    (True, True, False): Opcode.RDMA_WRITE_ONLY,
+    (True, True, True): Opcode.RDMA_WRITE_ONLY_IMM,
+    (True, False, False): Opcode.RDMA_WRITE_FIRST,
+    (False, False, False): Opcode.RDMA_WRITE_MIDDLE,
+    (False, True, False): Opcode.RDMA_WRITE_LAST,
+    (False, True, True): Opcode.RDMA_WRITE_LAST_IMM,
+}
+_OPCODE_FLAGS = {int(op): (_FIRST if f else 0) | (_LAST if la else 0)
+                 for (f, la, _), op in _WRITE_OPCODE.items()}  # fmt: skip
+
+_BTH = ">BBHII"  # opcode, M/SE/PadCnt/TVer, P_Key, resv|DestQP, A/R/RTX/TS|PSN
+_XETH = "BBBBIQQI"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, hdr_check
+_XFETH = "BBBBIQQIHHI"  # ver, flags, port, rsvd, ev, tx_seq, echo_ts_ns, msn, port_state,
+#                         rsvd, hdr_check
+_SETH = "BBhIHHIBBhQ"  # type|next, m|pr, ack_psn_offset, entropy, src ctx, dst ctx,
+#                        rsvd|cack_psn, cc, MPR, sack_offset, bitmap
+_CC_STATE = "HHI"  # ts echo, rsvd|ooo_count, R/C|penalty|received bytes
+_NETH = "BBBBIHHIBBH"  # type|next, rsvd, reason, vendor, entropy, ctx, ctx, rsvd|psn, cc,
+#                        rsvd, tx_timestamp
+_ERTH = "BBBBIIHH"  # type|next, op, rsvd, vendor, port mask, rsvd, tx_timestamp, TSR|ftype
+_EETH = "BBHIIQQHHI"  # type|next, op, rsvd, entropy echo, port mask, 16 rsvd, ts echo,
+#                       TSR|ftype, rsvd
+_DATA = struct.Struct(_BTH + "HH" + "HH" + "QII" + _XETH)
+_DATA_IMM = struct.Struct(_BTH + "HH" + "HH" + "QII" + "I" + _XETH)
+_SACK = struct.Struct(_BTH + _SETH + _CC_STATE + _XFETH)
+_NACK = struct.Struct(_BTH + _NETH + _SETH + _CC_STATE + _XFETH)
+_PROBE = struct.Struct(_BTH + _ERTH + _XETH)
+_PROBE_REPLY = struct.Struct(_BTH + _EETH + _XFETH)
 _U32 = struct.Struct(">I")
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)
 
-_OP_WRITE = int(Opcode.RDMA_WRITE_ONLY)
-_OP_WRITE_IMM = int(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-_DATA_OPCODES = frozenset({_OP_WRITE, _OP_WRITE_IMM})
-_SENDER_DATA_FLAGS = int(DataFlags.RETX | DataFlags.LAST)
-_VALID_DATA_FLAGS = _SENDER_DATA_FLAGS | int(SWITCH_FLAGS)  # as received
-_VALID_FEEDBACK_FLAGS = int(FeedbackFlags.ECN_ECHO | FeedbackFlags.DUPLICATE)
-_NACK_REASONS = frozenset(int(r) for r in NackReason)
-_SWITCH_FLAGS = int(SWITCH_FLAGS)
-_TRIMMED = int(DataFlags.TRIMMED)
-_TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
-_PROBE_FLAGS = int(DataFlags.PROBE)
 _HEADER_LEN: dict[int, int] = {
-    Opcode.RDMA_WRITE_ONLY: DATA_HDR_LEN,
-    Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE: DATA_IMM_HDR_LEN,
-    Opcode.ACKNOWLEDGE: ACK_HDR_LEN,
-    Opcode.MRC_PROBE: PROBE_HDR_LEN,
-    Opcode.MRC_PROBE_REPLY: PROBE_REPLY_HDR_LEN,
-}
-# opcode -> (header length, offset of the extension's version byte, is a data packet)
-_FEEDBACK_OPCODES = frozenset({int(Opcode.ACKNOWLEDGE), int(Opcode.MRC_PROBE_REPLY)})
-_DECODE_TABLE: dict[int, tuple[int, int, bool]] = {
-    op: (hlen, hlen - (MRCF_LEN if op in _FEEDBACK_OPCODES else MRCX_LEN), op in _DATA_OPCODES)
-    for op, hlen in _HEADER_LEN.items()
+    **{op: DATA_IMM_HDR_LEN if op in IMM_OPCODES else DATA_HDR_LEN for op in WRITE_OPCODES},
+    Opcode.RELIABILITY_SACK: SACK_HDR_LEN,
+    Opcode.RELIABILITY_NACK: NACK_HDR_LEN,
+    Opcode.ENDPOINT_REQUEST: PROBE_HDR_LEN,
+    Opcode.ENDPOINT_RESPONSE: PROBE_REPLY_HDR_LEN,
 }
 
 # Wire width of every numeric field, for the error message when a pack fails.
 _FIELD_BITS: dict[type, dict[str, int]] = {
     DataPacket: {
         "qpn": 24, "psn": 24, "va": 64, "rkey": 32, "ev": 32, "port": 8, "tx_seq": 64,
-        "ts_ns": 64, "flags": 8, "imm": 32, "dma_len": 32,
+        "ts_ns": 64, "flags": 8, "imm": 32, "dma_len": 32, "msn": 16,
     },
     AckPacket: {
         "qpn": 24, "cum_psn": 24, "msn": 24, "ev": 32, "port": 8, "tx_seq": 64, "echo_ev": 32,
         "echo_psn": 24, "echo_ts_ns": 64, "sack_base": 24, "sack_bitmap": 64,
-        "port_state": 16, "flags": 8, "nack_reason": 8,
+        "port_state": 16, "flags": 8, "nack_reason": 8, "skip": 2, "ooo_count": 15,
+        "rcv_bytes": 24,
     },
-    ProbePacket: {"qpn": 24, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64},
+    ProbePacket: {"qpn": 24, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64, "port_state": 16},
     ProbeReplyPacket: {
         "qpn": 24, "ev": 32, "port": 8, "tx_seq": 64, "echo_ev": 32, "echo_ts_ns": 64,
         "port_state": 16,
@@ -142,7 +206,7 @@ _FIELD_BITS: dict[type, dict[str, int]] = {
 
 
 def header_length(opcode: int) -> int:
-    """Bytes of headers (BTH through the MRC extension) for an opcode."""
+    """Bytes of headers (BTH through mrcstack's extension) for an opcode we send."""
     try:
         return _HEADER_LEN[opcode]
     except (KeyError, TypeError):
@@ -150,10 +214,22 @@ def header_length(opcode: int) -> int:
 
 
 def trimmed_length(opcode: int) -> int:
-    """Length of a trimmed data packet: its headers only (56, or 60 with an immediate)."""
-    if opcode not in _DATA_OPCODES:
+    """Length of a trimmed write: its headers only (64, or 68 with an immediate)."""
+    if opcode not in WRITE_OPCODES:
         raise WireUsageError(f"only RDMA WRITE packets are trimmed, not opcode {opcode!r}")
     return _HEADER_LEN[opcode]
+
+
+def write_opcode(flags: int, imm: int | None) -> Opcode:
+    """The write opcode for a packet's FIRST/LAST flags and immediate."""
+    try:
+        return _WRITE_OPCODE[(bool(flags & _FIRST), bool(flags & _LAST), imm is not None)]
+    except KeyError:
+        raise WireUsageError("an immediate goes only on the last packet of a write") from None
+
+
+def _ts16(ts_ns: int) -> int:
+    return (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK
 
 
 def _field_error(pkt: Packet, cause: Exception) -> WireUsageError:
@@ -211,7 +287,7 @@ def _check_u24(pkt: Packet, *values: int) -> None:
 def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
     flags = pkt.flags
     if not isinstance(flags, int) or flags & ~_VALID_DATA_FLAGS:
-        raise WireUsageError(f"DataPacket.flags {flags!r} has bits outside RETX|LAST|trim")
+        raise WireUsageError(f"DataPacket.flags {flags!r} has bits outside RETX|FIRST|LAST|trim")
     payload = _byte_view(pkt.payload)
     trimmed = flags & _TRIMMED
     if trimmed:
@@ -224,59 +300,90 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
         dma_len = len(payload)
     _check_u24(pkt, pkt.qpn, pkt.psn)
     imm = pkt.imm
-    wire_flags = flags & _SENDER_DATA_FLAGS  # switch bits are added after hdr_check
+    opcode = write_opcode(flags, imm)
+    bth8 = _BTH_TS | (_BTH_RTX if flags & _RETX else 0)
+    ts_ns = pkt.ts_ns
     try:
         if imm is None:
             hlen = DATA_HDR_LEN
             header = bytearray(hlen)
             _DATA.pack_into(
-                header, 0, _OP_WRITE, 0, BTH_PKEY, pkt.qpn, pkt.psn, pkt.va, pkt.rkey, dma_len,
-                MRC_EXT_VERSION, wire_flags, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
+                header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << _U24_SHIFT | pkt.psn,
+                0, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK, _FTYPE,
+                pkt.va, pkt.rkey, dma_len,
+                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, 0,
             )  # fmt: skip
         else:
             hlen = DATA_IMM_HDR_LEN
             header = bytearray(hlen)
             _DATA_IMM.pack_into(
-                header, 0, _OP_WRITE_IMM, 0, BTH_PKEY, pkt.qpn, pkt.psn, pkt.va, pkt.rkey,
-                dma_len, imm,
-                MRC_EXT_VERSION, wire_flags, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
+                header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << _U24_SHIFT | pkt.psn,
+                0, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK, _FTYPE,
+                pkt.va, pkt.rkey, dma_len, imm,
+                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, 0,
             )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
     _U32.pack_into(header, hlen - HDR_CHECK_LEN, zlib.crc32(header))
     if trimmed:
-        header[hlen - _MRCX_FLAGS_FROM_END] = flags
+        header[hlen - _XETH_FLAGS_FROM_END] = flags & _SWITCH
         return bytes(header)
-    body, trailer = integrity.seal(header, payload, pkt.tx_seq)
+    body, trailer = integrity.seal(header, payload, pkt.tx_seq, pkt.port)
     return b"".join((header, body, trailer))
 
 
-def _ack_syndrome(nack_reason: int) -> int:
-    if nack_reason == 0:
-        return AETH_ACK
-    if nack_reason == NackReason.REMOTE_ACCESS:
-        return AETH_NAK_ACCESS
-    return AETH_NAK_SEQ
+def _offset(pkt: AckPacket, name: str, psn: int, base: int) -> int:
+    """``psn - base`` in the PSN circle, as SETH's signed 16-bit offset."""
+    delta = (psn - base) & PSN_MASK
+    if delta >= PSN_MOD // 2:
+        delta -= PSN_MOD
+    if not -(1 << 15) <= delta < 1 << 15:
+        raise WireUsageError(f"AckPacket.{name} is {delta} PSNs from cum_psn: SETH holds 16 bits")
+    return delta
 
 
 def _encode_ack(pkt: AckPacket, integrity: Integrity) -> bytes:
     reason = pkt.nack_reason
     if reason != 0 and reason not in _NACK_REASONS:
         raise WireUsageError(f"AckPacket.nack_reason {reason!r} is not 0 or a NackReason")
-    if not isinstance(pkt.flags, int) or pkt.flags & ~_VALID_FEEDBACK_FLAGS:
-        raise WireUsageError(f"AckPacket.flags {pkt.flags!r} has bits outside FeedbackFlags")
-    _check_u24(pkt, pkt.qpn, pkt.cum_psn, pkt.msn, pkt.echo_psn, pkt.sack_base)
-    header = bytearray(ACK_HDR_LEN)
+    flags = pkt.flags
+    if not isinstance(flags, int) or flags & ~_VALID_FEEDBACK_FLAGS:
+        raise WireUsageError(f"AckPacket.flags {flags!r} has bits outside FeedbackFlags")
+    if pkt.skip not in _SKIPS:
+        raise WireUsageError(f"AckPacket.skip {pkt.skip!r} is not a SkipHint")
+    window = pkt.window
+    if type(window) is not int or not MPR_UNIT <= window <= MAX_WINDOW or window % MPR_UNIT:
+        raise WireUsageError(f"AckPacket.window {window!r} is not a multiple of 128 in 128..32640")
+    _check_u24(pkt, pkt.qpn, pkt.cum_psn, pkt.msn, pkt.echo_psn, pkt.sack_base, pkt.rcv_bytes)
+    if type(pkt.ooo_count) is not int or not 0 <= pkt.ooo_count < 1 << 15:
+        raise _field_error(pkt, ValueError("ooo_count out of range"))
+    cum = pkt.cum_psn
+    ack_off = _offset(pkt, "echo_psn", pkt.echo_psn, cum)
+    sack_off = _offset(pkt, "sack_base", pkt.sack_base, cum)
+    cc = _CC_ECN if flags & _ECN_ECHO else 0
+    ts16 = _ts16(pkt.echo_ts_ns) if isinstance(pkt.echo_ts_ns, int) else 0
+    next_hdr = _NEXT_XETH
     try:
-        _ACK.pack_into(
-            header, 0, Opcode.ACKNOWLEDGE, 0, BTH_PKEY, pkt.qpn, pkt.cum_psn,
-            _ack_syndrome(reason) << _U24_SHIFT | pkt.msn,
-            MRC_EXT_VERSION, pkt.flags, pkt.port, reason, pkt.ev, pkt.tx_seq, pkt.echo_ev,
-            pkt.echo_psn, pkt.echo_ts_ns, pkt.sack_base, pkt.port_state, 0, pkt.sack_bitmap, 0,
+        seth = (
+            _TYPE_SETH << 4 | next_hdr, pkt.skip, ack_off, pkt.echo_ev, 0, 0, cum, cc,
+            pkt.window // MPR_UNIT, sack_off, pkt.sack_bitmap,
+            ts16, pkt.ooo_count, pkt.rcv_bytes,
+            MRC_EXT_VERSION, flags & _DUPLICATE, pkt.port, 0, pkt.ev, pkt.tx_seq,
+            pkt.echo_ts_ns, pkt.msn, pkt.port_state, 0, 0,
         )  # fmt: skip
+        if reason == 0:
+            header = bytearray(SACK_HDR_LEN)
+            _SACK.pack_into(header, 0, Opcode.RELIABILITY_SACK, 0, BTH_PKEY, pkt.qpn, cum, *seth)
+        else:
+            header = bytearray(NACK_HDR_LEN)
+            _NACK.pack_into(
+                header, 0, Opcode.RELIABILITY_NACK, 0, BTH_PKEY, pkt.qpn, cum,
+                _TYPE_NETH << 4 | _NEXT_SETH, 0, reason, 0, pkt.echo_ev, 0, 0, pkt.echo_psn,
+                cc, 0, ts16, *seth,
+            )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
-    return _seal_headers_only(header, integrity, pkt.tx_seq)
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port)
 
 
 def _encode_probe(pkt: ProbePacket, integrity: Integrity) -> bytes:
@@ -284,12 +391,14 @@ def _encode_probe(pkt: ProbePacket, integrity: Integrity) -> bytes:
     header = bytearray(PROBE_HDR_LEN)
     try:
         _PROBE.pack_into(
-            header, 0, Opcode.MRC_PROBE, 0, BTH_PKEY, pkt.qpn, 0,
-            MRC_EXT_VERSION, _PROBE_FLAGS, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
+            header, 0, Opcode.ENDPOINT_REQUEST, 0, BTH_PKEY, pkt.qpn, 0,
+            _TYPE_ERTH << 4 | _NEXT_XETH, EndpointOp.EV_PROBE, 0, 0, pkt.port_state, 0,
+            _ts16(pkt.ts_ns), _FTYPE,
+            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
-    return _seal_headers_only(header, integrity, pkt.tx_seq)
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port)
 
 
 def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
@@ -297,35 +406,37 @@ def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
     header = bytearray(PROBE_REPLY_HDR_LEN)
     try:
         _PROBE_REPLY.pack_into(
-            header, 0, Opcode.MRC_PROBE_REPLY, 0, BTH_PKEY, pkt.qpn, 0,
-            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.echo_ev, 0,
-            pkt.echo_ts_ns, 0, pkt.port_state, 0, 0, 0,
+            header, 0, Opcode.ENDPOINT_RESPONSE, 0, BTH_PKEY, pkt.qpn, 0,
+            _TYPE_EETH << 4 | _NEXT_XETH, EndpointOp.EV_PROBE, 0, pkt.echo_ev, pkt.port_state,
+            0, 0, _ts16(pkt.echo_ts_ns), _FTYPE, 0,
+            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.echo_ts_ns, 0,
+            pkt.port_state, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
-    return _seal_headers_only(header, integrity, pkt.tx_seq)
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port)
 
 
-def _seal_headers_only(header: bytearray, integrity: Integrity, tx_seq: int) -> bytes:
+def _seal_headers_only(header: bytearray, integrity: Integrity, tx_seq: int, plane: int) -> bytes:
     _U32.pack_into(header, len(header) - HDR_CHECK_LEN, zlib.crc32(header))
-    _, trailer = integrity.seal(header, b"", tx_seq)
+    _, trailer = integrity.seal(header, b"", tx_seq, plane)
     return bytes(header) + trailer
 
 
 def encode_trimmed(data: BytesLike, lasthop: bool) -> bytes:
-    """Do what a trimming switch does to an encoded data packet.
+    """Do what a trimming switch does to an encoded write.
 
     Cut it to its headers (payload and trailer gone) and set TRIMMED, plus TRIM_LASTHOP when
     the switch port faces the destination host.  ``hdr_check`` still verifies because it is
     computed with those bits clear.
     """
-    if len(data) < BTH_LEN or data[0] not in _DATA_OPCODES:
+    if len(data) < BTH_LEN or data[0] not in WRITE_OPCODES:
         raise WireUsageError("encode_trimmed needs an encoded RDMA WRITE packet")
     hlen = _HEADER_LEN[data[0]]
     if len(data) < hlen:
-        raise WireUsageError(f"a data packet has at least {hlen} bytes, got {len(data)}")
+        raise WireUsageError(f"a write has at least {hlen} bytes, got {len(data)}")
     trimmed = bytearray(data[:hlen])
-    trimmed[hlen - _MRCX_FLAGS_FROM_END] |= _TRIMMED | (_TRIM_LASTHOP if lasthop else 0)
+    trimmed[hlen - _XETH_FLAGS_FROM_END] |= _TRIMMED | (_TRIM_LASTHOP if lasthop else 0)
     return bytes(trimmed)
 
 
@@ -343,8 +454,8 @@ def peek_qpn(data: BytesLike) -> int:
 def decode(data: BytesLike, integrity: Integrity) -> Packet:
     """Parse and verify one datagram; raises DecodeError and nothing else on bad input.
 
-    In CRC and authenticate-only modes a data packet's payload is a memoryview slice of
-    ``data`` (no copy): it stays valid only while the caller keeps that buffer unchanged.
+    In CRC and authenticate-only modes a write's payload is a memoryview slice of ``data``
+    (no copy): it stays valid only while the caller keeps that buffer unchanged.
     """
     try:
         view = memoryview(data)
@@ -354,16 +465,13 @@ def decode(data: BytesLike, integrity: Integrity) -> Packet:
         if size < BTH_LEN:
             raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes is shorter than a BTH")
         opcode = view[0]
-        info = _DECODE_TABLE.get(opcode)
-        if info is None:
-            raise DecodeError(DecodeReason.BAD_OPCODE, f"opcode {opcode:#04x} is not MRC")
-        hlen, version_at, is_data = info
+        if opcode in WRITE_OPCODES:
+            return _decode_data(view, size, integrity)
+        hlen = _HEADER_LEN.get(opcode)
+        if hlen is None:
+            raise DecodeError(DecodeReason.BAD_OPCODE, f"opcode {opcode:#04x} is not one we take")
         if size < hlen:
             raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
-        if view[version_at] != MRC_EXT_VERSION:
-            raise DecodeError(DecodeReason.BAD_VERSION, f"MRC extension version {view[version_at]}")
-        if is_data:
-            return _decode_data(view, size, hlen, integrity)
         return _decode_control(view, size, hlen, integrity)
     except DecodeError:
         raise
@@ -371,21 +479,30 @@ def decode(data: BytesLike, integrity: Integrity) -> Packet:
         raise DecodeError(DecodeReason.BAD_FIELD, f"malformed packet: {exc}") from None
 
 
+def _check_version(view: memoryview, at: int) -> None:
+    if view[at] != MRC_EXT_VERSION:
+        raise DecodeError(DecodeReason.BAD_VERSION, f"mrcstack extension version {view[at]}")
+
+
 def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity) -> Packet:
-    """ACK/NACK, probe and probe reply: headers and trailer only, no payload."""
+    """SACK, NACK, EV probe and probe reply: headers and trailer only, no payload."""
     opcode = view[0]
+    ext_len = XETH_LEN if opcode == Opcode.ENDPOINT_REQUEST else XFETH_LEN
+    _check_version(view, hlen - ext_len)
     tlen = integrity.trailer_len
     if size != hlen + tlen:
         reason = DecodeReason.TRUNCATED if size < hlen + tlen else DecodeReason.BAD_LENGTH
         raise DecodeError(reason, f"{size} bytes, opcode {opcode:#04x} needs {hlen + tlen}")
     _verify_hdr_check(view, hlen)
-    if opcode == Opcode.ACKNOWLEDGE:
-        pkt: Packet = _ack_fields(view)
-    elif opcode == Opcode.MRC_PROBE:
+    if opcode == Opcode.RELIABILITY_SACK:
+        pkt: Packet = _ack_fields(_SACK.unpack_from(view), 0, 0, 0)
+    elif opcode == Opcode.RELIABILITY_NACK:
+        pkt = _nack_fields(view)
+    elif opcode == Opcode.ENDPOINT_REQUEST:
         pkt = _probe_fields(view)
     else:
         pkt = _probe_reply_fields(view)
-    integrity.open(view[:hlen], view[hlen:hlen], view[hlen:], pkt.tx_seq)
+    integrity.open(view[:hlen], view[hlen:hlen], view[hlen:], pkt.tx_seq, pkt.port)
     return pkt
 
 
@@ -397,100 +514,189 @@ def _verify_hdr_check(view: memoryview, hlen: int) -> None:
         raise DecodeError(DecodeReason.BAD_HEADER_CHECK, "header CRC does not match")
 
 
-def _check_bth(flags: int, pkey: int, qpn_word: int) -> None:
-    if flags or pkey != BTH_PKEY or qpn_word >> _U24_SHIFT:
-        raise DecodeError(DecodeReason.BAD_FIELD, "BTH flags, P_Key or reserved byte not MRC's")
+def _bad(detail: str) -> DecodeError:
+    return DecodeError(DecodeReason.BAD_FIELD, detail)
 
 
-def _decode_data(view: memoryview, size: int, hlen: int, integrity: Integrity) -> DataPacket:
-    if hlen == DATA_HDR_LEN:
+def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacket:
+    opcode = view[0]
+    if opcode in IMM_OPCODES:
+        hlen = DATA_IMM_HDR_LEN
+        if size < hlen:
+            raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
         (
-            _, bth_flags, pkey, qpn, psn_word, va, rkey, dma_len,
-            _, flags, port, rsvd, ev, tx_seq, ts_ns, hdr_check,
+            _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16, ts_ftype, va, rkey, dma_len, imm,
+            version, xflags, port, rsvd, ev, tx_seq, ts_ns, hdr_check,
+        ) = _DATA_IMM.unpack_from(view)  # fmt: skip
+    else:
+        hlen = DATA_HDR_LEN
+        if size < hlen:
+            raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
+        (
+            _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16, ts_ftype, va, rkey, dma_len,
+            version, xflags, port, rsvd, ev, tx_seq, ts_ns, hdr_check,
         ) = _DATA.unpack_from(view)  # fmt: skip
         imm = None
-    else:
-        (
-            _, bth_flags, pkey, qpn, psn_word, va, rkey, dma_len, imm,
-            _, flags, port, rsvd, ev, tx_seq, ts_ns, hdr_check,
-        ) = _DATA_IMM.unpack_from(view)  # fmt: skip
+    if version != MRC_EXT_VERSION:
+        raise DecodeError(DecodeReason.BAD_VERSION, f"mrcstack extension version {version}")
     tlen = integrity.trailer_len
-    if flags & _TRIMMED:
+    if xflags & _TRIMMED:
         if size != hlen:
             raise DecodeError(
                 DecodeReason.BAD_LENGTH, f"trimmed packet of {size} bytes, must be {hlen}"
             )
     elif size < hlen + tlen:
         raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes leaves no room for trailer")
-    if flags & _SWITCH_FLAGS:  # rare: the generic check, which ignores the switch's bits
+    if xflags & _SWITCH:  # rare: the generic check, which ignores the switch's bits
         expected = crc32_header(view[:hlen])
     else:
         expected = zlib.crc32(_ZERO_CHECK, zlib.crc32(view[: hlen - HDR_CHECK_LEN]))
     if expected != hdr_check:
         raise DecodeError(DecodeReason.BAD_HEADER_CHECK, "header CRC does not match")
+    bth8 = psn_word >> _U24_SHIFT
     if (
-        bth_flags
+        bth1
         or pkey != BTH_PKEY
         or qpn >> _U24_SHIFT
-        or psn_word >> _U24_SHIFT
+        or bth8 & ~_BTH_RTX != _BTH_TS  # mrcstack always sends a TSETH
         or rsvd
-        or flags & ~_VALID_DATA_FLAGS
-        or (flags & _TRIM_LASTHOP and not flags & _TRIMMED)
+        or rq_msn
+        or ts_ftype != _FTYPE
+        or ts16 != (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK
+        or xflags & ~_SWITCH
+        or (xflags & _TRIM_LASTHOP and not xflags & _TRIMMED)
     ):
-        raise DecodeError(DecodeReason.BAD_FIELD, "reserved, AckReq, P_Key or flag bits invalid")
-    if flags & _TRIMMED:
+        raise _bad("reserved, AckReq, P_Key, TSETH or flag bits invalid")
+    flags = _OPCODE_FLAGS[opcode] | xflags | (_RETX if bth8 & _BTH_RTX else 0)
+    psn = psn_word & PSN_MASK
+    if xflags & _TRIMMED:
         return DataPacket(
-            qpn, psn_word, va, rkey, b"", ev, port, tx_seq, ts_ns, flags, imm, dma_len
+            qpn, psn, va, rkey, b"", ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn
         )
     end = size - tlen
     if dma_len != end - hlen:
         raise DecodeError(
             DecodeReason.BAD_LENGTH, f"RETH length {dma_len} but {end - hlen} payload bytes"
         )
-    payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq)
+    payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq, port)
     return DataPacket(
-        qpn, psn_word, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len
+        qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn
     )
 
 
-def _ack_fields(view: memoryview) -> AckPacket:
+def _check_bth(bth1: int, pkey: int, qpn_word: int) -> None:
+    if bth1 or pkey != BTH_PKEY or qpn_word >> _U24_SHIFT:
+        raise _bad("BTH flags, P_Key or reserved byte not MRC's")
+
+
+def _signed_psn(base: int, offset: int) -> int:
+    return (base + offset) & PSN_MASK
+
+
+def _ack_fields(f: tuple[int, ...], reason: int, nack_entropy: int, nack_psn: int) -> AckPacket:
     (
-        _, bth_flags, pkey, qpn, cum_psn, aeth,
-        _, flags, port, reason, ev, tx_seq, echo_ev, echo_psn, echo_ts_ns, sack_base,
-        port_state, rsvd, sack_bitmap, _,
-    ) = _ACK.unpack_from(view)  # fmt: skip
-    _check_bth(bth_flags, pkey, qpn)
-    if cum_psn >> _U24_SHIFT or rsvd or flags & ~_VALID_FEEDBACK_FLAGS:
-        raise DecodeError(DecodeReason.BAD_FIELD, "AckReq, reserved or flag bits set")
-    if echo_psn > PSN_MASK or sack_base > PSN_MASK:
-        raise DecodeError(DecodeReason.BAD_FIELD, "echo_psn / sack_base wider than a PSN")
-    if reason != 0 and reason not in _NACK_REASONS:
-        raise DecodeError(DecodeReason.BAD_FIELD, f"unknown NACK reason {reason:#04x}")
-    if aeth >> _U24_SHIFT != _ack_syndrome(reason):
-        raise DecodeError(DecodeReason.BAD_FIELD, "AETH syndrome disagrees with NACK reason")
+        _, bth1, pkey, qpn, psn_word,
+        type_next, m_pr, ack_off, entropy, sctx, dctx, cack_word, cc, mpr, sack_off, bitmap,
+        ts_echo, ooo, rcv_word,
+        _, xflags, port, xrsvd, ev, tx_seq, echo_ts_ns, msn, port_state, xrsvd2, _,
+    ) = f  # fmt: skip
+    _check_bth(bth1, pkey, qpn)
+    if (
+        psn_word != cack_word
+        or type_next != (_TYPE_SETH << 4 | _NEXT_XETH)
+        or m_pr & ~_M_MASK
+        or (m_pr & _M_MASK) not in _SKIPS
+        or sctx
+        or dctx
+        or cc & ~_CC_ECN
+        or not mpr
+        or ooo >> 15
+        or rcv_word >> 24
+        or ts_echo != _ts16(echo_ts_ns)
+        or xflags & ~_DUPLICATE
+        or xrsvd
+        or xrsvd2
+        or msn >> 24
+    ):
+        raise _bad("SACK reserved, copied or flag fields invalid")
+    cum = cack_word & PSN_MASK
+    flags = xflags | (_ECN_ECHO if cc & _CC_ECN else 0)
+    echo_psn = _signed_psn(cum, ack_off)
+    if reason and (entropy != nack_entropy or echo_psn != nack_psn):
+        raise _bad("NACK and its SETH name different packets")
     return AckPacket(
-        qpn, cum_psn, aeth & MSN_MASK, ev, port, tx_seq, echo_ev, echo_psn, echo_ts_ns,
-        sack_base, sack_bitmap, port_state, flags, reason,
+        qpn, cum, msn, ev, port, tx_seq, entropy, echo_psn, echo_ts_ns,
+        _signed_psn(cum, sack_off), bitmap, port_state, flags, reason, m_pr & _M_MASK, ooo,
+        rcv_word, mpr * MPR_UNIT,
     )  # fmt: skip
+
+
+def _nack_fields(view: memoryview) -> AckPacket:
+    f = _NACK.unpack_from(view)
+    type_next, rsvd, reason, vendor, entropy, sctx, dctx, psn_word, cc, rsvd2, ts = f[5:16]
+    if (
+        type_next != (_TYPE_NETH << 4 | _NEXT_SETH)
+        or rsvd
+        or vendor
+        or sctx
+        or dctx
+        or psn_word >> _U24_SHIFT
+        or rsvd2
+        or cc != f[23]  # the NETH's cc byte and its SETH's agree
+        or ts != f[27]  # as do the timestamp echoes
+    ):
+        raise _bad("NETH reserved or copied fields invalid")
+    if reason not in _NACK_REASONS:
+        raise _bad(f"unknown NACK reason {reason:#04x}")
+    return _ack_fields(f[:5] + f[16:], reason, entropy, psn_word)
 
 
 def _probe_fields(view: memoryview) -> ProbePacket:
     (
-        _, bth_flags, pkey, qpn, psn_word, _, flags, port, rsvd, ev, tx_seq, ts_ns, _,
+        _, bth1, pkey, qpn, psn_word,
+        type_next, op, rsvd, vendor, mask, rsvd2, ts, ftype,
+        _, xflags, port, xrsvd, ev, tx_seq, ts_ns, _,
     ) = _PROBE.unpack_from(view)  # fmt: skip
-    _check_bth(bth_flags, pkey, qpn)
-    if psn_word or rsvd or flags != _PROBE_FLAGS:
-        raise DecodeError(DecodeReason.BAD_FIELD, "probe PSN, reserved or flag bits wrong")
-    return ProbePacket(qpn, ev, port, tx_seq, ts_ns)
+    _check_bth(bth1, pkey, qpn)
+    if (
+        psn_word
+        or type_next != (_TYPE_ERTH << 4 | _NEXT_XETH)
+        or op != EndpointOp.EV_PROBE
+        or rsvd
+        or vendor
+        or mask >> 16
+        or rsvd2
+        or ts != _ts16(ts_ns)
+        or ftype != _FTYPE
+        or xflags
+        or xrsvd
+    ):
+        raise _bad("EV probe PSN, reserved, op or copied fields invalid")
+    return ProbePacket(qpn, ev, port, tx_seq, ts_ns, mask)
 
 
 def _probe_reply_fields(view: memoryview) -> ProbeReplyPacket:
     (
-        _, bth_flags, pkey, qpn, psn_word,
-        _, flags, port, reason, ev, tx_seq, echo_ev, echo_psn, echo_ts_ns, sack_base,
-        port_state, rsvd, sack_bitmap, _,
+        _, bth1, pkey, qpn, psn_word,
+        type_next, op, rsvd, echo_ev, mask, r1, r2, ts, ftype, r3,
+        _, xflags, port, xrsvd, ev, tx_seq, echo_ts_ns, msn, port_state, xrsvd2, _,
     ) = _PROBE_REPLY.unpack_from(view)  # fmt: skip
-    _check_bth(bth_flags, pkey, qpn)
-    if psn_word or flags or reason or echo_psn or sack_base or rsvd or sack_bitmap:
-        raise DecodeError(DecodeReason.BAD_FIELD, "probe reply has ACK-only fields set")
+    _check_bth(bth1, pkey, qpn)
+    if (
+        psn_word
+        or type_next != (_TYPE_EETH << 4 | _NEXT_XETH)
+        or op != EndpointOp.EV_PROBE
+        or rsvd
+        or r1
+        or r2
+        or r3
+        or mask != port_state
+        or ts != _ts16(echo_ts_ns)
+        or ftype != _FTYPE
+        or xflags
+        or xrsvd
+        or xrsvd2
+        or msn
+    ):
+        raise _bad("probe reply PSN, reserved, op or copied fields invalid")
     return ProbeReplyPacket(qpn, ev, port, tx_seq, echo_ev, echo_ts_ns, port_state)

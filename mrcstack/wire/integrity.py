@@ -2,8 +2,9 @@
 
 Two modes share one small interface (``Integrity``) so the codec never knows which is in use:
 
-- ``CrcIntegrity``: a 4-byte CRC32 over header and payload, like RoCEv2's ICRC.  It catches
-  corruption, not forgery; it is the default on a trusted fabric.
+- ``CrcIntegrity``: the RoCEv2 invariant CRC (ICRC): a CRC32 over a pseudo IPv6/UDP header
+  (the fields no router changes), the headers and the payload.  It catches corruption, not
+  forgery; it is the default on a trusted fabric.
 - ``AeadIntegrity``: AES-GCM with a 16-byte tag, optionally encrypting the payload (UET's TSS
   does the same).  The nonce is ``sender id (4 bytes) | tx_seq (8 bytes)``: both directions
   may share one key because their sender ids differ, and a sender never reuses a ``tx_seq``.
@@ -20,14 +21,16 @@ from __future__ import annotations
 
 import abc
 import enum
+import ipaddress
 import struct
 import zlib
+from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mrcstack.errors import LocalError, PeerError
-from mrcstack.wire.packets import SWITCH_FLAGS, Opcode
+from mrcstack.wire.packets import ROCEV2_UDP_PORT, SWITCH_FLAGS, WRITE_OPCODES, Opcode
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -45,17 +48,29 @@ SEAL_GUARD_WINDOW = DEFAULT_REPLAY_WINDOW
 
 HDR_CHECK_LEN = 4
 BTH_LEN = 12
-MRCX_LEN = 28  # data/probe extension
-MRCF_LEN = 52  # feedback extension (ACK/NACK, probe reply)
+XETH_LEN = 28  # mrcstack's extension on writes and EV probes
+XFETH_LEN = 36  # mrcstack's extension on feedback (SACK, NACK, probe reply)
 _FLAGS_OFFSET_IN_EXT = 1
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)
 _CLEAR_SWITCH_FLAGS = 0xFF & ~int(SWITCH_FLAGS)
-_MRCX_OPCODES = frozenset(
-    {Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, Opcode.MRC_PROBE}
+_XETH_OPCODES = WRITE_OPCODES | {Opcode.ENDPOINT_REQUEST}
+_XFETH_OPCODES = frozenset(
+    {Opcode.RELIABILITY_SACK, Opcode.RELIABILITY_NACK, Opcode.ENDPOINT_RESPONSE}
 )
-_MRCF_OPCODES = frozenset({Opcode.ACKNOWLEDGE, Opcode.MRC_PROBE_REPLY})
 _U32 = struct.Struct(">I")
+_ICRC = struct.Struct("<I")  # the ICRC goes out least significant byte first (as Scapy's)
 _NONCE_SEQ = struct.Struct(">Q")
+# ICRC pseudo header (RoCEv2 annex A17): 8 bytes of ones stand for the absent LRH; in the IPv6
+# header traffic class, flow label and hop limit are ones (routers change them), as are the
+# UDP checksum and BTH byte 4 (FECN, BECN, reserved).
+_ICRC_START = zlib.crc32(b"\xff" * 8 + b"\x6f\xff\xff\xff")
+_ICRC_IP = struct.Struct(">HBB")  # payload length, next header (UDP), hop limit (masked)
+_ICRC_UDP = struct.Struct(">HHHH")  # ports, length, checksum (masked)
+_ICRC_BTH_VARIANT = b"\xff"
+_IPV6_UDP_NEXT = 17
+_UDP_HEADER = 8
+_UNSPECIFIED = bytes(16)
+_UNSPECIFIED_PAIR = _UNSPECIFIED * 2
 
 
 class DecodeReason(enum.Enum):
@@ -97,10 +112,10 @@ def crc32_header(header: BytesLike) -> int:
     n = len(header)
     if n < BTH_LEN + HDR_CHECK_LEN:
         raise WireUsageError(f"a header is at least {BTH_LEN + HDR_CHECK_LEN} bytes, got {n}")
-    if header[0] in _MRCX_OPCODES:
-        ext_len = MRCX_LEN
-    elif header[0] in _MRCF_OPCODES:
-        ext_len = MRCF_LEN
+    if header[0] in _XETH_OPCODES:
+        ext_len = XETH_LEN
+    elif header[0] in _XFETH_OPCODES:
+        ext_len = XFETH_LEN
     else:
         raise WireUsageError(f"opcode {header[0]:#04x} has no MRC extension")
     flags_at = n - ext_len + _FLAGS_OFFSET_IN_EXT
@@ -121,42 +136,105 @@ class Integrity(abc.ABC):
 
     @abc.abstractmethod
     def seal(
-        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int
+        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int, plane: int = 0
     ) -> tuple[bytes | memoryview, bytes]:
-        """Return (payload as sent, trailer) for a packet with this header."""
+        """Return (payload as sent, trailer) for a packet with this header, sent on ``plane``."""
 
     @abc.abstractmethod
     def open(
-        self, header: BytesLike, payload: bytes | memoryview, trailer: BytesLike, tx_seq: int
+        self,
+        header: BytesLike,
+        payload: bytes | memoryview,
+        trailer: BytesLike,
+        tx_seq: int,
+        plane: int = 0,
     ) -> bytes | memoryview:
         """Return the plaintext payload, or raise DecodeError (BAD_CHECKSUM / BAD_AUTH)."""
 
 
-class CrcIntegrity(Integrity):
-    """ICRC-like CRC32 trailer over header and payload: detects corruption, not forgery.
+def _address(value: bytes | str) -> bytes:
+    try:
+        packed = value if isinstance(value, bytes) else ipaddress.IPv6Address(value).packed
+    except ValueError as exc:
+        raise WireUsageError(f"an ICRC address must be IPv6: {exc}") from None
+    if len(packed) != len(_UNSPECIFIED):
+        raise WireUsageError(f"an ICRC address is 16 bytes (IPv6), got {len(packed)}")
+    return packed
 
-    Switches set SWITCH_FLAGS only when they trim, and a trimmed packet has no trailer, so the
-    CRC simply covers the header and payload exactly as sent.
+
+@dataclass(frozen=True, slots=True)
+class IcrcPath:
+    """One plane's UDP endpoints as a packet arrives, for the ICRC's pseudo header."""
+
+    local: bytes | str
+    peer: bytes | str
+    local_port: int = ROCEV2_UDP_PORT
+    peer_port: int = ROCEV2_UDP_PORT
+
+
+class CrcIntegrity(Integrity):
+    """The RoCEv2 ICRC trailer: detects corruption, not forgery.
+
+    The CRC covers a pseudo IPv6/UDP header, so it needs each plane's addresses and ports:
+    ``paths[plane]`` as they are when the packet arrives (with SRv6 the final destination, as
+    for a UDP checksum).  Without ``paths`` (the simulator, a test) the addresses count as
+    ``::`` and both ports as 4791.  Switches set SWITCH_FLAGS only when they trim, and a
+    trimmed packet has no trailer, so the CRC covers the headers exactly as sent.
     """
 
-    __slots__ = ()
+    __slots__ = ("_open_ctx", "_seal_ctx")
     trailer_len = CRC_TRAILER_LEN
 
+    def __init__(self, paths: tuple[IcrcPath, ...] = ()) -> None:
+        self._seal_ctx: list[tuple[bytes, int, int]] = []
+        self._open_ctx: list[tuple[bytes, int, int]] = []
+        for path in paths:
+            local, peer = _address(path.local), _address(path.peer)
+            for port in (path.local_port, path.peer_port):
+                if type(port) is not int or not 0 <= port <= 0xFFFF:
+                    raise WireUsageError(f"an ICRC port is 0..65535, got {port!r}")
+            self._seal_ctx.append((local + peer, path.local_port, path.peer_port))
+            self._open_ctx.append((peer + local, path.peer_port, path.local_port))
+
+    def _icrc(
+        self, ctx: list[tuple[bytes, int, int]], header: BytesLike, payload: BytesLike, plane: int
+    ) -> int:
+        if ctx:
+            if not 0 <= plane < len(ctx):
+                raise DecodeError(DecodeReason.BAD_FIELD, f"no ICRC addresses for plane {plane}")
+            addresses, sport, dport = ctx[plane]
+        else:
+            addresses, sport, dport = _UNSPECIFIED_PAIR, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT
+        size = _UDP_HEADER + len(header) + len(payload) + CRC_TRAILER_LEN
+        crc = zlib.crc32(_ICRC_IP.pack(size, _IPV6_UDP_NEXT, 0xFF), _ICRC_START)
+        crc = zlib.crc32(addresses, crc)
+        crc = zlib.crc32(_ICRC_UDP.pack(sport, dport, size, 0xFFFF), crc)
+        view = memoryview(header)
+        crc = zlib.crc32(view[:4], crc)
+        crc = zlib.crc32(_ICRC_BTH_VARIANT, crc)
+        crc = zlib.crc32(view[5:], crc)
+        return zlib.crc32(payload, crc)
+
     def seal(
-        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int
+        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int, plane: int = 0
     ) -> tuple[bytes | memoryview, bytes]:
-        return payload, _U32.pack(zlib.crc32(payload, zlib.crc32(header)))
+        return payload, _ICRC.pack(self._icrc(self._seal_ctx, header, payload, plane))
 
     def open(
-        self, header: BytesLike, payload: bytes | memoryview, trailer: BytesLike, tx_seq: int
+        self,
+        header: BytesLike,
+        payload: bytes | memoryview,
+        trailer: BytesLike,
+        tx_seq: int,
+        plane: int = 0,
     ) -> bytes | memoryview:
-        crc = zlib.crc32(payload, zlib.crc32(header))
-        if len(trailer) != CRC_TRAILER_LEN or _U32.unpack(trailer)[0] != crc:
-            raise DecodeError(DecodeReason.BAD_CHECKSUM, "CRC32 trailer does not match")
+        crc = self._icrc(self._open_ctx, header, payload, plane)
+        if len(trailer) != CRC_TRAILER_LEN or _ICRC.unpack(trailer)[0] != crc:
+            raise DecodeError(DecodeReason.BAD_CHECKSUM, "ICRC does not match")
         return payload
 
     def __repr__(self) -> str:
-        return "CrcIntegrity()"
+        return f"CrcIntegrity(planes={len(self._seal_ctx)})"
 
 
 class ReplayWindow:
@@ -264,7 +342,7 @@ class AeadIntegrity(Integrity):
         return self._peer_id
 
     def seal(
-        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int
+        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int, plane: int = 0
     ) -> tuple[bytes | memoryview, bytes]:
         if not self._sealed.check(tx_seq):
             raise WireUsageError(f"tx_seq {tx_seq} already sealed or too old: GCM nonce reuse")
@@ -276,7 +354,12 @@ class AeadIntegrity(Integrity):
         return payload, self._aead.encrypt(nonce, b"", bytes(header) + payload)
 
     def open(
-        self, header: BytesLike, payload: bytes | memoryview, trailer: BytesLike, tx_seq: int
+        self,
+        header: BytesLike,
+        payload: bytes | memoryview,
+        trailer: BytesLike,
+        tx_seq: int,
+        plane: int = 0,
     ) -> bytes | memoryview:
         if len(trailer) != AEAD_TAG_LEN or not 0 <= tx_seq <= U64_MAX:
             raise DecodeError(DecodeReason.BAD_AUTH, "AES-GCM tag missing or malformed")

@@ -1,37 +1,22 @@
-"""MRC packets as frozen dataclasses, and their RoCEv2-framed wire layout.
+"""MRC packets as frozen dataclasses, and their OCP MRC 1.0 wire layout.
 
-Every packet is the payload of a UDP datagram to port 4791 (RoCEv2), so Wireshark/tshark
-decode the InfiniBand BTH and RETH without options.  ``docs/wire-format.md`` documents every
-field and why it is there.  Layout (all big-endian):
+Every packet is the payload of a UDP datagram to port 4791 (RoCEv2): a BTH, the MRC
+extension headers of the OCP MRC 1.0 specification, mrcstack's own extension header (XETH on
+data and probes, XFETH on feedback) and a trailer.  ``docs/wire-format.md`` is the
+conformance table: every field, its offset and width, its source and our reading where the
+public record is ambiguous.  Layout (all big-endian)::
 
-Data (RDMA WRITE ONLY 0x0A, or WRITE ONLY WITH IMMEDIATE 0x0B on a message's last packet)::
+    write (0xC6-0xCB)  BTH 12 | METH 4 | TSETH 4 | RETH 16 | [ImmDt 4] | XETH 28 | payload
+    SACK (0xDC)        BTH 12 | SETH 28 | CC_STATE 8 | XFETH 36
+    NACK (0xDD)        BTH 12 | NETH 20 | SETH 28 | CC_STATE 8 | XFETH 36
+    EV probe (0xD8)    BTH 12 | ERTH 16 | XETH 28
+    probe reply (0xD9) BTH 12 | EETH 36 | XFETH 36
+    every packet       ... | trailer: the RoCEv2 ICRC (4), or an AES-GCM tag (16)
 
-    BTH   12  opcode u8 | flags u8 (0) | pkey u16 (0xffff) | resv u8 | destqp u24 |
-              ackreq u8 | psn u24
-    RETH  16  va u64 | rkey u32 | dma_len u32 (this packet's payload length)
-    ImmDt  4  only for opcode 0x0B
-    MRCX  28  ver u8 | flags u8 | port u8 | rsvd u8 | ev u32 | tx_seq u64 | ts_ns u64 |
-              hdr_check u32
-    payload
-    trailer   4-byte CRC32 (ICRC-like), or 16-byte AES-GCM tag when the connection has a key
-
-A switch that trims a data packet cuts it to exactly its headers (BTH..MRCX: 56 or 60 bytes,
-no payload, no trailer) and sets ``DataFlags.TRIMMED`` (plus ``TRIM_LASTHOP`` on a port facing
-a host) in the MRCX flags byte.  ``hdr_check`` (CRC32 of the headers with ``hdr_check`` zeroed
-and the switch-writable flag bits cleared) lets the receiver trust a trimmed header.
-
-Feedback (ACK / NACK: opcode ACKNOWLEDGE 0x11; probe reply: 0xC1)::
-
-    BTH   12  psn = cumulative ACK PSN (every PSN up to and including it was received)
-    AETH   4  syndrome u8 (0x1f ACK, 0x60|code NAK) | msn u24 (messages completed)   [0x11 only]
-    MRCF  52  ver u8 | flags u8 | port u8 | nack_reason u8 | ev u32 | tx_seq u64 |
-              echo_ev u32 | echo_psn u32 | echo_ts_ns u64 | sack_base u32 |
-              port_state u16 | rsvd u16 | sack_bitmap u64 | hdr_check u32
-    trailer
-
-Probe (opcode 0xC0, from the manufacturer-specific range)::
-
-    BTH 12 | MRCX 28 (flags has PROBE) | trailer
+A switch that trims a write cuts it to its headers (64 or 68 bytes, no payload, no trailer)
+and sets ``DataFlags.TRIMMED`` (plus ``TRIM_LASTHOP`` on a port facing a host) in the XETH
+flags byte.  ``hdr_check`` (CRC32 of the headers with ``hdr_check`` zeroed and those two bits
+clear) lets the receiver trust a trimmed header, which has lost its trailer.
 """
 
 from __future__ import annotations
@@ -43,25 +28,56 @@ ROCEV2_UDP_PORT = 4791
 PSN_BITS = 24
 PSN_MOD = 1 << PSN_BITS
 PSN_MASK = PSN_MOD - 1
-MRC_EXT_VERSION = 1
+#: Version byte of mrcstack's extension headers (XETH, XFETH); 1 was the pre-OCP framing.
+MRC_EXT_VERSION = 2
+#: PSN offsets in SETH (ACK PSN, SACK base) are signed 16-bit; MPR counts units of 128 PSNs.
+PSN_OFFSET_MIN = -(1 << 15)
+PSN_OFFSET_MAX = (1 << 15) - 1
+MPR_UNIT = 128
+MAX_WINDOW = 255 * MPR_UNIT  # the widest receive window MPR (8 bits) can state
 
 
 class Opcode(enum.IntEnum):
-    """BTH opcodes (IBTA RC opcodes; 0xC0-0xC1 are manufacturer-specific)."""
+    """BTH opcodes of OCP MRC 1.0."""
 
-    RDMA_WRITE_ONLY = 0x0A
-    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0B
-    ACKNOWLEDGE = 0x11
-    MRC_PROBE = 0xC0
-    MRC_PROBE_REPLY = 0xC1
+    RDMA_WRITE_FIRST = 0xC6
+    RDMA_WRITE_MIDDLE = 0xC7
+    RDMA_WRITE_LAST = 0xC8
+    RDMA_WRITE_LAST_IMM = 0xC9
+    RDMA_WRITE_ONLY = 0xCA
+    RDMA_WRITE_ONLY_IMM = 0xCB
+    ACKNOWLEDGE = 0xD1
+    ENDPOINT_REQUEST = 0xD8
+    ENDPOINT_RESPONSE = 0xD9
+    RELIABILITY_SACK = 0xDC
+    RELIABILITY_NACK = 0xDD
+    RELIABILITY_PROBE_REQ = 0xDE
+
+
+#: The write opcodes, and those of them that carry an ImmDt.
+WRITE_OPCODES = frozenset(range(Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY_IMM + 1))
+IMM_OPCODES = frozenset({Opcode.RDMA_WRITE_LAST_IMM, Opcode.RDMA_WRITE_ONLY_IMM})
+
+
+class BthFlags(enum.IntFlag):
+    """BTH byte 8: ack request, reserved R, retransmission, TSETH present."""
+
+    ACK_REQ = 0x80
+    R = 0x40
+    RTX = 0x20
+    TS = 0x10
 
 
 class DataFlags(enum.IntFlag):
-    """Flags byte of the MRC data/probe extension."""
+    """A write's flags as the core sees them.
 
-    RETX = 0x01  # a retransmission
-    LAST = 0x02  # last packet of a message (work request)
-    PROBE = 0x04  # an EV probe
+    FIRST and LAST come from the opcode, RETX from the BTH; TRIMMED and TRIM_LASTHOP are the
+    XETH flags byte, the only bits a switch writes.
+    """
+
+    RETX = 0x01  # a retransmission (BTH RTX)
+    LAST = 0x02  # last packet of a message (opcode LAST/ONLY)
+    FIRST = 0x08  # first packet of a message (opcode FIRST/ONLY)
     TRIMMED = 0x40  # set by a switch that cut the payload
     TRIM_LASTHOP = 0x80  # set by a switch that trimmed on a host-facing port
 
@@ -71,14 +87,22 @@ SWITCH_FLAGS = DataFlags.TRIMMED | DataFlags.TRIM_LASTHOP
 
 
 class FeedbackFlags(enum.IntFlag):
-    """Flags byte of the MRC feedback extension."""
+    """Feedback flags: ECN_ECHO travels in SETH's cc flags, DUPLICATE in XFETH's flags."""
 
     ECN_ECHO = 0x01  # the triggering data packet arrived ECN-marked (CE)
     DUPLICATE = 0x02  # the triggering data packet had already arrived (like TCP's DSACK)
 
 
+class SkipHint(enum.IntEnum):
+    """SETH ``m``: the receiver tells the sender to skip the acknowledged packet's EV."""
+
+    NONE = 0
+    SKIP_ONCE = 1
+    ALWAYS_SKIP = 2
+
+
 class NackReason(enum.IntEnum):
-    """NACK reason codes: UET's values where UET defines one, mrcstack's own at 0xE0 and up."""
+    """NETH reasons: OCP MRC 1.0's values, mrcstack's own at 0xE0 and up."""
 
     TRIMMED = 0x01
     TRIMMED_LASTHOP = 0x02
@@ -91,9 +115,11 @@ class NackReason(enum.IntEnum):
     SEQ_ERROR = 0xE1  # RoCE-like mode: out-of-order packet discarded (go-back-N)
 
 
-AETH_ACK = 0x1F  # ACK syndrome with "no credit" (unlimited)
-AETH_NAK_SEQ = 0x60  # NAK: PSN sequence error (retry)
-AETH_NAK_ACCESS = 0x62  # NAK: remote access error (fatal to the work request)
+class EndpointOp(enum.IntEnum):
+    """ERTH/EETH op (low 2 bits of byte 1)."""
+
+    PORT_STATUS_UPDATE = 0
+    EV_PROBE = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +138,7 @@ class DataPacket:
     flags: int = 0
     imm: int | None = None
     dma_len: int = -1  # decoded RETH length; on encode, len(payload) is used
+    msn: int = 0  # METH MSN: the message's sequence number, mod 2**16
 
     @property
     def trimmed(self) -> bool:
@@ -120,7 +147,7 @@ class DataPacket:
 
 @dataclass(frozen=True, slots=True)
 class AckPacket:
-    """ACK (nack_reason == 0) or NACK: cumulative PSN, SACK bitmap, echoes, port state."""
+    """SACK (nack_reason == 0) or NACK: cumulative PSN, SACK bitmap, echoes, port state."""
 
     qpn: int
     cum_psn: int
@@ -136,22 +163,27 @@ class AckPacket:
     port_state: int
     flags: int = 0
     nack_reason: int = 0
+    skip: int = 0  # SkipHint: SETH m
+    ooo_count: int = 0  # CC_STATE: out-of-order packets held (15 bits, saturating)
+    rcv_bytes: int = 0  # CC_STATE: bytes received, mod 2**24
+    window: int = MAX_WINDOW  # SETH MPR x 128: the receiver's PSN window
 
 
 @dataclass(frozen=True, slots=True)
 class ProbePacket:
-    """An EV probe: tests one path to the peer; answered by a ProbeReplyPacket."""
+    """An EV probe (ERTH EV_PROBE): tests one path to the peer; answered by a reply."""
 
     qpn: int
     ev: int
     port: int
     tx_seq: int
     ts_ns: int
+    port_state: int = 0  # ERTH port status mask
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeReplyPacket:
-    """Answer to a probe, echoing its EV and timestamp; carries the replier's port state."""
+    """Answer to a probe (EETH), echoing its EV and timestamp; carries the port state."""
 
     qpn: int
     ev: int

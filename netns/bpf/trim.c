@@ -9,7 +9,7 @@
  *
  *   backlog -= elapsed * rate                (clamped at 0)
  *   MRC data packet and backlog + len > trim threshold (or the random draw hits):
- *       cut it to its headers (56/60 bytes of UDP payload), set TRIMMED (+ TRIM_LASTHOP on
+ *       cut it to its headers (64/68 bytes of UDP payload), set TRIMMED (+ TRIM_LASTHOP on
  *       a host-facing port), account the trimmed size, and send it through the port's
  *       egress once more (so htb charges the cut length) in the priority class
  *   else backlog > ECN threshold, port not last hop, packet ECT(0)/ECT(1): set CE
@@ -29,18 +29,24 @@
 #include <bpf/bpf_helpers.h>
 
 #define ROCEV2_PORT 4791
-#define OP_WRITE_ONLY 0x0A
-#define OP_WRITE_ONLY_IMM 0x0B
+/* OCP MRC 1.0 writes: FIRST 0xC6 .. ONLY_IMM 0xCB; LAST_IMM and ONLY_IMM carry an ImmDt. */
+#define OP_WRITE_FIRST 0xC6
+#define OP_WRITE_LAST_IMM 0xC9
+#define OP_WRITE_ONLY_IMM 0xCB
 #define BTH_LEN 12
+#define BTH_FLAGS_OFF 8 /* A, R, RTX, TS */
+#define BTH_TS 0x10     /* a TSETH follows the METH (mrcstack always sends one) */
+#define METH_LEN 4
+#define TSETH_LEN 4
 #define RETH_LEN 16
 #define IMMDT_LEN 4
-#define MRCX_LEN 28
-#define MRCX_FLAGS_OFF 1 /* flags byte inside the MRC extension */
-#define MRCX_VERSION 1
+#define XETH_LEN 28       /* mrcstack's extension header, last before the payload */
+#define XETH_FLAGS_OFF 1  /* its flags byte: the only bits a switch writes */
+#define XETH_VERSION 2
 #define FLAG_TRIMMED 0x40
 #define FLAG_TRIM_LASTHOP 0x80
-#define DATA_HDR_LEN (BTH_LEN + RETH_LEN + MRCX_LEN)        /* 56 */
-#define DATA_IMM_HDR_LEN (DATA_HDR_LEN + IMMDT_LEN)         /* 60 */
+#define DATA_HDR_LEN (BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN) /* 64 */
+#define DATA_IMM_HDR_LEN (DATA_HDR_LEN + IMMDT_LEN)                         /* 68 */
 #define L3_OFF ETH_HLEN                                     /* 14 */
 #define L4_OFF (L3_OFF + (int)sizeof(struct ipv6hdr))       /* 54 */
 #define MRC_OFF (L4_OFF + (int)sizeof(struct udphdr))       /* 62 */
@@ -117,7 +123,7 @@ struct {
 	__type(value, struct trim_stats);
 } trim_stats SEC(".maps");
 
-/* What the parser found: hdr_len is the MRC header length (56/60) of a data packet. */
+/* What the parser found: hdr_len is the MRC header length (64/68) of a data packet. */
 struct pkt_info {
 	__u32 hdr_len;    /* 0 = not an untrimmed MRC data packet */
 	int is_trimmed;   /* an MRC data packet some switch upstream already trimmed */
@@ -155,21 +161,23 @@ static __always_inline void parse(struct __sk_buff *skb, struct pkt_info *info)
 	if ((void *)(mrc + DATA_HDR_LEN) > data_end)
 		return;
 	opcode = mrc[0];
-	if (opcode == OP_WRITE_ONLY)
-		hlen = DATA_HDR_LEN;
-	else if (opcode == OP_WRITE_ONLY_IMM)
+	if (opcode < OP_WRITE_FIRST || opcode > OP_WRITE_ONLY_IMM)
+		return;
+	if (!(mrc[BTH_FLAGS_OFF] & BTH_TS))
+		return; /* no TSETH: not a layout mrcstack sends */
+	if (opcode == OP_WRITE_LAST_IMM || opcode == OP_WRITE_ONLY_IMM)
 		hlen = DATA_IMM_HDR_LEN;
 	else
-		return;
+		hlen = DATA_HDR_LEN;
 	if ((void *)(mrc + hlen) > data_end)
 		return;
 	udp_len = bpf_ntohs(udp->len);
 	if (udp_len < sizeof(struct udphdr) + hlen ||
 	    udp_len != bpf_ntohs(ip6->payload_len) || skb->len != L4_OFF + udp_len)
 		return; /* not the layout we trim (padding, jumbo, truncated) */
-	if (mrc[hlen - MRCX_LEN] != MRCX_VERSION)
+	if (mrc[hlen - XETH_LEN] != XETH_VERSION)
 		return;
-	flags = mrc[hlen - MRCX_LEN + MRCX_FLAGS_OFF];
+	flags = mrc[hlen - XETH_LEN + XETH_FLAGS_OFF];
 	if (flags & FLAG_TRIMMED) {
 		info->is_trimmed = 1;
 		return;
@@ -196,11 +204,11 @@ static __always_inline int trim(struct __sk_buff *skb, __u32 hlen, __u8 mark)
 	if (hlen == DATA_IMM_HDR_LEN) {
 		if ((void *)(mrc + DATA_IMM_HDR_LEN) > data_end)
 			return -1;
-		mrc[DATA_IMM_HDR_LEN - MRCX_LEN + MRCX_FLAGS_OFF] |= mark;
+		mrc[DATA_IMM_HDR_LEN - XETH_LEN + XETH_FLAGS_OFF] |= mark;
 	} else {
 		if ((void *)(mrc + DATA_HDR_LEN) > data_end)
 			return -1;
-		mrc[DATA_HDR_LEN - MRCX_LEN + MRCX_FLAGS_OFF] |= mark;
+		mrc[DATA_HDR_LEN - XETH_LEN + XETH_FLAGS_OFF] |= mark;
 	}
 	ip6->payload_len = bpf_htons(new_l4);
 	udp->len = bpf_htons(new_l4);

@@ -82,6 +82,7 @@ t1_per_plane = 2
         ("[mrcd]\nhost = 0\ndrain_timeout = '2s'\n", "mrcd.drain_timeout: must be a number"),
         ("[mrcd]\nhost = 0\ninterfaces = ['ens1f0']\n", "mrcd.interfaces: 1 names for 4 planes"),
         ("[mrcd]\nhost = 0\ninterfaces = 'ens1f0'\n", "mrcd.interfaces: must be a list"),
+        ("[mrcd]\nhost = 0\npacket_auth = 1\n", "mrcd.packet_auth: must be true or false"),
         ("[mrcd]\nhost = 0\ninterfaces = ['a', 'b', 'c', 'd/e']\n", "mrcd.interfaces[3]: not an"),
         ("[mrcd]\nhost = 0\ninterfaces = ['a', 'b', 'a', 'd']\n", "mrcd.interfaces[2]: 'a' is"),
         ("[mrcd]\nhost = 0\n[mrcd.interfaces]\n0 = 'a'\n", "mrcd.interfaces.1: missing"),

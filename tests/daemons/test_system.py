@@ -60,6 +60,7 @@ from mrcstack.netns.faults import Faults
 from mrcstack.netns.run import call_in_netns
 from mrcstack.netns.state import TestbedState, faults_path, load
 from mrcstack.netns.traffic import udp_sender
+from mrcstack.wire import WRITE_OPCODES as WRITES
 from mrcstack.wire import AeadIntegrity, CrcIntegrity, DataPacket, encode
 from tests.isolation import run_name, skip_unless_testbed
 
@@ -464,7 +465,7 @@ def capture(netns: str, ifname: str, dst: str, qpn: int, stop: threading.Event) 
                 continue
             (dport,) = struct.unpack_from("!H", pkt, IPV6_HDR + 2)
             udp = pkt[IPV6_HDR + UDP_HDR :]
-            if dport == DATA_PORT and int.from_bytes(udp[5:8], "big") == qpn and udp[0] == 0x0A:
+            if dport == DATA_PORT and int.from_bytes(udp[5:8], "big") == qpn and udp[0] in WRITES:
                 got.append(udp)  # an RDMA WRITE packet of our connection (BTH opcode)
     finally:
         sock.close()

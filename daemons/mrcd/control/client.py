@@ -90,6 +90,9 @@ class ConnectRequest:
     session_secret: bytes = field(repr=False, compare=False, default=b"")
     #: The sending mrcd's instance (random at each start; "" from a peer that sends none).
     instance: str = ""
+    #: The sender wants every packet of the QP authenticated with its AES-GCM key
+    #: (mrcstack's extension); absent means yes.
+    packet_auth: bool = True
 
     def derive_qp_key(self, dst_host: int, dst_qpn: int) -> bytes:
         return derive_qp_key(self.session_secret, self.src_host, self.src_qpn, dst_host, dst_qpn)
@@ -101,6 +104,7 @@ class Accept:
     dst_psn: int
     private_data: bytes = b""
     instance: str = ""  # the accepting mrcd's instance
+    packet_auth: bool = True  # both ends agreed on AES-GCM packets (else the plain ICRC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,14 @@ def field_data(msg: Message, key: str) -> bytes:
     if len(data) > MAX_PRIVATE_DATA:
         raise BadRequestError(f"{key}: at most {MAX_PRIVATE_DATA} bytes, got {len(data)}")
     return data
+
+
+def field_bool(msg: Message, name: str, *, default: bool) -> bool:
+    """A true/false field; ``default`` when absent (a peer that predates it)."""
+    value = msg.get(name, default)
+    if not isinstance(value, bool):
+        raise BadRequestError(f"{name}: must be true or false")
+    return value
 
 
 def field_instance(msg: Message) -> str:
@@ -255,6 +267,7 @@ class Session:
         private_data: bytes = b"",
         instance: str = "",
         timeout: float = REQUEST_TIMEOUT,
+        packet_auth: bool = True,
     ) -> Accept:
         """CONNECT: the peer's ACCEPT, or :class:`ConnectRejectedError`.  ``instance`` is
         ours; the ACCEPT carries the peer's, which a later session must show again."""
@@ -269,6 +282,7 @@ class Session:
                 "mtu_payload": mtu_payload,
                 "private_data": b64(private_data),
                 **({"instance": instance} if instance else {}),
+                "packet_auth": packet_auth,
             },
             timeout,
         )
@@ -282,6 +296,7 @@ class Session:
                 field_int(reply, "dst_psn", QPN_LIMIT),
                 field_data(reply, "private_data"),
                 field_instance(reply),
+                field_bool(reply, "packet_auth", default=True),
             )
         except BadRequestError as exc:
             raise ControlError("bad_message", f"{self.peer_host}: {exc}") from None

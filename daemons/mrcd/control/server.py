@@ -34,6 +34,7 @@ from mrcstack.daemons.mrcd.control.client import (
     Reject,
     b64,
     credentials,
+    field_bool,
     field_data,
     field_instance,
     field_int,
@@ -354,6 +355,7 @@ class ControlServer:
             private_data=field_data(msg, "private_data"),
             session_secret=keys.session_secret,
             instance=field_instance(msg),
+            packet_auth=field_bool(msg, "packet_auth", default=True),
         )
         if src_host != peer_index:
             return {"type": "REJECT", "reason": f"src_host {src_host} is not {keys.peer_host}"}
@@ -370,4 +372,5 @@ class ControlServer:
             "dst_psn": result.dst_psn,
             "private_data": b64(result.private_data),
             **({"instance": result.instance} if result.instance else {}),
+            "packet_auth": result.packet_auth,
         }

@@ -57,6 +57,7 @@ from mrcstack.daemons.mrcd.node.qps import Accepted, Context, IncomingConnect, Q
 from mrcstack.daemons.mrcd.node.snapshot import Buckets, NodeSnapshot, Totals, count_evs
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
+from mrcstack.wire import IcrcPath
 
 # The QP records live in qps.py; callers may keep importing them from here.
 __all__ = [
@@ -244,6 +245,16 @@ class Node:
             return ("::1", self.cfg.data_port + host * PORT_STRIDE + plane)
         return (str(addrplan.nic_sid(self.fabric, plane, host)), self.cfg.data_port)
 
+    def icrc_paths(self, remote: int) -> tuple[IcrcPath, ...]:
+        """Each plane's endpoints as packets arrive (uSID leaves the destination equal to the
+        peer's plane address once the path is consumed): the ICRC's pseudo header."""
+        paths = []
+        for plane in range(self.fabric.planes):
+            local, local_port = self.data_address(self.host, plane)
+            peer, peer_port = self.data_address(remote, plane)
+            paths.append(IcrcPath(local, peer, local_port, peer_port))
+        return tuple(paths)
+
     def _resolve(self, remote: int, plane: int, ev: int) -> Address:
         if self.cfg.data_mode == "loopback":
             return self.data_address(remote, plane)
@@ -317,6 +328,7 @@ class Node:
             linear_cnt=attrs.linear_cnt,
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.cfg.ack_coalesce,
+            icrc_paths=self.icrc_paths(remote_host),
         )
         now = clock()
         conn = Connection(
@@ -418,12 +430,15 @@ class Node:
                 private_data=private_data,
                 instance=self.instance,
                 timeout=timeout,
+                packet_auth=self.cfg.packet_auth,
             )
         except ConnectRejectedError as exc:
             raise LocalError(f"{peer} rejected the connection: {exc}") from None
         except (ControlError, OSError, TimeoutError) as exc:
             raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
-        key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
+        key = None
+        if accept.packet_auth and self.cfg.packet_auth:
+            key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
         self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key)
         qp.peer_instance = accept.instance
         return accept.private_data
@@ -445,15 +460,19 @@ class Node:
         accepted = await self.listeners.offer(incoming)
         if accepted is None:
             return Reject(f"nothing accepted service {req.service}")
+        # AES-GCM packets only if both ends want them; else OCP's plain ICRC.
+        auth = req.packet_auth and self.cfg.packet_auth
         try:
-            key = req.derive_qp_key(self.host, accepted.qpn)
+            key = req.derive_qp_key(self.host, accepted.qpn) if auth else None
             self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key)
         except LocalError as exc:
             accepted.connected.set_result(str(exc))
             return Reject(str(exc))
         self.qps[accepted.qpn].peer_instance = req.instance
         accepted.connected.set_result(None)
-        return Accept(accepted.qpn, accepted.psn, accepted.private_data, self.instance)
+        return Accept(
+            accepted.qpn, accepted.psn, accepted.private_data, self.instance, packet_auth=auth
+        )
 
     def on_port_status(self, host: int, bitmap: int) -> None:
         """ControlHooks: a peer's PORT_STATUS_UPDATE, applied to our QPs to that host as
