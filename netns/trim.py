@@ -87,6 +87,10 @@ STAT_NAMES = (
     "overlimit",
     "trim_errors",
     "requeued",
+    "class_data",  # packets per traffic class (DSCP 4, 46, 12, anything else)
+    "class_control",
+    "class_trimmed",
+    "class_other",
 )
 _STATS = struct.Struct("=" + "Q" * len(STAT_NAMES))
 _MAPS = {"trim_cfg": _CFG.size, "trim_queue": _QUEUE.size, "trim_stats": _STATS.size}

@@ -63,8 +63,10 @@ from mrcstack.wire import (
     DATA_HDR_LEN,
     DATA_IMM_HDR_LEN,
     IMM_OPCODES,
+    TCLASS_DATA,
     CrcIntegrity,
     DataPacket,
+    Dscp,
     encode,
     encode_trimmed,
     trimmed_length,
@@ -980,9 +982,9 @@ TRIM_THRESHOLD, ECN_THRESHOLD = 48_000, 16_000  # bytes of queue (Ethernet frame
 def test_live_trim_in_congestion_marks_as_documented(
     clean_after: Live, switch: str, peer: str
 ) -> None:
-    """A burst of 120 core-encoded writes (1 KiB, every third with an immediate), ECT(0),
-    from h0 to h2 along the uSID path through p0-t1a, into a trimmed 1 Mbit/s port: the
-    T1's port toward the T0, or the T0's last-hop port toward h2.
+    """A burst of 120 core-encoded writes (1 KiB, every third with an immediate), in the data
+    class (DSCP 4) and ECT(0), from h0 to h2 along the uSID path through p0-t1a, into a
+    trimmed 1 Mbit/s port: the T1's port toward the T0, or the T0's last-hop port toward h2.
 
     The program's queue starts empty and packet i (in send order) finds at most i frames
     in it, so: every packet whose frame and all before it fit under the trim threshold
@@ -1002,7 +1004,7 @@ def test_live_trim_in_congestion_marks_as_documented(
     by_psn = {psn_of(d): d for d in sent}
     wire = L2_L4 + max(len(d) for d in sent)
     jobs = [(str(path.address), d, 1) for d in sent]
-    got = send(live, "h0", "h2", jobs, pause=0.0, port=DEFAULT_PORT, tclass=ECT0)
+    got = send(live, "h0", "h2", jobs, pause=0.0, port=DEFAULT_PORT, tclass=TCLASS_DATA)
     port = live.state.port(switch, peer)
     stats = trim.counters(port.netns, port.ifname)
     live.faults.untrim(switch, peer)
@@ -1018,6 +1020,10 @@ def test_live_trim_in_congestion_marks_as_documented(
         check_trimmed(d, by_psn[psn_of(d)], last_hop)  # TRIMMED, TRIM_LASTHOP iff last hop
     for d in whole:
         assert d == by_psn[psn_of(d)]
+    # Trimmed headers are remarked to the trimmed class; whole packets keep the data class.
+    assert {tc >> 2 for d, tc in arrived if len(d) < 100 and tc is not None} == {Dscp.TRIMMED}
+    assert {tc >> 2 for d, tc in arrived if len(d) >= 100 and tc is not None} == {Dscp.DATA}
+    assert stats["class_data"] >= len(arrived)
     under = {psn for psn in by_psn if (psn + 1) * wire <= TRIM_THRESHOLD}
     assert under and under <= {psn_of(d) for d in whole}  # nothing trimmed under threshold
     assert all(tc is not None and tc & ECN_MASK in (ECT0, CE) for _, tc in arrived)

@@ -33,10 +33,12 @@ from mrcstack.wire import (
     CrcIntegrity,
     DataFlags,
     DataPacket,
+    Dscp,
     Opcode,
     decode,
     encode,
     encode_trimmed,
+    traffic_class,
     trimmed_length,
 )
 
@@ -49,6 +51,7 @@ RATE_BPS = 20_000_000
 MTU = 9000
 L2_L4 = 14 + 40 + 8  # Ethernet + IPv6 + UDP: skb->len at egress counts them all
 ECT0, CE, ECN_MASK = 0x02, 0x03, 0x03
+DATA_CLASS = traffic_class(Dscp.DATA, ecn=0)  # the trimmable class, not ECN-capable
 UDP_NO_CHECK6_TX, UDP_NO_CHECK6_RX = 101, 102
 CLONE_NEWNET = 0x40000000
 CRC = CrcIntegrity()
@@ -183,7 +186,7 @@ class Flow:
 
 
 @contextmanager
-def flow(tclass: int = 0, port: int = PORT) -> Iterator[Flow]:
+def flow(tclass: int = DATA_CLASS, port: int = PORT) -> Iterator[Flow]:
     with inside(SRC):
         tx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     with inside(DST):
@@ -344,6 +347,9 @@ def test_overload_trims_to_headers_and_trimmed_packets_go_first(net: None, last_
     assert trimmed and full
     for d in trimmed:
         check_trimmed(d, by_psn[psn_of(d)], last_hop)
+    # Trimmed headers travel in the trimmed class (DSCP 12), the rest stays in DSCP 4.
+    assert {tc >> 2 for d, tc in got if len(d) < 100} == {Dscp.TRIMMED}
+    assert {tc >> 2 for d, tc in got if len(d) >= 100} == {Dscp.DATA}
     for d in full:
         assert d == by_psn[psn_of(d)]
         assert not decode(d, CRC).flags & DataFlags.TRIMMED  # type: ignore[union-attr]
@@ -359,10 +365,32 @@ def test_overload_trims_to_headers_and_trimmed_packets_go_first(net: None, last_
     assert stats["trimmed"] >= len(trimmed) and stats["mrc_data"] >= len(got)
     assert stats["priority"] == stats["trimmed"] == stats["requeued"]
     assert stats["trim_errors"] == stats["ecn_marked"] == 0
+    assert stats["class_data"] >= len(got) and stats["class_trimmed"] == 0
     # The shaper charged trimmed packets their trimmed size (what the priority class sent).
     prio = next(q for q in qdiscs if q["handle"] == "7473:")
     assert prio["packets"] >= len(trimmed)
     assert prio["bytes"] <= prio["packets"] * (L2_L4 + trimmed_length(Opcode.RDMA_WRITE_LAST_IMM))
+
+
+@needs_bpf
+def test_only_the_trimmable_class_is_trimmed(net: None) -> None:
+    """The same overload in DSCP 0 and in the control class: nothing is cut (the real queue
+    drops what does not fit), and the counters tell the classes apart."""
+    for tclass, counter in ((0, "class_other"), (traffic_class(Dscp.CONTROL, 0), "class_control")):
+        sent = data_packets(300, 4096)
+        with (
+            flow(tclass=tclass) as f,
+            attached(rate_bps=RATE_BPS, trim_threshold_bytes=64_000, ecn_threshold_bytes=None,
+                     last_hop=False),
+        ):  # fmt: skip
+            wait_queue_empty()
+            f.send(sent)
+            got = f.receive()
+            stats = trim.counters(SW, PORT_IF)
+        assert got and all(d in sent for d, _ in got)  # whole, or not at all
+        assert {tc >> 2 for _, tc in got} == {tclass >> 2}
+        assert stats["trimmed"] == 0 and stats["class_data"] == 0
+        assert stats[counter] >= len(got)
 
 
 @needs_bpf

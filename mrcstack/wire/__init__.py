@@ -49,6 +49,8 @@ from mrcstack.wire.integrity import (
     crc32_header,
 )
 from mrcstack.wire.packets import (
+    ECT0,
+    FIRST_CONTROL_OPCODE,
     IMM_OPCODES,
     MAX_WINDOW,
     MPR_UNIT,
@@ -58,11 +60,14 @@ from mrcstack.wire.packets import (
     PSN_MOD,
     ROCEV2_UDP_PORT,
     SWITCH_FLAGS,
+    TCLASS_CONTROL,
+    TCLASS_DATA,
     WRITE_OPCODES,
     AckPacket,
     BthFlags,
     DataFlags,
     DataPacket,
+    Dscp,
     EndpointOp,
     FeedbackFlags,
     NackReason,
@@ -71,6 +76,7 @@ from mrcstack.wire.packets import (
     ProbePacket,
     ProbeReplyPacket,
     SkipHint,
+    traffic_class,
 )
 
 __all__ = [
@@ -83,8 +89,10 @@ __all__ = [
     "DATA_HDR_LEN",
     "DATA_IMM_HDR_LEN",
     "DEFAULT_REPLAY_WINDOW",
+    "ECT0",
     "EETH_LEN",
     "ERTH_LEN",
+    "FIRST_CONTROL_OPCODE",
     "HDR_CHECK_LEN",
     "IMMDT_LEN",
     "IMM_OPCODES",
@@ -104,6 +112,8 @@ __all__ = [
     "SACK_HDR_LEN",
     "SETH_LEN",
     "SWITCH_FLAGS",
+    "TCLASS_CONTROL",
+    "TCLASS_DATA",
     "TSETH_LEN",
     "TS_UNIT_NS_SHIFT",
     "WRITE_OPCODES",
@@ -117,6 +127,7 @@ __all__ = [
     "DataPacket",
     "DecodeError",
     "DecodeReason",
+    "Dscp",
     "EndpointOp",
     "FeedbackFlags",
     "IcrcPath",
@@ -135,6 +146,7 @@ __all__ = [
     "encode_trimmed",
     "header_length",
     "peek_qpn",
+    "traffic_class",
     "trimmed_length",
     "write_opcode",
 ]

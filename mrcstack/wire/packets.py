@@ -115,6 +115,29 @@ class NackReason(enum.IntEnum):
     SEQ_ERROR = 0xE1  # RoCE-like mode: out-of-order packet discarded (go-back-N)
 
 
+class Dscp(enum.IntEnum):
+    """Traffic classes of OCP MRC 1.0: switches trim only DATA, and forward TRIMMED (what a
+    trim leaves) ahead of data."""
+
+    DATA = 4
+    TRIMMED = 12
+    CONTROL = 46
+
+
+ECT0 = 0x02  # the ECN field: ECN-capable transport, so switches may mark instead of drop
+
+
+def traffic_class(dscp: int, ecn: int = ECT0) -> int:
+    """The IPv6 traffic class byte: DSCP in the top six bits, ECN in the low two."""
+    return dscp << 2 | ecn
+
+
+TCLASS_DATA = traffic_class(Dscp.DATA)
+TCLASS_CONTROL = traffic_class(Dscp.CONTROL)
+#: Opcodes from here up are control (SACK, NACK, probes): sent in the control class.
+FIRST_CONTROL_OPCODE = 0xD0
+
+
 class EndpointOp(enum.IntEnum):
     """ERTH/EETH op (low 2 bits of byte 1)."""
 

@@ -8,10 +8,12 @@
  * Per packet:
  *
  *   backlog -= elapsed * rate                (clamped at 0)
- *   MRC data packet and backlog + len > trim threshold (or the random draw hits):
+ *   MRC data packet in the trimmable class (DSCP 4) and backlog + len > trim threshold
+ *   (or the random draw hits):
  *       cut it to its headers (64/68 bytes of UDP payload), set TRIMMED (+ TRIM_LASTHOP on
- *       a host-facing port), account the trimmed size, and send it through the port's
- *       egress once more (so htb charges the cut length) in the priority class
+ *       a host-facing port), remark it DSCP 12 (trimmed), account the trimmed size, and
+ *       send it through the port's egress once more (so htb charges the cut length) in the
+ *       priority class
  *   else backlog > ECN threshold, port not last hop, packet ECT(0)/ECT(1): set CE
  *   backlog += len                           (unless the modelled queue is full)
  *
@@ -50,6 +52,10 @@
 #define L3_OFF ETH_HLEN                                     /* 14 */
 #define L4_OFF (L3_OFF + (int)sizeof(struct ipv6hdr))       /* 54 */
 #define MRC_OFF (L4_OFF + (int)sizeof(struct udphdr))       /* 62 */
+/* Traffic classes (DSCP) of OCP MRC 1.0: only the trimmable class is ever trimmed. */
+#define DSCP_DATA 4      /* trimmable data */
+#define DSCP_TRIMMED 12  /* a trimmed header: forwarded ahead of data */
+#define DSCP_CONTROL 46  /* ACK/SACK/NACK/probes */
 #define ECN_MASK 0x30 /* ECN bits of the traffic class, in the IPv6 header's second byte */
 #define ECN_CE 0x30
 #define NSEC_PER_SEC 1000000000ULL
@@ -100,6 +106,10 @@ struct trim_stats {
 	__u64 overlimit;   /* packets the modelled queue had no room for (the real one drops) */
 	__u64 trim_errors; /* trims that failed (bpf_skb_change_tail); the packet passed */
 	__u64 requeued;    /* trimmed packets re-sent through egress so the shaper sees the cut */
+	__u64 class_data;    /* packets arriving in DSCP 4 (trimmable data) */
+	__u64 class_control; /* in DSCP 46 (control) */
+	__u64 class_trimmed; /* in DSCP 12 (trimmed upstream) */
+	__u64 class_other;   /* any other DSCP, or not IPv6 */
 };
 
 struct {
@@ -129,6 +139,7 @@ struct pkt_info {
 	int is_trimmed;   /* an MRC data packet some switch upstream already trimmed */
 	int is_mrc;       /* UDP to port 4791 over IPv6 */
 	int is_ect;       /* ECN field 01 or 10 */
+	int dscp;         /* the traffic class's DSCP; -1 if not IPv6 */
 };
 
 static __always_inline void parse(struct __sk_buff *skb, struct pkt_info *info)
@@ -147,6 +158,7 @@ static __always_inline void parse(struct __sk_buff *skb, struct pkt_info *info)
 	ip6 = (void *)(eth + 1);
 	if ((void *)(ip6 + 1) > data_end)
 		return;
+	info->dscp = ((((__u8 *)ip6)[0] & 0x0F) << 2) | (((__u8 *)ip6)[1] >> 6);
 	ecn = ((__u8 *)ip6)[1] & ECN_MASK;
 	info->is_ect = ecn == 0x10 || ecn == 0x20; /* ECT(1), ECT(0) */
 	if (ip6->nexthdr != IPPROTO_UDP) /* no extension headers: uSID carries the path */
@@ -211,6 +223,9 @@ static __always_inline int trim(struct __sk_buff *skb, __u32 hlen, __u8 mark)
 		mrc[DATA_HDR_LEN - XETH_LEN + XETH_FLAGS_OFF] |= mark;
 	}
 	ip6->payload_len = bpf_htons(new_l4);
+	/* DSCP 12, the trimmed class; version and ECN bits kept (no header checksum in IPv6). */
+	((__u8 *)ip6)[0] = 0x60 | (DSCP_TRIMMED >> 2);
+	((__u8 *)ip6)[1] = ((DSCP_TRIMMED & 0x3) << 6) | (((__u8 *)ip6)[1] & 0x3F);
 	udp->len = bpf_htons(new_l4);
 	udp->check = 0; /* zero UDP checksum over IPv6 (UDP_NO_CHECK6_TX/RX), as sent */
 	return 0;
@@ -252,15 +267,26 @@ int mrc_trim(struct __sk_buff *skb)
 	len = skb->len;
 	st->packets++;
 	st->bytes += len;
+	/* Make the headers linear (no-op when they already are); fails only on short packets. */
+	if ((__u64)((long)skb->data_end - (long)skb->data) < MRC_OFF + DATA_IMM_HDR_LEN)
+		bpf_skb_pull_data(skb, MRC_OFF + DATA_IMM_HDR_LEN);
+	info.dscp = -1;
+	parse(skb, &info);
+	if (info.dscp == DSCP_DATA)
+		st->class_data++;
+	else if (info.dscp == DSCP_CONTROL)
+		st->class_control++;
+	else if (info.dscp == DSCP_TRIMMED)
+		st->class_trimmed++;
+	else
+		st->class_other++;
 	mode = cfg->mode;
 	if (mode != MODE_CONGESTION && mode != MODE_PROBABILITY) {
 		st->passed++;
 		return TC_ACT_OK;
 	}
-	/* Make the headers linear (no-op when they already are); fails only on short packets. */
-	if ((__u64)((long)skb->data_end - (long)skb->data) < MRC_OFF + DATA_IMM_HDR_LEN)
-		bpf_skb_pull_data(skb, MRC_OFF + DATA_IMM_HDR_LEN);
-	parse(skb, &info);
+	if (info.dscp != DSCP_DATA)
+		info.hdr_len = 0; /* only the trimmable class is ever trimmed */
 	now = bpf_ktime_get_ns();
 	draw = bpf_get_prandom_u32();
 	rate = cfg->rate;
@@ -332,7 +358,7 @@ int mrc_trim(struct __sk_buff *skb)
 		set_ce(skb);
 		st->ecn_marked++;
 	}
-	if (info.is_trimmed)
+	if (info.is_trimmed || info.dscp == DSCP_TRIMMED)
 		prio = 1;
 	if (prio && cfg->prio_class) {
 		skb->priority = cfg->prio_class;

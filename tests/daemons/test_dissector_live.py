@@ -4,7 +4,8 @@ mrcd on a two-rack testbed with ``packet_auth = false`` (OCP MRC 1.0's plain ICR
 mrcstack's AES-GCM extension), tshark capturing in the receiving host's namespace.  Every
 captured packet must decode with the codec, its ICRC verified against the real addresses
 (with SRv6 uSID, the final destination), and tshark with ``wireshark/mrc.lua`` must print
-every field the codec reads.  Scapy recomputes the ICRC of each arriving packet from the
+every field the codec reads; writes travel in the trimmable traffic class (DSCP 4), the
+rest in the control class (DSCP 46).  Scapy recomputes the ICRC of each arriving packet from the
 captured IPv6 header as a third, independent check.
 """
 
@@ -29,6 +30,7 @@ from mrcstack.netns.state import exists, load
 from mrcstack.wire import (
     WRITE_OPCODES,
     CrcIntegrity,
+    Dscp,
     IcrcPath,
     Opcode,
     decode,
@@ -127,7 +129,7 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
         assert srv.returncode == 0, srv.stderr
         server = one_json(cli.stdout)["server"]
         assert server["mismatches"] == 0 and server["verified"] > 0, server
-        rows = tshark_fields.dissect(pcap, extra=("ipv6.src",))
+        rows = tshark_fields.dissect(pcap, extra=("ipv6.src", "ipv6.tclass"))
     finally:
         testbed.clean(TESTBED)
     from_src = {str(nic_sid(FABRIC, p, SRC)) for p in range(FABRIC.planes)}
@@ -138,6 +140,9 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
         pkt = decode(wire, view(DST, SRC) if arriving else view(SRC, DST))  # ICRC verified
         assert tshark_fields.mismatches(row, tshark_fields.expected(pkt, wire)) == [], pkt
         kinds[Opcode(wire[0]).name] += 1
+        # Writes in the trimmable class, everything else in the control class.
+        dscp = Dscp.DATA if wire[0] in WRITE_OPCODES else Dscp.CONTROL
+        assert int(row["ipv6.tclass"], 16) >> 2 == dscp, row["ipv6.tclass"]
     print(f"\n{len(rows)} packets dissected: {dict(kinds)}")
     assert kinds["RDMA_WRITE_FIRST"] >= 150  # most of the 200 writes, whole
     assert sum(kinds[Opcode(op).name] for op in WRITE_OPCODES) >= 4 * kinds["RDMA_WRITE_FIRST"]

@@ -21,6 +21,7 @@ import asyncio
 import errno
 import math
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,13 @@ from dataclasses import dataclass
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event
 from mrcstack.daemons.mrcd.datapath import rxbatch
-from mrcstack.wire import DecodeError, peek_qpn
+from mrcstack.wire import (
+    FIRST_CONTROL_OPCODE,
+    TCLASS_CONTROL,
+    TCLASS_DATA,
+    DecodeError,
+    peek_qpn,
+)
 
 #: setsockopt(IPPROTO_UDP, ...) values from <linux/udp.h>: zero UDP checksums on IPv6, which
 #: uSID needs (the checksum would be computed against the full uSID destination;
@@ -50,8 +57,10 @@ _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 clock = time.monotonic
 #: Destination QPN of connectionless EV probes (QP 0 is never allocated to a connection).
 PROBE_QPN = 0
-#: IPv6 traffic class ECT(0): packets are ECN-capable so switches may mark instead of drop.
-TCLASS_ECT0 = 0x02
+#: Traffic classes: writes go in the trimmable class (DSCP 4), everything else in the control
+#: class (DSCP 46), both ECT(0) so switches may mark instead of drop.  The socket's default
+#: is the data class; a control packet says otherwise in its own ancillary data.
+_CONTROL_CMSG = [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, struct.pack("@i", TCLASS_CONTROL))]
 #: The ECN bits of a datagram a switch marked Congestion Experienced.
 ECN_CE = rxbatch.ECN_CE
 
@@ -81,14 +90,22 @@ class _Qp:
         self.on_event = on_event
 
 
+def send(sock: socket.socket, data: bytes, addr: Address) -> None:
+    """One datagram in its traffic class: writes in the socket's (data), the rest in control."""
+    if data and data[0] < FIRST_CONTROL_OPCODE:
+        sock.sendto(data, addr)
+    else:
+        sock.sendmsg((data,), _CONTROL_CMSG, 0, addr)
+
+
 def open_plane_socket(address: Address, *, device: str | None = None) -> socket.socket:
-    """A non-blocking UDP/IPv6 socket with zero checksums, ECT(0) on what it sends, each
-    received datagram's traffic class delivered (ECN), big buffers."""
+    """A non-blocking UDP/IPv6 socket with zero checksums, the data class (DSCP 4, ECT(0)) on
+    what it sends, each received datagram's traffic class delivered (ECN), big buffers."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_ECT0)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_DATA)
         rxbatch.enable_tclass(sock)
         for force, plain in (
             (_SO_RCVBUFFORCE, socket.SO_RCVBUF),
@@ -265,7 +282,11 @@ class Transport:
             if addr is None:
                 addr = cache[key] = self.resolver(remote, d.port, d.ev)
             try:
-                sockets[d.port].sendto(d.data, addr)
+                data = d.data
+                if data[0] < FIRST_CONTROL_OPCODE:
+                    sockets[d.port].sendto(data, addr)
+                else:
+                    sockets[d.port].sendmsg((data,), _CONTROL_CMSG, 0, addr)
             except BlockingIOError:
                 stats.send_blocked += 1
                 self._backlog.append((d.port, d.data, addr))
@@ -295,7 +316,7 @@ class Transport:
         while backlog:
             plane, data, addr = backlog[0]
             try:
-                self.sockets[plane].sendto(data, addr)
+                send(self.sockets[plane], data, addr)
             except BlockingIOError:
                 return
             except OSError:
@@ -350,7 +371,7 @@ class Transport:
     def send_raw(self, plane: int, data: bytes, addr: Address) -> bool:
         """Send one datagram outside any connection (probes); False if the port refused."""
         try:
-            self.sockets[plane].sendto(data, addr)
+            send(self.sockets[plane], data, addr)
         except OSError:
             self.stats.send_errors += 1
             return False
