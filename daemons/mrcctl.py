@@ -31,11 +31,15 @@ from mrcstack import add_version_flag, addrplan
 from mrcstack.api.ctl import Controller
 from mrcstack.api.errors import ApiError
 from mrcstack.fabric import parse_size
+from mrcstack.wire import EvFormat
 
 PROG = "mrcctl"
 DURATION_KEYS = {"base_rtt", "target_delay", "adjust_period_threshold", "qa_threshold"}
 _DURATION = re.compile(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*(ns|us|ms|s)?\s*", re.I)
 _UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}
+
+#: EV format names, in format profile order (0 srv6, 1 srv6-srh, 2 stev).
+EV_FORMATS = tuple(f.value for f in EvFormat)
 
 
 class UsageError(Exception):
@@ -132,7 +136,8 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("ev", help="EV format, EV profiles, states and events").add_subparsers(
         dest="what", required=True, parser_class=_Parser
     )
-    ev.add_parser("format", help="the EV format profile (SRv6 uSID layout)")
+    fmt = ev.add_parser("format", help="EV format profiles: 0 srv6 (uSID), 1 srv6-srh, 2 stev")
+    fmt.add_argument("id", type=number, nargs="?", help="one format profile (default: all)")
     prof = ev.add_parser("profile", help="EV profiles").add_subparsers(
         dest="action", required=True, parser_class=_Parser
     )
@@ -144,12 +149,14 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--ev-count", type=number)
     create.add_argument("--min-active", type=number)
     create.add_argument("--event-mask", help="states that raise EV events: good,assumed_bad,...")
+    create.add_argument("--format", choices=EV_FORMATS, help="EV format (default srv6: uSID)")
     show = prof.add_parser("show", help="one profile with its EVs, or all")
     show.add_argument("id", type=number, nargs="?")
     pmod = prof.add_parser("set", help="change ev_min_active / event mask online")
     pmod.add_argument("id", type=number)
     pmod.add_argument("--min-active", type=number)
     pmod.add_argument("--event-mask")
+    pmod.add_argument("--format", choices=EV_FORMATS, help="EV format, while no QP uses it")
     for verb in ("deny", "allow"):
         d = prof.add_parser(verb, help=f"{verb} EVs of a profile (running QPs follow)")
         d.add_argument("id", type=number)
@@ -282,21 +289,27 @@ def _mask(text: str | None) -> list[str] | None:
 
 def run_ev(args: argparse.Namespace, ctl: Controller) -> int:
     if args.what == "format":
-        r = ctl.ev_format()
-        fields = " | ".join(f"{f['name']}:{f['width']}" for f in r["fields"])
-        ev_fields = ", ".join(
-            f"{f['name']} bits {f['offset']}-{f['offset'] + f['width'] - 1}" for f in r["ev_fields"]
-        )
-        human = "\n".join(
-            [
-                f"EV format {r['id']}: {r['mode']} (state {r['state']}), "
-                f"locator block {r['locator_block']}",
-                f"destination: {fields}",
-                f"EV fields: {ev_fields}",
-                *(f"{k}: {v}" for k, v in r["layouts"].items()),
-            ]
-        )
-        show(args, r, human)
+        ids = [args.id] if args.id is not None else list(range(len(EV_FORMATS)))
+        docs = [ctl.ev_format(i) for i in ids]
+        texts = []
+        for r in docs:
+            fields = " | ".join(f"{f['name']}:{f['width']}" for f in r["fields"])
+            ev_fields = ", ".join(
+                f"{f['name']} bits {f['offset']}-{f['offset'] + f['width'] - 1}"
+                for f in r["ev_fields"]
+            )
+            texts.append(
+                "\n".join(
+                    [
+                        f"EV format {r['id']}: {r['mode']} (state {r['state']}), "
+                        f"locator block {r['locator_block']}",
+                        f"on the wire: {fields}",
+                        f"EV fields: {ev_fields}",
+                        *(f"{k}: {v}" for k, v in r["layouts"].items()),
+                    ]
+                )
+            )
+        show(args, docs[0] if args.id is not None else docs, "\n\n".join(texts))
     elif args.what == "profile":
         return run_ev_profile(args, ctl)
     elif args.what == "states":
@@ -336,6 +349,7 @@ def run_ev_profile(args: argparse.Namespace, ctl: Controller) -> int:
             ev_count=args.ev_count,
             ev_min_active=args.min_active,
             event_mask=_mask(args.event_mask),
+            ev_format=args.format,
         )
         show(
             args,
@@ -351,6 +365,7 @@ def run_ev_profile(args: argparse.Namespace, ctl: Controller) -> int:
                     (
                         p["id"],
                         p["mode"],
+                        p["format"],
                         p["ev_count"],
                         p["ev_min_active"],
                         ",".join(p["event_mask"]),
@@ -358,14 +373,15 @@ def run_ev_profile(args: argparse.Namespace, ctl: Controller) -> int:
                     )
                     for p in rows
                 ],
-                ("id", "mode", "ev_count", "min_active", "event_mask", "denied"),
+                ("id", "mode", "format", "ev_count", "min_active", "event_mask", "denied"),
             )
             show(args, rows, human)
         else:
             p = ctl.ev_profile(args.id)
             evs = p.get("evs")
             lines = [
-                f"EV profile {p['id']}: {p['mode']}, ev_count {p['ev_count']}, "
+                f"EV profile {p['id']}: {p['mode']}, format {p['format']}, "
+                f"ev_count {p['ev_count']}, "
                 f"ev_min_active {p['ev_min_active']}, "
                 f"events on {','.join(p['event_mask'])}",
                 f"denied: {' '.join(hex(v) for v in p['denied']) or '-'}; "
@@ -377,12 +393,15 @@ def run_ev_profile(args: argparse.Namespace, ctl: Controller) -> int:
             show(args, p, "\n".join(lines))
     elif a == "set":
         r = ctl.modify_ev_profile(
-            args.id, ev_min_active=args.min_active, event_mask=_mask(args.event_mask)
+            args.id,
+            ev_min_active=args.min_active,
+            event_mask=_mask(args.event_mask),
+            ev_format=args.format,
         )
         show(
             args,
             r,
-            f"EV profile {r['id']}: ev_min_active {r['ev_min_active']}, "
+            f"EV profile {r['id']}: format {r['format']}, ev_min_active {r['ev_min_active']}, "
             f"events on {','.join(r['event_mask'])}",
         )
     elif a in ("deny", "allow"):

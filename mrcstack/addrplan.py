@@ -67,6 +67,12 @@ EV_PLANE_BITS = 4
 EV_ENTROPY_SHIFT = EV_PLANE_SHIFT + EV_PLANE_BITS
 EV_ENTROPY_BITS = EV_BITS - EV_ENTROPY_SHIFT  # 20
 
+#: NIC uSIDs of one plane share their top 5 bits: block (32) + 5 = a /37 per plane.
+NIC_PREFIX = LOCATOR_BLOCK_BITS + 5
+#: A classic SID is a switch's locator plus this 16-bit function (bits 79-64).
+CLASSIC_FUNCTION = 0xE000
+CLASSIC_SHIFT = ADDRESS_BITS - LOCATOR_BITS - USID_BITS
+
 PATH_CACHE_SIZE = 1 << 16  # paths remembered by path(); a Path is immutable
 MAX_HOPS = 2 * MAX_USIDS  # forward()'s loop guard; a real path has at most 3 switches
 
@@ -139,6 +145,31 @@ def nic_sid(fabric: Fabric, plane: int, host: int) -> IPv6Address:
     fabric.check_plane(plane)
     fabric.check_host(host)
     return _compose(fabric, (nic_usid(plane, host),))
+
+
+def nic_plane_prefix(fabric: Fabric, plane: int) -> IPv6Network:
+    """Every NIC address of ``plane`` (block + NIC uSIDs 0x8000 | plane << 11 | host): what a
+    host routes out of that plane's NIC for plain (ECMP) traffic."""
+    fabric.check_plane(plane)
+    return IPv6Network((_compose(fabric, (NIC_USID_BASE | plane << NIC_PLANE_SHIFT,)), NIC_PREFIX))
+
+
+def classic_sid(fabric: Fabric, usid: int) -> IPv6Address:
+    """A switch's classic SID, for paths written as an SRH: its /48 locator and the function
+    ``CLASSIC_FUNCTION`` in the next 16 bits.  Neighbours reach it by the locator route; on
+    the switch a /128 plain End route, more specific than the uN /48, processes the SRH."""
+    locator = switch_locator(fabric, usid)
+    return IPv6Address(int(locator.network_address) | CLASSIC_FUNCTION << CLASSIC_SHIFT)
+
+
+def srh_segments(
+    fabric: Fabric, src_host: int, dst_host: int, plane: int, ev: int
+) -> tuple[IPv6Address, ...]:
+    """The EV's path as a segment list in path order: each switch's classic SID, then the
+    destination NIC's address (the last segment).  The first is the first destination."""
+    nodes = path(fabric, src_host, dst_host, plane, ev).nodes
+    sids = tuple(classic_sid(fabric, switch_usid(n)) for n in nodes[1:-1])
+    return (*sids, nic_sid(fabric, plane, dst_host))
 
 
 def switch_locator(fabric: Fabric, usid: int) -> IPv6Network:

@@ -159,6 +159,10 @@ def letter_index(text: str) -> int:
     return value - 1
 
 
+#: How switches own SIDs: uSID only, or uSID plus a classic 128-bit End SID each.
+SID_FORMATS = ("usid", "classic")
+
+
 def _key(name: str) -> str:
     return f"{TABLE}.{name}"
 
@@ -176,6 +180,9 @@ class Fabric:
     mtu: int = 9000  # IP MTU of every link
     queue_bytes: int = 1 << 20  # per switch egress port
     locator_block: str = "fcbb:bb00::"  # 32-bit uSID locator block
+    # "usid": every switch is a uN (NEXT-C-SID); "classic": each also owns a full 128-bit
+    # SID with the plain End behaviour, so SRv6 paths with an SRH can be sent too.
+    sid_format: str = "usid"
 
     def __post_init__(self) -> None:
         for name, value, top in (
@@ -205,6 +212,11 @@ class Fabric:
                 f"must hold at least one MTU ({self.mtu}), got {self.queue_bytes}",
             )
         _check_block(self.locator_block)
+        if self.sid_format not in SID_FORMATS:
+            raise FabricConfigError(
+                _key("sid_format"),
+                f"must be one of {', '.join(SID_FORMATS)}, got {self.sid_format!r}",
+            )
 
     @property
     def hosts(self) -> int:
@@ -359,4 +371,5 @@ _CONVERTERS: dict[str, Callable[[str, object], object]] = {
     "mtu": _to_int,
     "queue_bytes": _to_size,
     "locator_block": _to_str,
+    "sid_format": _to_str,
 }

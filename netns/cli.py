@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 from mrcstack import add_version_flag
 from mrcstack.errors import LocalError
-from mrcstack.fabric import Fabric, FabricConfigError, parse_rate, parse_size
+from mrcstack.fabric import SID_FORMATS, Fabric, FabricConfigError, parse_rate, parse_size
 from mrcstack.netns import testbed
 from mrcstack.netns.run import TestbedError
 from mrcstack.netns.state import NAME_ENV, check_name, default_name, load, recorded
@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     fab.add_argument("--fabric-rate", type=_arg(parse_rate), help="T0 <-> T1 links")
     fab.add_argument("--queue", type=_arg(parse_size), metavar="BYTES", help="per port (1MiB)")
     fab.add_argument("--mtu", type=_arg(_int), metavar="N", help="IP MTU of every link (9000)")
+    fab.add_argument(
+        "--sid-format",
+        choices=SID_FORMATS,
+        help="usid (default): uN switches; classic: also a 128-bit End SID each, for SRH paths",
+    )
 
     d = sub.add_parser("down", help="remove a testbed")
     named(d)
@@ -117,6 +122,7 @@ def fabric_from_args(args: argparse.Namespace) -> Fabric:
         "fabric_link_bps": fabric_rate,
         "queue_bytes": args.queue,
         "mtu": args.mtu,
+        "sid_format": args.sid_format,
     }
     return dataclasses.replace(fabric, **{k: v for k, v in changes.items() if v is not None})
 
@@ -180,6 +186,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"{switch:<9} {sid['sid']:<22} {'yes' if sid['next_csid'] else 'NO':<9} "
             f"{sid['packets'] if sid['packets'] is not None else '-':>9}"
         )
+    classic = {s: sid["classic"] for s, sid in data["sids"].items() if "classic" in sid}
+    if classic:
+        lines += ["", f"{'switch':<9} {'classic SID (End)':<26} {'packets':>9}"]
+        for switch, sid in classic.items():
+            packets = sid["packets"] if sid["packets"] is not None else "-"
+            lines.append(f"{switch:<9} {sid['sid']:<26} {packets!s:>9}")
     _emit(args, data, "\n".join(lines))
     return 0
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from mrcstack.addrplan import HOST, parse_node, paths, switch_locator, switch_usid
+from mrcstack.addrplan import HOST, classic_sid, parse_node, paths, switch_locator, switch_usid
 from mrcstack.api.verbs import namespace_socket
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric, format_rate
 from mrcstack.netns.run import (
@@ -480,6 +480,14 @@ def status(name: str = "mrc") -> dict[str, Any]:
             "next_csid": route is not None and "next-csid" in route.get("flavors", []),
             **{k: route.get("stats64", {}).get(k) if route else None for k in _SID_STATS},
         }
+        if state.fabric.sid_format == "classic":  # the plain End SID that SRH paths name
+            classic = str(classic_sid(state.fabric, switch_usid(switch)))
+            croute = live.get(ns, {}).get("routes", {}).get(classic)
+            sids[switch]["classic"] = {
+                "sid": classic,
+                "installed": croute is not None,
+                **{k: croute.get("stats64", {}).get(k) if croute else None for k in _SID_STATS},
+            }
     root_links = _links_present()
     missing_ns = [ns for ns in state.netns.values() if ns not in present]
     missing_links = [link for link in state.root_links if link not in root_links]

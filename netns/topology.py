@@ -41,8 +41,11 @@ from mrcstack.addrplan import (
     T0,
     USID_BITS,
     canonical_link,
+    classic_sid,
     fabric_links,
+    nic_plane_prefix,
     nic_sid,
+    nic_usid,
     parse_link,
     parse_node,
     static_routes,
@@ -58,6 +61,9 @@ SID_IF = "sid"  # the ifb device a switch's uN route points at
 LOWER_LL = IPv6Address("fe80::1")  # the first-named end of a link
 UPPER_LL = IPv6Address("fe80::2")
 BASELINE_PREFIX = 0xFDB0 << 112  # fdb0:0:<plane>:<rack>::/64
+#: fib_multipath_hash_fields: source and destination address, protocol, flow label, source
+#: and destination port (0x01 | 0x02 | 0x04 | 0x08 | 0x10 | 0x20).
+MULTIPATH_HASH_FIELDS = "0x3f"
 HOST_IID = 1 << 16  # interface id ::1:<host> (baseline and management)
 MGMT_SALT = b"mrcstack-mgmt:"
 T0_PLANE_PREFIX = LOCATOR_BLOCK_BITS + 8  # block + the "1<plane>" byte of every T0 uSID
@@ -138,6 +144,13 @@ def end_route(fabric: Fabric, switch: str) -> str:
     """The switch's own uN SID: End with the NEXT-C-SID flavour, counted."""
     locator = switch_locator(fabric, switch_usid(switch))
     return f"route replace {locator} encap seg6local action End {END_FLAVOR} count dev {SID_IF}"
+
+
+def classic_end_route(fabric: Fabric, switch: str) -> str:
+    """The switch's classic SID (``sid_format = "classic"``): the kernel's plain End, counted,
+    for paths that carry an SRH."""
+    sid = classic_sid(fabric, switch_usid(switch))
+    return f"route replace {sid}/128 encap seg6local action End count dev {SID_IF}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +235,7 @@ def plan(fabric: Fabric, name: str) -> Plan:
             routes[ns] = _switch_routes(fabric, node, switch_table[node], links)
         lines += [f"link set dev {end.ifname} up" for end, _ in ports[ns]]
         setup[ns] = lines
-        sysctls[ns] = _sysctls(node, [end.ifname for end, _ in ports[ns]])
+        sysctls[ns] = _sysctls(fabric, node, [end.ifname for end, _ in ports[ns]])
 
     return Plan(
         name=name,
@@ -312,6 +325,8 @@ def _host_routes(fabric: Fabric, host: int) -> list[str]:
         lines += [
             f"route replace local {sid}/{LOCATOR_BITS} dev lo",
             f"route replace {t0s} via {UPPER_LL} dev {nic} src {sid}",
+            # Plain (ECMP) and SRH traffic to the plane's other NICs leaves by the same NIC.
+            f"route replace {nic_plane_prefix(fabric, plane)} via {UPPER_LL} dev {nic} src {sid}",
             f"route replace {baseline_plane_prefix(plane)} via {UPPER_LL} dev {nic} "
             f"src {baseline_address(fabric, plane, host)}",
         ]
@@ -332,9 +347,13 @@ def _switch_routes(
         return f"via {gateway} dev {rec.end(switch).ifname}"
 
     lines = [end_route(fabric, switch)]
+    if fabric.sid_format == "classic":
+        lines.append(classic_end_route(fabric, switch))
     lines += [
         f"route replace {switch_locator(fabric, usid)} {via(nxt)}" for usid, nxt in table.items()
     ]
+    # Plain destinations, routed by the kernel (ECMP over the T1s at a T0): the baseline
+    # addresses, and the NIC addresses for MRC's UDP/STEV EV format.
     if node.kind == T0:
         rack = node.index
         first = rack * fabric.hosts_per_rack
@@ -347,15 +366,26 @@ def _switch_routes(
         for other in range(fabric.racks):
             if other != rack:
                 lines.append(f"route replace {baseline_prefix(plane, other)} {uplinks}")
+                for host in _rack_hosts(fabric, other):
+                    nic = switch_locator(fabric, nic_usid(plane, host))
+                    lines.append(f"route replace {nic} {uplinks}")
     else:
         for rack in range(fabric.racks):
-            lines.append(
-                f"route replace {baseline_prefix(plane, rack)} {via(Fabric.t0_name(plane, rack))}"
-            )
+            t0 = via(Fabric.t0_name(plane, rack))
+            lines.append(f"route replace {baseline_prefix(plane, rack)} {t0}")
+            for host in _rack_hosts(fabric, rack):
+                if nic_usid(plane, host) not in table:
+                    lines.append(
+                        f"route replace {switch_locator(fabric, nic_usid(plane, host))} {t0}"
+                    )
     return lines
 
 
-def _sysctls(node: str, ports: list[str]) -> dict[str, str]:
+def _rack_hosts(fabric: Fabric, rack: int) -> range:
+    return range(rack * fabric.hosts_per_rack, (rack + 1) * fabric.hosts_per_rack)
+
+
+def _sysctls(fabric: Fabric, node: str, ports: list[str]) -> dict[str, str]:
     kind = parse_node(node).kind
     values = {
         "net/ipv6/conf/all/keep_addr_on_down": "1",  # keeps global addresses only
@@ -363,12 +393,18 @@ def _sysctls(node: str, ports: list[str]) -> dict[str, str]:
         "net/ipv6/conf/default/accept_dad": "0",
     }
     if kind == HOST:
+        if fabric.sid_format == "classic":  # a host takes packets whose SRH ends at it
+            for ifname in ("all", "default", "lo", *ports):
+                values[f"net/ipv6/conf/{ifname}/seg6_enabled"] = "1"
         return values
     values["net/ipv6/conf/all/forwarding"] = "1"
     for ifname in ("all", "default", "lo", SID_IF, *ports):
         values[f"net/ipv6/conf/{ifname}/seg6_enabled"] = "1"
     if kind == T0:
-        values["net/ipv6/fib_multipath_hash_policy"] = "1"  # ECMP on the 5-tuple
+        # ECMP on addresses, protocol, ports and the flow label: what the UDP/STEV EV format
+        # writes its EV into (policy 3 hashes the fields named in fib_multipath_hash_fields).
+        values["net/ipv6/fib_multipath_hash_policy"] = "3"
+        values["net/ipv6/fib_multipath_hash_fields"] = MULTIPATH_HASH_FIELDS
     return values
 
 

@@ -16,11 +16,13 @@ from mrcstack.addrplan import (
     active_usid,
     address,
     canonical_link,
+    classic_sid,
     ev_fields,
     ev_value,
     fabric_links,
     forward,
     link_name,
+    nic_plane_prefix,
     nic_sid,
     nic_usid,
     parse_link,
@@ -28,6 +30,7 @@ from mrcstack.addrplan import (
     path,
     paths,
     render_plan,
+    srh_segments,
     static_routes,
     switch_locator,
     switch_usid,
@@ -545,3 +548,25 @@ def test_default_ev_profile_names_distinct_paths_with_a_backup_set() -> None:
     same_rack = ap.ev_profile(f, 0, 1)
     assert [(ev_fields(e.value).t1, e.port) for e in same_rack] == [(0, p) for p in range(4)]
     assert _split(f, 0, 1, 128) == [(1, 1)] * 4  # no second path: no backup
+
+
+def test_srh_segments_name_each_switch_then_the_destination() -> None:
+    fabric = Fabric()
+    ev = ev_value(1, 2)
+    segments = srh_segments(fabric, 0, 3, 1, ev)
+    switches = path(fabric, 0, 3, 1, ev).nodes[1:-1]
+    assert segments[:-1] == tuple(classic_sid(fabric, switch_usid(s)) for s in switches)
+    assert segments[-1] == nic_sid(fabric, 1, 3)
+    for sid, switch in zip(segments, switches, strict=False):
+        assert sid in switch_locator(fabric, switch_usid(switch))  # reached by the uN routes
+        assert int(sid) & 0xFFFF << 64 == 0xE000 << 64  # the classic function
+    assert len(srh_segments(fabric, 0, 1, 0, ev_value(0, 0))) == 2  # within a rack: T0, NIC
+
+
+def test_nic_plane_prefix_holds_exactly_that_planes_nics() -> None:
+    fabric = Fabric()
+    for plane in range(fabric.planes):
+        prefix = nic_plane_prefix(fabric, plane)
+        for other in range(fabric.planes):
+            for host in range(fabric.hosts):
+                assert (nic_sid(fabric, other, host) in prefix) == (other == plane)

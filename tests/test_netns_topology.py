@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from mrcstack.addrplan import (
+    classic_sid,
     fabric_links,
     nic_sid,
+    nic_usid,
     parse_node,
     static_routes,
     switch_locator,
@@ -100,8 +102,28 @@ def test_every_static_route_is_a_route_line_in_its_switch(fabric: Fabric) -> Non
             want = f"route replace {switch_locator(fabric, usid)} via {gateway} dev "
             want += rec.end(switch).ifname
             assert want in lines, (switch, want)
+        # The rest of the block: the NIC addresses of other racks (a T0, ECMP over its
+        # uplinks) or not yet in the table (a T1, via their T0), for the STEV EV format.
+        plane = parse_node(switch).plane or 0
+        nics = [h for h in range(fabric.hosts) if nic_usid(plane, h) not in table]
+        for h in nics:
+            want = f"route replace {switch_locator(fabric, nic_usid(plane, h))} "
+            assert sum(line.startswith(want) for line in lines) == 1, (switch, want)
         srv6 = [line for line in lines if "fcbb:bb00:" in line]
-        assert len(srv6) == 1 + len(table)  # nothing else is routed in the block
+        assert len(srv6) == 1 + len(table) + len(nics)  # nothing else is routed in the block
+        assert not any("e000::" in line for line in lines)  # no classic SID unless asked
+
+
+def test_classic_sid_format_adds_one_plain_end_sid_per_switch() -> None:
+    fabric = dataclasses.replace(DEFAULT, sid_format="classic")
+    p = plan(fabric, "mrc")
+    for switch in static_routes(fabric):
+        sid = classic_sid(fabric, switch_usid(switch))
+        ends = [line for line in p.routes[p.netns[switch]] if "e000::" in line]
+        assert ends == [f"route replace {sid}/128 encap seg6local action End count dev sid"]
+    for host in range(fabric.hosts):
+        ns = p.netns[f"h{host}"]
+        assert p.sysctls[ns]["net/ipv6/conf/all/seg6_enabled"] == "1"  # SRH ends at the host
 
 
 def _link_between(p: Plan, a: str, b: str) -> str:
@@ -128,10 +150,14 @@ def test_baseline_routes_are_ecmp_at_t0_and_per_rack_at_t1() -> None:
     p = plan(DEFAULT, "mrc")
     t0 = p.routes[p.netns["p2-t0a"]]
     multipath = [line for line in t0 if "nexthop" in line]
-    assert multipath == [
-        "route replace fdb0:0:2:1::/64 "
-        + " ".join(f"nexthop via fe80::2 dev t1{x}" for x in "abcd")
+    uplinks = " ".join(f"nexthop via fe80::2 dev t1{x}" for x in "abcd")
+    assert multipath == [  # the other rack's baseline prefix and its hosts' NIC addresses
+        f"route replace fdb0:0:2:1::/64 {uplinks}",
+        f"route replace fcbb:bb00:9002::/48 {uplinks}",
+        f"route replace fcbb:bb00:9003::/48 {uplinks}",
     ]
+    assert p.sysctls[p.netns["p2-t0a"]]["net/ipv6/fib_multipath_hash_policy"] == "3"
+    assert p.sysctls[p.netns["p2-t0a"]]["net/ipv6/fib_multipath_hash_fields"] == "0x3f"
     assert "route replace fdb0:0:2::1:0/128 via fe80::1 dev h0" in t0
     t1 = p.routes[p.netns["p2-t1c"]]
     assert "route replace fdb0:0:2::/64 via fe80::1 dev t0a" in t1

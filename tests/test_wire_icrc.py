@@ -49,3 +49,21 @@ def test_scapy_computes_our_icrc_without_addresses() -> None:
 
     wire = encode(data(port=0), CrcIntegrity())
     assert wire[-4:] == scapy_icrc(wire, "::", "::", sport=4791)
+
+
+@given(pkt=any_packet)
+@settings(max_examples=40, deadline=None)
+def test_stev_icrc_covers_the_evs_source_port(pkt: Packet) -> None:
+    """With the STEV EV format each packet leaves from its EV's UDP source port: the ICRC
+    covers that port, and the receiver (knowing the EV from the packet) checks it."""
+    from mrcstack.wire import DecodeError, decode, stev_source_port  # noqa: PLC0415
+
+    plane = getattr(pkt, "port", 0)
+    paths = tuple(IcrcPath(SRC, DST) for _ in range(plane + 1))
+    back = tuple(IcrcPath(DST, SRC) for _ in range(plane + 1))
+    wire = encode(pkt, CrcIntegrity(paths, ev_ports=True))
+    assert wire[-4:] == scapy_icrc(wire, SRC, DST, sport=stev_source_port(pkt.ev))
+    assert decode(wire, CrcIntegrity(back, ev_ports=True)) is not None
+    if stev_source_port(pkt.ev) != 4791:
+        with pytest.raises(DecodeError):
+            decode(wire, CrcIntegrity(back))  # a receiver that expects port 4791

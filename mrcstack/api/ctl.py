@@ -60,7 +60,8 @@ class Controller:
 
     # EV format and EV profiles ----------------------------------------------------------------
     def ev_format(self, ident: int = 0) -> dict[str, Any]:
-        """``mrc_ctl_query_ev_fmt_profile``: the SRv6 uSID layout EVs are written in."""
+        """``mrc_ctl_query_ev_fmt_profile``: how EVs reach the fabric under format profile
+        ``ident``: 0 SRv6 uSID, 1 SRv6 + SRH, 2 STEV (UDP source port and flow label)."""
         result: dict[str, Any] = self.call("query_ev_fmt_profile", id=ident)
         return result
 
@@ -73,9 +74,11 @@ class Controller:
         ev_count: int | None = None,
         ev_min_active: int | None = None,
         event_mask: Sequence[str] | None = None,
+        ev_format: str | None = None,
     ) -> dict[str, Any]:
         """An explicit (``evs``: (value, port) pairs) or generated (``fields``: ranges of
-        t1 / plane / entropy) EV profile, ONLINE at once."""
+        t1 / plane / entropy) EV profile, ONLINE at once; ``ev_format`` names its EV format
+        ("srv6", "srv6-srh", "stev"; default srv6)."""
         args: dict[str, Any] = {"id": ident}
         if evs is not None:
             args["mode"] = "explicit"
@@ -87,6 +90,7 @@ class Controller:
             ("ev_count", ev_count),
             ("ev_min_active", ev_min_active),
             ("event_mask", None if event_mask is None else list(event_mask)),
+            ("format", ev_format),
         ):
             if value is not None:
                 args[key] = value
@@ -99,12 +103,17 @@ class Controller:
         *,
         ev_min_active: int | None = None,
         event_mask: Sequence[str] | None = None,
+        ev_format: str | None = None,
     ) -> dict[str, Any]:
+        """Change ``ev_min_active`` and the event mask online; the EV format only while no
+        QP uses the profile."""
         args: dict[str, Any] = {"id": ident}
         if ev_min_active is not None:
             args["ev_min_active"] = ev_min_active
         if event_mask is not None:
             args["event_mask"] = list(event_mask)
+        if ev_format is not None:
+            args["format"] = ev_format
         result: dict[str, Any] = self.call("modify_ev_profile", **args)
         return result
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from mrcstack.core.cc import CCParams
 from mrcstack.core.evs import EvEntry, check_entries
 from mrcstack.errors import ConfigError
+from mrcstack.wire.evformat import EvFormat
 from mrcstack.wire.integrity import IcrcPath
 from mrcstack.wire.packets import MAX_WINDOW
 
@@ -37,6 +38,8 @@ class ConnectionConfig:
     # Per plane (local, peer) IPv6 addresses as packets arrive, for the RoCEv2 ICRC's
     # pseudo header; empty: the ICRC counts them as ``::`` (the simulator, loopback tests).
     icrc_paths: tuple[IcrcPath, ...] = ()
+    # How EVs reach the fabric; with STEV the UDP source port (in the ICRC) is the EV's.
+    ev_format: EvFormat = EvFormat.SRV6
     local_psn: int = 0  # first PSN this end sends
     remote_psn: int = 0  # first PSN the peer sends
     profile_id: int = 0

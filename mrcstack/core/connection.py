@@ -36,6 +36,7 @@ from mrcstack.wire import (
     CrcIntegrity,
     DataPacket,
     DecodeError,
+    EvFormat,
     FeedbackFlags,
     Integrity,
     ProbePacket,
@@ -93,7 +94,9 @@ class Connection:
             )
             self.replay: ReplayWindow | None = ReplayWindow()
         else:
-            self.integrity = CrcIntegrity(config.icrc_paths)
+            self.integrity = CrcIntegrity(
+                config.icrc_paths, ev_ports=config.ev_format is EvFormat.STEV
+            )
             self.replay = None
         self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
         self.receiver = Receiver(config, memory, self.stats, self._emit)

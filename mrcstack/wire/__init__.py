@@ -29,6 +29,7 @@ from mrcstack.wire.codec import (
     trimmed_length,
     write_opcode,
 )
+from mrcstack.wire.evformat import EvFormat, stev_flow_label, stev_source_port
 from mrcstack.wire.integrity import (
     AEAD_KEY_LENS,
     AEAD_TAG_LEN,
@@ -129,6 +130,7 @@ __all__ = [
     "DecodeReason",
     "Dscp",
     "EndpointOp",
+    "EvFormat",
     "FeedbackFlags",
     "IcrcPath",
     "Integrity",
@@ -146,6 +148,8 @@ __all__ = [
     "encode_trimmed",
     "header_length",
     "peek_qpn",
+    "stev_flow_label",
+    "stev_source_port",
     "traffic_class",
     "trimmed_length",
     "write_opcode",

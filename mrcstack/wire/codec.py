@@ -328,7 +328,7 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
     if trimmed:
         header[hlen - _XETH_FLAGS_FROM_END] = flags & _SWITCH
         return bytes(header)
-    body, trailer = integrity.seal(header, payload, pkt.tx_seq, pkt.port)
+    body, trailer = integrity.seal(header, payload, pkt.tx_seq, pkt.port, pkt.ev)
     return b"".join((header, body, trailer))
 
 
@@ -383,7 +383,7 @@ def _encode_ack(pkt: AckPacket, integrity: Integrity) -> bytes:
             )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
-    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port)
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
 def _encode_probe(pkt: ProbePacket, integrity: Integrity) -> bytes:
@@ -398,7 +398,7 @@ def _encode_probe(pkt: ProbePacket, integrity: Integrity) -> bytes:
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
-    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port)
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
 def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
@@ -414,12 +414,14 @@ def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
-    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port)
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
-def _seal_headers_only(header: bytearray, integrity: Integrity, tx_seq: int, plane: int) -> bytes:
+def _seal_headers_only(
+    header: bytearray, integrity: Integrity, tx_seq: int, plane: int, ev: int
+) -> bytes:
     _U32.pack_into(header, len(header) - HDR_CHECK_LEN, zlib.crc32(header))
-    _, trailer = integrity.seal(header, b"", tx_seq, plane)
+    _, trailer = integrity.seal(header, b"", tx_seq, plane, ev)
     return bytes(header) + trailer
 
 
@@ -502,7 +504,7 @@ def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity
         pkt = _probe_fields(view)
     else:
         pkt = _probe_reply_fields(view)
-    integrity.open(view[:hlen], view[hlen:hlen], view[hlen:], pkt.tx_seq, pkt.port)
+    integrity.open(view[:hlen], view[hlen:hlen], view[hlen:], pkt.tx_seq, pkt.port, pkt.ev)
     return pkt
 
 
@@ -578,7 +580,7 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
         raise DecodeError(
             DecodeReason.BAD_LENGTH, f"RETH length {dma_len} but {end - hlen} payload bytes"
         )
-    payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq, port)
+    payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq, port, ev)
     return DataPacket(
         qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn
     )

@@ -30,6 +30,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mrcstack.errors import LocalError, PeerError
+from mrcstack.wire.evformat import stev_source_port
 from mrcstack.wire.packets import ROCEV2_UDP_PORT, SWITCH_FLAGS, WRITE_OPCODES, Opcode
 
 BytesLike = bytes | bytearray | memoryview
@@ -136,9 +137,15 @@ class Integrity(abc.ABC):
 
     @abc.abstractmethod
     def seal(
-        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int, plane: int = 0
+        self,
+        header: BytesLike,
+        payload: bytes | memoryview,
+        tx_seq: int,
+        plane: int = 0,
+        ev: int = 0,
     ) -> tuple[bytes | memoryview, bytes]:
-        """Return (payload as sent, trailer) for a packet with this header, sent on ``plane``."""
+        """Return (payload as sent, trailer) for a packet with this header, sent on ``plane``
+        along ``ev`` (the EV the packet's own extension header names)."""
 
     @abc.abstractmethod
     def open(
@@ -148,6 +155,7 @@ class Integrity(abc.ABC):
         trailer: BytesLike,
         tx_seq: int,
         plane: int = 0,
+        ev: int = 0,
     ) -> bytes | memoryview:
         """Return the plaintext payload, or raise DecodeError (BAD_CHECKSUM / BAD_AUTH)."""
 
@@ -182,10 +190,12 @@ class CrcIntegrity(Integrity):
     trimmed packet has no trailer, so the CRC covers the headers exactly as sent.
     """
 
-    __slots__ = ("_open_ctx", "_seal_ctx")
+    __slots__ = ("_ev_ports", "_open_ctx", "_seal_ctx")
     trailer_len = CRC_TRAILER_LEN
 
-    def __init__(self, paths: tuple[IcrcPath, ...] = ()) -> None:
+    def __init__(self, paths: tuple[IcrcPath, ...] = (), *, ev_ports: bool = False) -> None:
+        #: STEV: each packet's UDP source port is its EV's (``stev_source_port``).
+        self._ev_ports = ev_ports
         self._seal_ctx: list[tuple[bytes, int, int]] = []
         self._open_ctx: list[tuple[bytes, int, int]] = []
         for path in paths:
@@ -197,14 +207,17 @@ class CrcIntegrity(Integrity):
             self._open_ctx.append((peer + local, path.peer_port, path.local_port))
 
     def _icrc(
-        self, ctx: list[tuple[bytes, int, int]], header: BytesLike, payload: BytesLike, plane: int
+        self, sealing: bool, header: BytesLike, payload: BytesLike, plane: int, ev: int
     ) -> int:
+        ctx = self._seal_ctx if sealing else self._open_ctx
         if ctx:
             if not 0 <= plane < len(ctx):
                 raise DecodeError(DecodeReason.BAD_FIELD, f"no ICRC addresses for plane {plane}")
             addresses, sport, dport = ctx[plane]
         else:
             addresses, sport, dport = _UNSPECIFIED_PAIR, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT
+        if self._ev_ports:  # the sender's port carries the EV; the receiver's stays as is
+            sport = stev_source_port(ev)
         size = _UDP_HEADER + len(header) + len(payload) + CRC_TRAILER_LEN
         crc = zlib.crc32(_ICRC_IP.pack(size, _IPV6_UDP_NEXT, 0xFF), _ICRC_START)
         crc = zlib.crc32(addresses, crc)
@@ -216,9 +229,14 @@ class CrcIntegrity(Integrity):
         return zlib.crc32(payload, crc)
 
     def seal(
-        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int, plane: int = 0
+        self,
+        header: BytesLike,
+        payload: bytes | memoryview,
+        tx_seq: int,
+        plane: int = 0,
+        ev: int = 0,
     ) -> tuple[bytes | memoryview, bytes]:
-        return payload, _ICRC.pack(self._icrc(self._seal_ctx, header, payload, plane))
+        return payload, _ICRC.pack(self._icrc(True, header, payload, plane, ev))
 
     def open(
         self,
@@ -227,8 +245,9 @@ class CrcIntegrity(Integrity):
         trailer: BytesLike,
         tx_seq: int,
         plane: int = 0,
+        ev: int = 0,
     ) -> bytes | memoryview:
-        crc = self._icrc(self._open_ctx, header, payload, plane)
+        crc = self._icrc(False, header, payload, plane, ev)
         if len(trailer) != CRC_TRAILER_LEN or _ICRC.unpack(trailer)[0] != crc:
             raise DecodeError(DecodeReason.BAD_CHECKSUM, "ICRC does not match")
         return payload
@@ -342,7 +361,12 @@ class AeadIntegrity(Integrity):
         return self._peer_id
 
     def seal(
-        self, header: BytesLike, payload: bytes | memoryview, tx_seq: int, plane: int = 0
+        self,
+        header: BytesLike,
+        payload: bytes | memoryview,
+        tx_seq: int,
+        plane: int = 0,
+        ev: int = 0,
     ) -> tuple[bytes | memoryview, bytes]:
         if not self._sealed.check(tx_seq):
             raise WireUsageError(f"tx_seq {tx_seq} already sealed or too old: GCM nonce reuse")
@@ -360,6 +384,7 @@ class AeadIntegrity(Integrity):
         trailer: BytesLike,
         tx_seq: int,
         plane: int = 0,
+        ev: int = 0,
     ) -> bytes | memoryview:
         if len(trailer) != AEAD_TAG_LEN or not 0 <= tx_seq <= U64_MAX:
             raise DecodeError(DecodeReason.BAD_AUTH, "AES-GCM tag missing or malformed")

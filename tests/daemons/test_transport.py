@@ -55,7 +55,7 @@ class Pair:
         self.transports = []
         for side in (0, 1):
             peer = ports[1 - side]
-            t = Transport(loop, self.socks[side], lambda r, p, ev, peer=peer: ("::1", peer[p]))
+            t = Transport(loop, self.socks[side], lambda r, p, ev, fmt, peer=peer: ("::1", peer[p]))
             t.add(1 + side, self.conns[side], 1 - side, self._recorder(side))
             self.transports.append(t)
         self.ports = ports

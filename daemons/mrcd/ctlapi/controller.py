@@ -242,13 +242,7 @@ class Controller:
 
     # EV format and EV profiles ------------------------------------------------------------------
     def query_ev_fmt_profile(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:
-        ident = a.get_int(args, "id", 0, U64, 0)
-        if ident != 0:
-            raise ApiError(
-                errno.ENOENT,
-                f"no EV format profile {ident}: the address plan's (0) is the only one",
-            )
-        return self.profiles.ev_format()
+        return self.profiles.ev_format(a.get_int(args, "id", 0, U64, 0))
 
     def create_ev_profile(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:
         return self.profiles.create_ev(self.node, args).to_json(with_evs=False)

@@ -35,6 +35,7 @@ from mrcstack.wire import (
     TCLASS_CONTROL,
     TCLASS_DATA,
     DecodeError,
+    EvFormat,
     peek_qpn,
 )
 
@@ -65,8 +66,27 @@ _CONTROL_CMSG = [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, struct.pack("@i", TCL
 ECN_CE = rxbatch.ECN_CE
 
 Address = tuple[str, int]
-#: (remote host, plane, EV) -> destination socket address: a uSID address on a real fabric.
-Resolver = Callable[[int, int, int], Address]
+_U16 = struct.Struct(">H")
+IPV6_HEADER = 40
+
+
+@dataclass(frozen=True, slots=True)
+class RawRoute:
+    """A path sent through a raw socket (EV formats SRV6_SRH and STEV): the headers up to
+    and including UDP, made once per (peer, plane, EV) with zero lengths, and the first hop.
+
+    Each datagram goes out as ``header + payload`` in one ``sendmsg`` (no copy of the
+    payload); only the IPv6 payload length and the UDP length are written per packet."""
+
+    first_hop: tuple[str, int]  # (address, 0): where the kernel routes the packet first
+    data_header: bytes  # IPv6 [+ SRH] + UDP, in the data traffic class
+    control_header: bytes  # the same in the control class
+    udp_at: int  # offset of the UDP header
+
+
+#: (remote host, plane, EV, EV format) -> where a datagram goes: a socket address (SRv6
+#: uSID: the path is the destination) or a raw route with its own headers.
+Resolver = Callable[[int, int, int, EvFormat], "Address | RawRoute"]
 
 
 @dataclass(slots=True)
@@ -82,10 +102,11 @@ class TransportStats:
 
 
 class _Qp:
-    __slots__ = ("conn", "on_event", "remote")
+    __slots__ = ("conn", "fmt", "on_event", "remote")
 
     def __init__(self, conn: Connection, remote: int, on_event: Callable[[Event], None]) -> None:
         self.conn = conn
+        self.fmt = conn.cfg.ev_format
         self.remote = remote
         self.on_event = on_event
 
@@ -96,6 +117,33 @@ def send(sock: socket.socket, data: bytes, addr: Address) -> None:
         sock.sendto(data, addr)
     else:
         sock.sendmsg((data,), _CONTROL_CMSG, 0, addr)
+
+
+def send_route(sock: socket.socket, data: bytes, route: RawRoute) -> None:
+    """One datagram through a raw socket, behind the route's own IPv6 [+ SRH] + UDP headers."""
+    control = bool(data) and data[0] >= FIRST_CONTROL_OPCODE
+    header = bytearray(route.control_header if control else route.data_header)
+    _U16.pack_into(header, 4, len(header) - IPV6_HEADER + len(data))
+    _U16.pack_into(header, route.udp_at + 4, len(header) - route.udp_at + len(data))
+    sock.sendmsg((header, data), (), 0, route.first_hop)
+
+
+def open_raw_socket(device: str | None = None) -> socket.socket:
+    """A non-blocking raw IPv6 socket that sends whole packets (IPPROTO_RAW: the header is
+    ours); needs CAP_NET_RAW."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    try:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, SOCKET_BUFFER)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        if device is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def open_plane_socket(address: Address, *, device: str | None = None) -> socket.socket:
@@ -134,20 +182,24 @@ class Transport:
         sockets: list[socket.socket],
         resolver: Resolver,
         connectionless: Callable[[memoryview, Address, int], None] | None = None,
+        raw_socket: Callable[[int], socket.socket] | None = None,
     ) -> None:
         self.loop = loop
         self.sockets = sockets
         self.resolver = resolver
+        # plane -> a raw socket for EV formats that write their own headers (made on demand)
+        self.raw_socket = raw_socket
+        self.raw_sockets: dict[int, socket.socket] = {}
         # Datagrams for QPN 0 (connectionless EV probes): (data, source, plane).
         self.connectionless = connectionless
         self.stats = TransportStats()
         self._qps: dict[int, _Qp] = {}
-        self._addr_cache: dict[tuple[int, int, int], Address] = {}
+        self._addr_cache: dict[tuple[int, int, int, EvFormat], Address | RawRoute] = {}
         self._rx = rxbatch.BatchReceiver(READ_TURN)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._backlog: deque[tuple[int, bytes, Address]] = deque()
-        self._writers: set[int] = set()
+        self._backlog: deque[tuple[int, bytes, Address | RawRoute]] = deque()
+        self._writers: dict[int, socket.socket] = {}  # fd -> socket waited on for room
         self._pending_flush: set[int] = set()
         self._flush_scheduled = False
         self._closed = False
@@ -162,6 +214,14 @@ class Transport:
         if qpn in self._qps:
             raise ValueError(f"QP {qpn} already exists")
         self._qps[qpn] = _Qp(conn, remote, on_event)
+
+    def prepare(self, remote: int, paths: list[tuple[int, int]], fmt: EvFormat) -> None:
+        """Resolve every (plane, EV) a new connection may use before its first packet:
+        building a format's headers (Scapy) must not stall the data path mid-transfer."""
+        for plane, ev in paths:
+            key = (remote, plane, ev, fmt)
+            if key not in self._addr_cache:
+                self._addr_cache[key] = self.resolver(remote, plane, ev, fmt)
 
     def remove(self, qpn: int) -> None:
         self._qps.pop(qpn, None)
@@ -274,23 +334,27 @@ class Transport:
         out = conn.datagrams_to_send(clock(), SEND_BATCH)
         cache = self._addr_cache
         remote = qp.remote
+        fmt = qp.fmt
         sockets = self.sockets
         stats = self.stats
         for d in out:
-            key = (remote, d.port, d.ev)
+            key = (remote, d.port, d.ev, fmt)
             addr = cache.get(key)
             if addr is None:
-                addr = cache[key] = self.resolver(remote, d.port, d.ev)
+                addr = cache[key] = self.resolver(remote, d.port, d.ev, fmt)
+            data = d.data
             try:
-                data = d.data
-                if data[0] < FIRST_CONTROL_OPCODE:
-                    sockets[d.port].sendto(data, addr)
+                if type(addr) is tuple:  # SRv6 uSID: the kernel writes the headers
+                    if data[0] < FIRST_CONTROL_OPCODE:
+                        sockets[d.port].sendto(data, addr)
+                    else:
+                        sockets[d.port].sendmsg((data,), _CONTROL_CMSG, 0, addr)
                 else:
-                    sockets[d.port].sendmsg((data,), _CONTROL_CMSG, 0, addr)
+                    send_route(self._raw(d.port), data, addr)  # type: ignore[arg-type]
             except BlockingIOError:
                 stats.send_blocked += 1
-                self._backlog.append((d.port, d.data, addr))
-                self._watch_writable(d.port)
+                self._backlog.append((d.port, data, addr))
+                self._watch_writable(d.port, addr)
             except OSError as exc:
                 # A down port (ENETUNREACH, ENETDOWN...): the packet is lost like on a wire;
                 # the core's recovery handles it.
@@ -306,17 +370,29 @@ class Transport:
             return True
         return False
 
-    def _watch_writable(self, plane: int) -> None:
-        if plane not in self._writers:
-            self._writers.add(plane)
-            self.loop.add_writer(self.sockets[plane].fileno(), self._on_writable)
+    def _raw(self, plane: int) -> socket.socket:
+        sock = self.raw_sockets.get(plane)
+        if sock is None:
+            if self.raw_socket is None:
+                raise OSError(errno.EPROTONOSUPPORT, "this transport has no raw sockets")
+            sock = self.raw_sockets[plane] = self.raw_socket(plane)
+        return sock
+
+    def _watch_writable(self, plane: int, addr: Address | RawRoute) -> None:
+        sock = self.sockets[plane] if type(addr) is tuple else self._raw(plane)
+        if sock.fileno() not in self._writers:
+            self._writers[sock.fileno()] = sock
+            self.loop.add_writer(sock.fileno(), self._on_writable)
 
     def _on_writable(self) -> None:
         backlog = self._backlog
         while backlog:
             plane, data, addr = backlog[0]
             try:
-                send(self.sockets[plane], data, addr)
+                if type(addr) is tuple:
+                    send(self.sockets[plane], data, addr)
+                else:
+                    send_route(self._raw(plane), data, addr)  # type: ignore[arg-type]
             except BlockingIOError:
                 return
             except OSError:
@@ -324,8 +400,8 @@ class Transport:
             else:
                 self.stats.datagrams_out += 1
             backlog.popleft()
-        for plane in self._writers:
-            self.loop.remove_writer(self.sockets[plane].fileno())
+        for fd in self._writers:
+            self.loop.remove_writer(fd)
         self._writers.clear()
         self._flush_pending()
 
@@ -385,9 +461,12 @@ class Transport:
             self._timer.cancel()
         for sock in self.sockets:
             self.loop.remove_reader(sock.fileno())
-        for plane in self._writers:
-            self.loop.remove_writer(self.sockets[plane].fileno())
+        for fd in self._writers:
+            self.loop.remove_writer(fd)
         self._writers.clear()
+        for sock in self.raw_sockets.values():
+            sock.close()
+        self.raw_sockets.clear()
 
 
 _LOSS_ERRNOS = frozenset(

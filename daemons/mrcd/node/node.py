@@ -48,7 +48,15 @@ from mrcstack.daemons.mrcd.control.client import (
 from mrcstack.daemons.mrcd.control.records import ControlError
 from mrcstack.daemons.mrcd.control.server import ControlServer, ControlStats
 from mrcstack.daemons.mrcd.datapath.probes import Prober
-from mrcstack.daemons.mrcd.datapath.transport import Address, Transport, clock, open_plane_socket
+from mrcstack.daemons.mrcd.datapath.routes import raw_route
+from mrcstack.daemons.mrcd.datapath.transport import (
+    Address,
+    RawRoute,
+    Transport,
+    clock,
+    open_plane_socket,
+    open_raw_socket,
+)
 from mrcstack.daemons.mrcd.node.listeners import Listener, Listeners
 from mrcstack.daemons.mrcd.node.peers import PeerWatch
 from mrcstack.daemons.mrcd.node.ports import Ports
@@ -57,7 +65,7 @@ from mrcstack.daemons.mrcd.node.qps import Accepted, Context, IncomingConnect, Q
 from mrcstack.daemons.mrcd.node.snapshot import Buckets, NodeSnapshot, Totals, count_evs
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
-from mrcstack.wire import IcrcPath
+from mrcstack.wire import EvFormat, IcrcPath
 
 # The QP records live in qps.py; callers may keep importing them from here.
 __all__ = [
@@ -180,7 +188,13 @@ class Node:
                 )
         except OSError as exc:
             raise LocalError(f"cannot open plane sockets: {exc}") from None
-        self.transport = Transport(self.loop, self.sockets, self._resolve, self.prober.on_datagram)
+        self.transport = Transport(
+            self.loop, self.sockets, self._route, self.prober.on_datagram, self._open_raw
+        )
+
+    def _open_raw(self, plane: int) -> socket.socket:
+        device = self.cfg.interfaces[plane] if self.cfg.bind_devices else None
+        return open_raw_socket(device)
 
     def quiesce(self) -> None:
         """Take no new work: posts, new QPs and connection requests (ours and the peers')
@@ -255,6 +269,24 @@ class Node:
             paths.append(IcrcPath(local, peer, local_port, peer_port))
         return tuple(paths)
 
+    def _route(self, remote: int, plane: int, ev: int, fmt: EvFormat) -> Address | RawRoute:
+        """Where the transport sends a QP's datagram: SRv6 uSID addresses, or the headers of
+        the formats mrcd writes itself (built once per path and cached by the transport)."""
+        if fmt is EvFormat.SRV6:
+            return self._resolve(remote, plane, ev)
+        return raw_route(self.fabric, self.host, remote, plane, ev, fmt, self.cfg.data_port)
+
+    def check_ev_format(self, fmt: EvFormat) -> None:
+        """LocalError unless this daemon can send in ``fmt``."""
+        if fmt is EvFormat.SRV6:
+            return
+        if self.cfg.data_mode == "loopback":
+            raise LocalError(f"EV format {fmt.value} needs a fabric (data_mode srv6), not loopback")
+        if fmt is EvFormat.SRV6_SRH and self.fabric.sid_format != "classic":
+            raise LocalError(
+                "EV format srv6-srh needs switches with classic SIDs (fabric sid_format classic)"
+            )
+
     def _resolve(self, remote: int, plane: int, ev: int) -> Address:
         if self.cfg.data_mode == "loopback":
             return self.data_address(remote, plane)
@@ -312,12 +344,14 @@ class Node:
         self._check_running()
         transport = self._transport()
         attrs = qp.attrs
+        fields = self.profiles.config_fields(attrs, self.host, remote_host)
+        self.check_ev_format(fields["ev_format"])
         config = ConnectionConfig(
             local_qpn=qpn,
             remote_qpn=remote_qpn,
             planes=self.fabric.planes,
             # The QP's EV and CC profiles: EV set, ev_count, ev_min_active, DENY, CC.
-            **self.profiles.config_fields(attrs, self.host, remote_host),
+            **fields,
             mtu_payload=attrs.mtu_payload,
             key=key,
             encrypt=self.cfg.encrypt and key is not None,
@@ -330,6 +364,9 @@ class Node:
             ack_coalesce=attrs.ack_coalesce or self.cfg.ack_coalesce,
             icrc_paths=self.icrc_paths(remote_host),
         )
+        if config.ev_format is not EvFormat.SRV6:
+            paths = [(e.port, e.value) for e in config.evs]
+            transport.prepare(remote_host, paths, config.ev_format)
         now = clock()
         conn = Connection(
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now

@@ -28,6 +28,7 @@ from mrcstack.daemons.mrcd import apiargs as a
 from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
 from mrcstack.daemons.mrcd.node.qps import Qp, QpAttrs
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric
+from mrcstack.wire import EvFormat
 
 
 class Node(Protocol):
@@ -61,6 +62,9 @@ EV_FORMAT_FIELDS = (
     ("entropy", addrplan.EV_ENTROPY_BITS),
 )
 REASON = "controller"
+#: The EV format profiles, by the id an EV profile names (``fmt_profile_id``).
+FORMATS_BY_ID = {0: EvFormat.SRV6, 1: EvFormat.SRV6_SRH, 2: EvFormat.STEV}
+FORMAT_IDS = {fmt: ident for ident, fmt in FORMATS_BY_ID.items()}
 
 
 @dataclass(slots=True)
@@ -73,13 +77,15 @@ class EvProfile:
     ev_min_active: int
     event_mask: frozenset[EvState] = DEFAULT_EVENT_MASK
     denied: set[int] = field(default_factory=set)
+    fmt: EvFormat = EvFormat.SRV6  # its EV format profile: how the EVs reach the fabric
 
     def to_json(self, with_evs: bool) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "id": self.ident,
             "state": "online",
             "mode": self.mode,
-            "fmt_profile_id": 0,
+            "fmt_profile_id": FORMAT_IDS[self.fmt],
+            "format": self.fmt.value,
             "ev_count": self.ev_count,
             "ev_min_active": self.ev_min_active,
             "event_mask": sorted(s.value for s in self.event_mask),
@@ -108,6 +114,16 @@ class CcProfile:
             "algorithm": self.algorithm,
             "config": dataclasses.asdict(self.params),
         }
+
+
+def _ev_fields() -> list[dict[str, Any]]:
+    """Our EV layout (the same under every format): name, first bit, width."""
+    out = []
+    offset = 0
+    for name, width in EV_FORMAT_FIELDS:
+        out.append({"name": name, "offset": offset, "width": width})
+        offset += width
+    return out
 
 
 class ProfileStore:
@@ -165,6 +181,7 @@ class ProfileStore:
             "ev_min_active": ev.ev_min_active,
             "denied": frozenset(ev.denied),
             "profile_id": ev.ident,
+            "ev_format": ev.fmt,
             "cc": cc.algorithm,
             "cc_params": cc.params,
         }
@@ -188,15 +205,54 @@ class ProfileStore:
         return changed
 
     # EV format profiles ---------------------------------------------------------------------
-    def ev_format(self) -> dict[str, Any]:
+    def ev_format(self, ident: int = 0) -> dict[str, Any]:
+        """EV format profile ``ident``: 0 SRv6 uSID, 1 SRv6 + SRH, 2 STEV (UDP/ECMP)."""
+        fmt = FORMATS_BY_ID.get(ident)
+        if fmt is None:
+            ids = ", ".join(f"{i} ({f.value})" for i, f in FORMATS_BY_ID.items())
+            raise ApiError(errno.ENOENT, f"no EV format profile {ident}: they are {ids}")
+        if fmt is EvFormat.SRV6:
+            return self._usid_format()
+        if fmt is EvFormat.SRV6_SRH:
+            return {
+                "id": ident,
+                "state": "online" if self.fabric.sid_format == "classic" else "offline",
+                "mode": fmt.value,
+                "srh": True,
+                "locator_block": self.fabric.locator_block,
+                "fields": [{"name": "segment", "width": 128}],
+                "ev_fields": _ev_fields(),
+                "ev_width": addrplan.EV_BITS,
+                "layouts": {
+                    "destination": "the first segment: the source T0's classic SID",
+                    "segments": "T0(src) | T1(ev.t1) | T0(dst) | NIC(dst), each a 128-bit SID",
+                    "classic_sid": "block | switch uSID | 0xe000 | 0...",
+                },
+            }
+        return {
+            "id": ident,
+            "state": "online",
+            "mode": fmt.value,
+            "srh": False,
+            "locator_block": self.fabric.locator_block,
+            "fields": [
+                {"name": "udp_source_port", "width": 16},
+                {"name": "flow_label", "width": 20},
+            ],
+            "ev_fields": _ev_fields(),
+            "ev_width": addrplan.EV_BITS,
+            "layouts": {
+                "destination": "the destination NIC's address, routed by ECMP",
+                "udp_source_port": "0xc000 | EV bits 0-13",
+                "flow_label": "EV bits 0-19",
+            },
+        }
+
+    def _usid_format(self) -> dict[str, Any]:
         usids = [
             {"name": f"usid{i + 1}", "width": addrplan.USID_BITS} for i in range(addrplan.MAX_USIDS)
         ]
-        offsets = 0
-        ev_fields = []
-        for name, width in EV_FORMAT_FIELDS:
-            ev_fields.append({"name": name, "offset": offsets, "width": width})
-            offsets += width
+        ev_fields = _ev_fields()
         return {
             "id": 0,
             "state": "online",
@@ -249,8 +305,14 @@ class ProfileStore:
         ev_count = a.get_int(args, "ev_count", 1, len(evs), min(128, len(evs)))
         min_active = a.get_int(args, "ev_min_active", 0, ev_count, 1 if ev_count >= 1 else 0)
         profile = EvProfile(ident, mode, evs, fields, ev_count, min_active, self._mask(args))
+        profile.fmt = self._format(args, EvFormat.SRV6)
         self.ev[ident] = profile
         return profile
+
+    def _format(self, args: Mapping[str, Any], default: EvFormat) -> EvFormat:
+        """The ``format`` argument (an EV format's name), or ``default``."""
+        names = tuple(f.value for f in EvFormat)
+        return EvFormat(a.get_str(args, "format", names, default.value))
 
     def _explicit(self, items: list[Any]) -> tuple[EvEntry, ...]:
         fabric = self.fabric
@@ -314,8 +376,14 @@ class ProfileStore:
             raise invalid(f"event_mask: states are {states}") from None
 
     def modify_ev(self, node: Node, args: Mapping[str, Any]) -> EvProfile:
-        """Online changes: ``ev_min_active`` and ``event_mask`` (running QPs follow)."""
+        """Online changes: ``ev_min_active`` and ``event_mask`` (running QPs follow); the EV
+        ``format`` only while no QP uses the profile (a connection keeps its format)."""
         profile = self.ev_profile(a.get_int(args, "id", 0, U64))
+        if "format" in args:
+            fmt = self._format(args, profile.fmt)
+            if fmt is not profile.fmt and self.users(node, ev=profile.ident):
+                raise ApiError(errno.EBUSY, f"EV profile {profile.ident} is used by QPs")
+            profile.fmt = fmt
         if "ev_min_active" in args:
             profile.ev_min_active = a.get_int(args, "ev_min_active", 0, profile.ev_count)
             for qpn in self.users(node, ev=profile.ident):

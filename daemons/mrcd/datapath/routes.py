@@ -1,0 +1,69 @@
+"""The outer headers of the EV formats that mrcd writes itself: SRv6 with an SRH, and STEV.
+
+Scapy builds each header once per (peer, plane, EV): its ``IPv6ExtHdrSegmentRouting`` for the
+segment list, so the bytes on the wire are those of a well-tested packet library, and Scapy's
+time stays off the per-packet path (the transport only writes two length fields).  SRv6 uSID
+needs no header of ours: the path is the destination address, and a plain UDP socket sends.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mrcstack import addrplan
+from mrcstack.daemons.mrcd.datapath.transport import RawRoute
+from mrcstack.fabric import Fabric
+from mrcstack.wire import (
+    TCLASS_CONTROL,
+    TCLASS_DATA,
+    EvFormat,
+    stev_flow_label,
+    stev_source_port,
+)
+
+#: Hop limit of the packets we build (the kernel's default for a socket's own).
+HOP_LIMIT = 64
+
+
+def raw_route(
+    fabric: Fabric, src_host: int, dst_host: int, plane: int, ev: int, fmt: EvFormat, port: int
+) -> RawRoute:
+    """The headers (IPv6 [+ SRH] + UDP, zero lengths) for ``ev``'s path under ``fmt``.
+
+    SRV6_SRH: to the first segment (the source T0's classic SID), with every switch's classic
+    SID and the destination NIC's address in the segment list; UDP from ``port``.
+    STEV: to the destination NIC's address, the EV in the flow label and the UDP source port.
+    The UDP checksum is zero, as on every mrcstack packet (receivers accept it).
+    """
+    logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
+    from scapy.compat import raw  # noqa: PLC0415
+    from scapy.layers.inet import UDP  # noqa: PLC0415  (only for these formats: slow import)
+    from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting  # noqa: PLC0415
+    from scapy.packet import Packet  # noqa: PLC0415
+
+    src = str(addrplan.nic_sid(fabric, plane, src_host))
+    dst = str(addrplan.nic_sid(fabric, plane, dst_host))
+    headers: list[bytes] = []
+    for tclass in (TCLASS_DATA, TCLASS_CONTROL):
+        pkt: Packet
+        if fmt is EvFormat.SRV6_SRH:
+            segments = [
+                str(s) for s in addrplan.srh_segments(fabric, src_host, dst_host, plane, ev)
+            ]
+            first = segments[0]
+            srh = IPv6ExtHdrSegmentRouting(
+                addresses=list(reversed(segments)),
+                segleft=len(segments) - 1,
+                lastentry=len(segments) - 1,
+            )
+            pkt = IPv6(src=src, dst=first, tc=tclass, hlim=HOP_LIMIT) / srh
+            pkt = pkt / UDP(sport=port, dport=port, chksum=0)
+        elif fmt is EvFormat.STEV:
+            first = dst
+            pkt = IPv6(src=src, dst=dst, tc=tclass, fl=stev_flow_label(ev), hlim=HOP_LIMIT)
+            pkt = pkt / UDP(sport=stev_source_port(ev), dport=port, chksum=0)
+        else:
+            raise ValueError(f"EV format {fmt.value} has no header of ours")
+        headers.append(raw(pkt))
+    data, control = headers
+    return RawRoute((first, 0), data, control, len(data) - 8)
