@@ -66,7 +66,7 @@ clean-venv:
 # The default testbed (4 planes, 2 racks x 2 hosts, 4 T1), named mrc; needs root.
 .PHONY: testbed testbed-down
 testbed: setup
-	.venv/bin/python -m mrcstack testbed up
+	.venv/bin/python -m mrcstack testbed up $(TESTBED_ARGS)
 
 testbed-down:
 	.venv/bin/python -m mrcstack testbed down

@@ -6,7 +6,8 @@ rounds (medians, min and max; ratios of the medians), see docs/benchmarks.md:
 
 - on the unshaped default fabric (testbed ``dbu``), h0 -> h3 (different racks):
   - **mrcd**: one QP through the application API, 1 MiB RDMA writes, ``OUTSTANDING`` of them
-    in flight, over all four planes;
+    in flight, over all four planes; in each EV format: ``srv6`` (uSID), ``srv6-srh`` (the
+    fabric has classic SIDs) and ``stev`` (ECMP), the last two through a raw socket;
   - **raw UDP blast**: the user-space ceiling: one Python process in h0 sending datagrams of
     exactly mrcd's data-packet size (8,192 bytes of payload + MRC headers + AES-GCM tag) in a
     tight ``sendto`` loop over the same uSID paths (round robin over the EVs of all planes),
@@ -49,6 +50,7 @@ from typing import Any
 from bench import mptcp
 from mrcstack import addrplan
 from mrcstack.api import CompletionQueue, Device, WcStatus, WriteWr
+from mrcstack.api.ctl import Controller
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.experiments.live import SHAPED_BPS, accept, bed, counters, mptcp_setup, shaped
 from mrcstack.experiments.stream import IPPROTO_MPTCP
@@ -128,6 +130,13 @@ def mrcd_goodput(
     finally:
         a.close()
         b.close()
+
+
+def set_format(cluster: Cluster, fmt: str) -> None:
+    """The EV format of both ends' default EV profile (between runs: no QP uses it)."""
+    for host in (SRC, DST):
+        with Controller.open(cluster.daemons[host].api_socket) as ctl:
+            ctl.modify_ev_profile(0, ev_format=fmt)
 
 
 def _completions(cq: CompletionQueue) -> int:
@@ -371,18 +380,33 @@ def run() -> dict[str, float]:
     duration, rounds = seconds(), repeat()
     out: dict[str, float] = {"seconds_per_run": duration, "rounds": float(rounds)}
     mrcd, udp, tcp = [], [], []
+    formats: dict[str, list[float]] = {"srh": [], "stev": []}
     stats: dict[str, float] = {}
     udp_stats: dict[str, float] = {}
-    with bed(Fabric(), UNSHAPED) as (state, cluster):
+    with bed(Fabric(sid_format="classic"), UNSHAPED) as (state, cluster):
         for _ in range(rounds):
+            set_format(cluster, "srv6")
             bps, more = mrcd_goodput(state, cluster, duration)
             mrcd.append(bps)
             _add(stats, more)
+            for name, fmt in (("srh", "srv6-srh"), ("stev", "stev")):
+                set_format(cluster, fmt)
+                formats[name].append(mrcd_goodput(state, cluster, duration)[0])
             bps, more = udp_blast(state, duration)
             udp.append(bps)
             _add(udp_stats, more)
             tcp.append(tcp_flow(state, duration, state.baseline[f"h{DST}"][0])[0])
+        set_format(cluster, "srv6")
     m, u, t = (statistics.median(x) for x in (mrcd, udp, tcp))
+    srh, stev = (statistics.median(formats[k]) for k in ("srh", "stev"))
+    out |= {  # the EV formats, in the same rounds: SRH and STEV go through a raw socket
+        "unshaped_mrcd_srh_gbps": srh / 1e9,
+        "unshaped_mrcd_stev_gbps": stev / 1e9,
+        "unshaped_mrcd_srh_over_udp_blast": srh / u,
+        "unshaped_mrcd_stev_over_udp_blast": stev / u,
+        "unshaped_mrcd_srh_over_usid": srh / m,
+        "unshaped_mrcd_stev_over_usid": stev / m,
+    }
     out |= {
         "unshaped_mrcd_gbps": m / 1e9,
         "unshaped_mrcd_gbps_min": min(mrcd) / 1e9,

@@ -282,7 +282,8 @@ def run_traffic(args: argparse.Namespace, state: TestbedState, cluster: Cluster,
         log(
             t0,
             f"mrc-write-bw h{SRC} -> h{DST}: 1 QP, {WRITE} writes, --verify, "
-            f"{args.duration:g} s, under faults:",
+            f"{args.duration:g} s, EV format srv6 (SRv6 uSID: the path in the destination "
+            "address), under faults:",
         )
         sampler.thread.start()
         base = family(run.before[SRC], "mrc_sent_bytes_total")

@@ -963,7 +963,7 @@ def test_live_trim_wraps_the_trim_program(clean_after: Live) -> None:
     packet = encode(DataPacket(qpn=7, psn=1, va=0, rkey=1, payload=bytes(1000), ev=0, port=0,
                                tx_seq=1, ts_ns=1), CrcIntegrity())  # fmt: skip
     path = _one_path(live, "h0", "h2", "p0-t1a")
-    got = send(live, "h0", "h2", [(str(path.address), packet, 20)], port=4791)
+    got = send(live, "h0", "h2", [(str(path.address), packet, 20)], port=4791, tclass=TCLASS_DATA)
     raw = got["raw"]
     assert len(raw) == 20
     assert all(len(d) == trimmed_length(packet[0]) for d in raw)

@@ -17,8 +17,11 @@ each format is an EV profile created on both hosts through the controller API.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -63,10 +66,17 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestbedState
         testbed.up(FABRIC, TESTBED)
         state = load(TESTBED)
         with Cluster(state, workdir) as cluster:
-            for host in (SRC, DST):
-                with Controller.open(cluster.daemons[host].api_socket) as ctl:
-                    made = ctl.create_ev_profile(13, fields=STEV_FIELDS, ev_format="stev")
-                    assert made["format"] == "stev" and made["ev_count"] == 32, made
+            with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
+                made = ctl.create_ev_profile(13, fields=STEV_FIELDS, ev_format="stev")
+                assert made["format"] == "stev" and made["ev_count"] == 32, made
+            cli = subprocess.run(  # the other end through mrcctl, as an operator would
+                [sys.executable, "-m", "mrcstack.daemons.mrcctl", "--json",
+                 "--socket", str(cluster.daemons[DST].api_socket), "ev", "profile", "create",
+                 "13", "--format", "stev", "--t1", "0-3", "--entropy", "0-3"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert cli.returncode == 0, cli.stderr
+            assert json.loads(cli.stdout)["format"] == "stev"
             yield state, cluster
     finally:
         testbed.clean(TESTBED)
