@@ -21,7 +21,13 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.memory import Access
 from mrcstack.errors import ConnectionFailedError, LocalError
-from mrcstack.wire import WRITE_OPCODES
+from mrcstack.wire import (
+    WRITE_OPCODES,
+    AckPacket,
+    ReliabilityProbePacket,
+    decode,
+    encode,
+)
 from tests.pairnet import Faults, PairNet
 
 GUARD = 64
@@ -438,3 +444,28 @@ def test_duplicate_reports_widen_the_reordering_window() -> None:
     assert net.conns[1].stats.duplicates > 0
     assert net.conns[0].stats.spurious_retransmissions > 0
     assert net.conns[0].sender.reo_fraction > 0.25
+
+
+def test_a_reliability_probe_gets_the_receivers_state_in_a_sack() -> None:
+    """PETH: the receiver answers with its cumulative PSN and SACK bitmap at once, echoing
+    the probe's EV and timestamp (a peer's tail-loss or liveness question)."""
+    net = PairNet(3, Faults(), psns=(100, 500))
+    _, va, rkey = region(net, 1, 4096)
+    sender, receiver = net.conns
+    sender.post_write(1, bytes(range(256)) * 4, va, rkey, now=0.0)  # 4 packets of 256 B
+    data = [d for d in sender.datagrams_to_send(0.0) if d.data[0] in DATA]
+    assert len(data) == 4
+    for d in (data[0], data[2]):  # PSN 100 and 102 arrive, 101 and 103 do not
+        receiver.receive_datagram(d.data, now=0.001, port=d.port)
+    receiver.datagrams_to_send(0.001)  # the ACKs of those two
+    probe = ReliabilityProbePacket(qpn=11, probe_id=7, ev=0x102, port=1, tx_seq=99,
+                                   ts_ns=123_456_789)  # fmt: skip
+    receiver.receive_datagram(encode(probe, receiver.integrity), now=0.002, port=1)
+    (answer,) = receiver.datagrams_to_send(0.002)
+    sack = decode(answer.data, sender.integrity)
+    assert isinstance(sack, AckPacket) and not sack.nack_reason
+    assert (sack.cum_psn, sack.echo_ev, sack.echo_ts_ns) == (100, 0x102, 123_456_789)
+    assert sack.sack_base == 101 and sack.sack_bitmap == 0b10  # 102 held, 101 missing
+    assert receiver.stats.reliability_probes == 1
+    sender.receive_datagram(answer.data, now=0.003, port=answer.port)
+    assert sender.sender.snd_una == 101  # the sender takes the state like any SACK

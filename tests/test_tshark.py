@@ -22,6 +22,7 @@ from mrcstack.wire import (
     DataFlags,
     NackReason,
     Packet,
+    ReliabilityProbePacket,
     SkipHint,
     decode,
     encode,
@@ -46,6 +47,7 @@ PACKETS: list[Packet] = [
     ack(nack_reason=NackReason.PSN_OOR_WINDOW, flags=2),
     PROBE,
     PROBE_REPLY,
+    ReliabilityProbePacket(qpn=3, probe_id=0xBEEF, ev=0x203, port=2, tx_seq=5, ts_ns=9 << 10),
 ]
 
 

@@ -28,6 +28,7 @@ from mrcstack.wire import (
     PROBE_REPLY_HDR_LEN,
     PSN_MASK,
     PSN_MOD,
+    RELIABILITY_PROBE_HDR_LEN,
     SACK_HDR_LEN,
     SETH_LEN,
     TS_UNIT_NS_SHIFT,
@@ -43,6 +44,7 @@ from mrcstack.wire import (
     NackReason,
     Opcode,
     Packet,
+    ReliabilityProbePacket,
     SkipHint,
     WireUsageError,
     crc32_header,
@@ -443,7 +445,7 @@ def test_field_sanity_even_with_valid_checks(offset: int, value: int, reason: De
     assert info.value.reason is reason
 
 
-@pytest.mark.parametrize("opcode", [0x00, 0x0A, 0x0B, 0x11, 0x64, 0xC0, 0xC5, 0xD1, 0xDE, 0xFF])
+@pytest.mark.parametrize("opcode", [0x00, 0x0A, 0x0B, 0x11, 0x64, 0xC0, 0xC5, 0xD1, 0xDF, 0xFF])
 def test_unknown_opcodes(opcode: int) -> None:
     wire = bytearray(encode(data(), CrcIntegrity()))
     wire[0] = opcode
@@ -599,3 +601,17 @@ def test_worked_example_in_the_docs() -> None:
     trimmed = encode_trimmed(dumped, lasthop=True)
     assert trimmed[0x29] == 0xC0
     assert trimmed == dumped[:0x29] + b"\xc0" + dumped[0x2A:68]
+
+
+def test_reliability_probe_layout() -> None:
+    probe = ReliabilityProbePacket(qpn=9, probe_id=0x1234, ev=0x102, port=1, tx_seq=5,
+                                   ts_ns=7 << 10)  # fmt: skip
+    wire = encode(probe, CrcIntegrity())
+    assert len(wire) == RELIABILITY_PROBE_HDR_LEN + CRC_TRAILER_LEN
+    assert wire[0] == Opcode.RELIABILITY_PROBE_REQ
+    peth = wire[12:28]
+    assert peth[0] == 0x3F  # PETH type 3, next header mrcstack's XETH
+    assert int.from_bytes(peth[4:6]) == 0x1234
+    assert int.from_bytes(peth[12:14]) == 7  # tx_timestamp in 1.024 us units
+    assert int.from_bytes(peth[14:16]) == 0x0001  # ftype
+    assert decode(wire, CrcIntegrity()) == probe

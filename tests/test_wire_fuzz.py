@@ -32,6 +32,7 @@ from mrcstack.wire import (
     Packet,
     ProbePacket,
     ProbeReplyPacket,
+    ReliabilityProbePacket,
     crc32_header,
     decode,
     encode,
@@ -76,6 +77,10 @@ def random_packet(rng: random.Random, tx_seq: int) -> Packet:
             nack_reason=rng.choice(NACKS), skip=rng.randrange(3), ooo_count=r(15),
             rcv_bytes=r(24), window=rng.randrange(1, 256) * MPR_UNIT,
         )  # fmt: skip
+    if kind == 2 and rng.random() < 0.3:
+        return ReliabilityProbePacket(
+            qpn=r(24), probe_id=r(16), ev=r(32), port=r(8), tx_seq=tx_seq, ts_ns=r(64)
+        )
     if kind == 2:
         return ProbePacket(
             qpn=r(24), ev=r(32), port=r(8), tx_seq=tx_seq, ts_ns=r(64), port_state=r(16)

@@ -16,6 +16,7 @@ from mrcstack.wire import (
     Packet,
     ProbePacket,
     ProbeReplyPacket,
+    ReliabilityProbePacket,
     write_opcode,
 )
 
@@ -106,6 +107,19 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
             "mrc.xeth.trim_lasthop": 0,
             "mrc.icrc": int.from_bytes(wire[-4:], "little"),
         }
+    if isinstance(pkt, ReliabilityProbePacket):
+        return common | {
+            "mrc.bth.opcode": 0xDE,
+            "mrc.bth.psn": 0,
+            "mrc.peth.probe_id": pkt.probe_id,
+            "mrc.ep.tx_timestamp": ts16(pkt.ts_ns),
+            "mrc.xeth.ev": pkt.ev,
+            "mrc.xeth.tx_seq": pkt.tx_seq,
+            "mrc.xeth.ts_ns": pkt.ts_ns,
+            "mrc.xeth.trimmed": 0,
+            "mrc.xeth.trim_lasthop": 0,
+            "mrc.icrc": int.from_bytes(wire[-4:], "little"),
+        }
     assert isinstance(pkt, ProbeReplyPacket)
     return common | {
         "mrc.bth.opcode": 0xD9,
@@ -135,7 +149,7 @@ FIELDS = sorted(
         "mrc.seth.bitmap", "mrc.cc.ts_echo", "mrc.cc.ooo_count", "mrc.cc.received_bytes",
         "mrc.xfeth.msn", "mrc.xfeth.port_state", "mrc.xfeth.duplicate", "mrc.neth.reason",
         "mrc.neth.entropy", "mrc.neth.psn", "mrc.neth.tx_timestamp", "mrc.ep.op",
-        "mrc.ep.port_mask", "mrc.ep.tx_timestamp", "mrc.eeth.entropy",
+        "mrc.ep.port_mask", "mrc.ep.tx_timestamp", "mrc.eeth.entropy", "mrc.peth.probe_id",
     }
 )  # fmt: skip
 

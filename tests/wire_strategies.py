@@ -23,6 +23,7 @@ from mrcstack.wire import (
     Packet,
     ProbePacket,
     ProbeReplyPacket,
+    ReliabilityProbePacket,
     crc32_header,
     header_length,
 )
@@ -110,7 +111,18 @@ probe_reply_packets = st.builds(
     echo_ts_ns=u(64),
     port_state=u(16),
 )
-any_packet = data_packets | ack_packets() | probe_packets | probe_reply_packets
+reliability_probe_packets = st.builds(
+    ReliabilityProbePacket,
+    qpn=u(24),
+    probe_id=u(16),
+    ev=u(32),
+    port=u(8),
+    tx_seq=u(64),
+    ts_ns=u(64),
+)
+any_packet = (
+    data_packets | ack_packets() | probe_packets | probe_reply_packets | reliability_probe_packets
+)
 
 
 def data(payload: bytes = b"0123456789abcdef" * 4, **kw: object) -> DataPacket:

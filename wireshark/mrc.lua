@@ -325,6 +325,10 @@ function mrc.dissector(buf, pinfo, root)
         peth:add(F.dctx, buf(off + 10, 2))
         peth:add(F.ep_ts, buf(off + 12, 2))
         peth:add(F.tseth_ftype, buf(off + 14, 2))
+        if size >= off + PETH + XETH then
+            local _, ev = add_xeth(tree, buf, off + PETH)
+            info = info .. string.format(" id=%d EV=0x%x", buf(off + 4, 2):uint(), ev)
+        end
         add_trailer(tree, buf, size - tlen, tlen)
     elseif opcode == 0xD1 then
         local aeth = tree:add(mrc, buf(off, 4), "AETH")

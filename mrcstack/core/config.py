@@ -176,6 +176,7 @@ class ConnectionStats:
     rejected: dict[str, int] = field(default_factory=dict)
     probes_sent: int = 0
     probe_replies: int = 0
+    reliability_probes: int = 0  # PETH probes answered with our acknowledgement state
     ev_state_changes: int = 0
     rtt_samples: int = 0
 

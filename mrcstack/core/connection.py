@@ -41,6 +41,7 @@ from mrcstack.wire import (
     Integrity,
     ProbePacket,
     ProbeReplyPacket,
+    ReliabilityProbePacket,
     ReplayWindow,
     SkipHint,
     decode,
@@ -288,6 +289,9 @@ class Connection:
         elif type(pkt) is ProbePacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self._reply_probe(pkt, port)
+        elif type(pkt) is ReliabilityProbePacket:
+            stats.reliability_probes += 1
+            self._feedback(self.receiver.state_feedback(pkt.ev, pkt.ts_ns), port)
         elif type(pkt) is ProbeReplyPacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             if self._probes.pop(pkt.echo_ev, None) is not None:

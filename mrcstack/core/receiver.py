@@ -150,6 +150,29 @@ class Receiver:
         self.rcv_nxt = seq
         self.nak_sent_at = None
 
+    def state_feedback(self, ev: int, ts_ns: int) -> Feedback:
+        """The SACK answering a reliability probe: the cumulative and selective state now,
+        echoing the probe's EV and timestamp (its PSN echo is the cumulative PSN)."""
+        nxt = self.rcv_nxt
+        bits = self.ooo_bits
+        return Feedback(
+            (nxt - 1) & PSN_MASK,
+            self.msn,
+            ev,
+            (nxt - 1) & PSN_MASK,
+            ts_ns,
+            nxt & PSN_MASK,
+            bits & _SACK_MASK,
+            False,
+            0,
+            False,
+            nxt - 1,
+            nxt,
+            nxt,
+            min(len(self.ooo), _OOO_MAX),
+            self.stats.data_bytes_placed & _BYTES_MASK,
+        )
+
     def _feedback(
         self, pkt: DataPacket, seq: int, ecn: bool, reason: int, dup: bool = False
     ) -> Feedback:

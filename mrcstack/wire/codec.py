@@ -47,6 +47,7 @@ from mrcstack.wire.packets import (
     Packet,
     ProbePacket,
     ProbeReplyPacket,
+    ReliabilityProbePacket,
     SkipHint,
 )
 
@@ -66,8 +67,10 @@ __all__ = [
     "METH_LEN",
     "NACK_HDR_LEN",
     "NETH_LEN",
+    "PETH_LEN",
     "PROBE_HDR_LEN",
     "PROBE_REPLY_HDR_LEN",
+    "RELIABILITY_PROBE_HDR_LEN",
     "RETH_LEN",
     "SACK_HDR_LEN",
     "SETH_LEN",
@@ -96,12 +99,14 @@ CC_STATE_LEN = 8
 NETH_LEN = 20
 ERTH_LEN = 16
 EETH_LEN = 36
+PETH_LEN = 16
 DATA_HDR_LEN = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 64: a trimmed write
 DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 68
 SACK_HDR_LEN = BTH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 84
 NACK_HDR_LEN = BTH_LEN + NETH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 104
 PROBE_HDR_LEN = BTH_LEN + ERTH_LEN + XETH_LEN  # 56
 PROBE_REPLY_HDR_LEN = BTH_LEN + EETH_LEN + XFETH_LEN  # 84
+RELIABILITY_PROBE_HDR_LEN = BTH_LEN + PETH_LEN + XETH_LEN  # 56
 BTH_PKEY = 0xFFFF  # default partition key, as RoCEv2 NICs send
 QPN_MASK = (1 << 24) - 1
 _U24_SHIFT = 24  # a u24 field shares a u32 with the byte above it
@@ -118,6 +123,7 @@ _TYPE_SETH = 0x1
 _TYPE_NETH = 0x2
 _TYPE_ERTH = 0x4
 _TYPE_EETH = 0x5
+_TYPE_PETH = 0x3
 _NEXT_SETH = _TYPE_SETH
 _NEXT_XETH = 0xF
 #: SETH byte 1: ``m`` in bits 1-0, ``pr`` in bit 2.
@@ -142,6 +148,7 @@ _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 _VALID_FEEDBACK_FLAGS = _ECN_ECHO | _DUPLICATE
 _NACK_REASONS = frozenset(int(r) for r in NackReason)
 _SKIPS = frozenset(int(m) for m in SkipHint)
+_XETH_CONTROL = frozenset({Opcode.ENDPOINT_REQUEST, Opcode.RELIABILITY_PROBE_REQ})
 _XETH_FLAGS_FROM_END = XETH_LEN - 1  # flags byte offset, counted back from the header end
 
 # opcode of a write from (first, last, has imm)
@@ -166,6 +173,7 @@ _CC_STATE = "HHI"  # ts echo, rsvd|ooo_count, R/C|penalty|received bytes
 _NETH = "BBBBIHHIBBH"  # type|next, rsvd, reason, vendor, entropy, ctx, ctx, rsvd|psn, cc,
 #                        rsvd, tx_timestamp
 _ERTH = "BBBBIIHH"  # type|next, op, rsvd, vendor, port mask, rsvd, tx_timestamp, TSR|ftype
+_PETH = "BBBBHHHHHH"  # type|next, rsvd, rsvd, vendor, probe id, rsvd, ctx, ctx, ts, TSR|ftype
 _EETH = "BBHIIQQHHI"  # type|next, op, rsvd, entropy echo, port mask, 16 rsvd, ts echo,
 #                       TSR|ftype, rsvd
 _DATA = struct.Struct(_BTH + "HH" + "HH" + "QII" + _XETH)
@@ -174,6 +182,7 @@ _SACK = struct.Struct(_BTH + _SETH + _CC_STATE + _XFETH)
 _NACK = struct.Struct(_BTH + _NETH + _SETH + _CC_STATE + _XFETH)
 _PROBE = struct.Struct(_BTH + _ERTH + _XETH)
 _PROBE_REPLY = struct.Struct(_BTH + _EETH + _XFETH)
+_RELIABILITY_PROBE = struct.Struct(_BTH + _PETH + _XETH)
 _U32 = struct.Struct(">I")
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)
 
@@ -183,6 +192,7 @@ _HEADER_LEN: dict[int, int] = {
     Opcode.RELIABILITY_NACK: NACK_HDR_LEN,
     Opcode.ENDPOINT_REQUEST: PROBE_HDR_LEN,
     Opcode.ENDPOINT_RESPONSE: PROBE_REPLY_HDR_LEN,
+    Opcode.RELIABILITY_PROBE_REQ: RELIABILITY_PROBE_HDR_LEN,
 }
 
 # Wire width of every numeric field, for the error message when a pack fails.
@@ -201,6 +211,9 @@ _FIELD_BITS: dict[type, dict[str, int]] = {
     ProbeReplyPacket: {
         "qpn": 24, "ev": 32, "port": 8, "tx_seq": 64, "echo_ev": 32, "echo_ts_ns": 64,
         "port_state": 16,
+    },
+    ReliabilityProbePacket: {
+        "qpn": 24, "probe_id": 16, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64,
     },
 }  # fmt: skip
 
@@ -275,6 +288,8 @@ def encode(pkt: Packet, integrity: Integrity) -> bytes:
         return _encode_probe(pkt, integrity)  # type: ignore[arg-type]
     if kind is ProbeReplyPacket:
         return _encode_probe_reply(pkt, integrity)  # type: ignore[arg-type]
+    if kind is ReliabilityProbePacket:
+        return _encode_reliability_probe(pkt, integrity)  # type: ignore[arg-type]
     raise WireUsageError(f"not an MRC packet: {kind.__name__}")
 
 
@@ -417,6 +432,21 @@ def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
     return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
+def _encode_reliability_probe(pkt: ReliabilityProbePacket, integrity: Integrity) -> bytes:
+    _check_u24(pkt, pkt.qpn)
+    header = bytearray(RELIABILITY_PROBE_HDR_LEN)
+    try:
+        _RELIABILITY_PROBE.pack_into(
+            header, 0, Opcode.RELIABILITY_PROBE_REQ, 0, BTH_PKEY, pkt.qpn, 0,
+            _TYPE_PETH << 4 | _NEXT_XETH, 0, 0, 0, pkt.probe_id, 0, 0, 0,
+            _ts16(pkt.ts_ns), _FTYPE,
+            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
+        )  # fmt: skip
+    except (struct.error, TypeError) as exc:
+        raise _field_error(pkt, exc) from None
+    return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
+
+
 def _seal_headers_only(
     header: bytearray, integrity: Integrity, tx_seq: int, plane: int, ev: int
 ) -> bytes:
@@ -489,7 +519,7 @@ def _check_version(view: memoryview, at: int) -> None:
 def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity) -> Packet:
     """SACK, NACK, EV probe and probe reply: headers and trailer only, no payload."""
     opcode = view[0]
-    ext_len = XETH_LEN if opcode == Opcode.ENDPOINT_REQUEST else XFETH_LEN
+    ext_len = XETH_LEN if opcode in _XETH_CONTROL else XFETH_LEN
     _check_version(view, hlen - ext_len)
     tlen = integrity.trailer_len
     if size != hlen + tlen:
@@ -502,6 +532,8 @@ def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity
         pkt = _nack_fields(view)
     elif opcode == Opcode.ENDPOINT_REQUEST:
         pkt = _probe_fields(view)
+    elif opcode == Opcode.RELIABILITY_PROBE_REQ:
+        pkt = _reliability_probe_fields(view)
     else:
         pkt = _probe_reply_fields(view)
     integrity.open(view[:hlen], view[hlen:hlen], view[hlen:], pkt.tx_seq, pkt.port, pkt.ev)
@@ -675,6 +707,31 @@ def _probe_fields(view: memoryview) -> ProbePacket:
     ):
         raise _bad("EV probe PSN, reserved, op or copied fields invalid")
     return ProbePacket(qpn, ev, port, tx_seq, ts_ns, mask)
+
+
+def _reliability_probe_fields(view: memoryview) -> ReliabilityProbePacket:
+    (
+        _, bth1, pkey, qpn, psn_word,
+        type_next, r1, r2, vendor, probe_id, r3, sctx, dctx, ts, ftype,
+        _, xflags, port, xrsvd, ev, tx_seq, ts_ns, _,
+    ) = _RELIABILITY_PROBE.unpack_from(view)  # fmt: skip
+    _check_bth(bth1, pkey, qpn)
+    if (
+        psn_word
+        or type_next != (_TYPE_PETH << 4 | _NEXT_XETH)
+        or r1
+        or r2
+        or vendor
+        or r3
+        or sctx
+        or dctx
+        or ts != _ts16(ts_ns)
+        or ftype != _FTYPE
+        or xflags
+        or xrsvd
+    ):
+        raise _bad("reliability probe PSN, reserved or copied fields invalid")
+    return ReliabilityProbePacket(qpn, probe_id, ev, port, tx_seq, ts_ns)
 
 
 def _probe_reply_fields(view: memoryview) -> ProbeReplyPacket:

@@ -11,6 +11,7 @@ public record is ambiguous.  Layout (all big-endian)::
     NACK (0xDD)        BTH 12 | NETH 20 | SETH 28 | CC_STATE 8 | XFETH 36
     EV probe (0xD8)    BTH 12 | ERTH 16 | XETH 28
     probe reply (0xD9) BTH 12 | EETH 36 | XFETH 36
+    reliability probe  BTH 12 | PETH 16 | XETH 28                   (0xDE)
     every packet       ... | trailer: the RoCEv2 ICRC (4), or an AES-GCM tag (16)
 
 A switch that trims a write cuts it to its headers (64 or 68 bytes, no payload, no trailer)
@@ -217,4 +218,17 @@ class ProbeReplyPacket:
     port_state: int
 
 
-Packet = DataPacket | AckPacket | ProbePacket | ProbeReplyPacket
+@dataclass(frozen=True, slots=True)
+class ReliabilityProbePacket:
+    """A reliability probe (PETH): asks the receiver for its acknowledgement state now; it
+    answers with a SACK whose entropy and timestamp echo the probe's."""
+
+    qpn: int
+    probe_id: int
+    ev: int
+    port: int
+    tx_seq: int
+    ts_ns: int
+
+
+Packet = DataPacket | AckPacket | ProbePacket | ProbeReplyPacket | ReliabilityProbePacket
