@@ -39,6 +39,7 @@ from mrcstack.wire import (
     EvFormat,
     FeedbackFlags,
     Integrity,
+    PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     ReliabilityProbePacket,
@@ -289,6 +290,8 @@ class Connection:
         elif type(pkt) is ProbePacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self._reply_probe(pkt, port)
+        elif type(pkt) is PortStatusPacket:
+            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
         elif type(pkt) is ReliabilityProbePacket:
             stats.reliability_probes += 1
             self._feedback(self.receiver.state_feedback(pkt.ev, pkt.ts_ns), port)

@@ -45,6 +45,7 @@ from mrcstack.wire.packets import (
     NackReason,
     Opcode,
     Packet,
+    PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     ReliabilityProbePacket,
@@ -215,6 +216,9 @@ _FIELD_BITS: dict[type, dict[str, int]] = {
     ReliabilityProbePacket: {
         "qpn": 24, "probe_id": 16, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64,
     },
+    PortStatusPacket: {
+        "qpn": 24, "port_state": 16, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64,
+    },
 }  # fmt: skip
 
 
@@ -284,7 +288,7 @@ def encode(pkt: Packet, integrity: Integrity) -> bytes:
         return _encode_data(pkt, integrity)  # type: ignore[arg-type]
     if kind is AckPacket:
         return _encode_ack(pkt, integrity)  # type: ignore[arg-type]
-    if kind is ProbePacket:
+    if kind is ProbePacket or kind is PortStatusPacket:
         return _encode_probe(pkt, integrity)  # type: ignore[arg-type]
     if kind is ProbeReplyPacket:
         return _encode_probe_reply(pkt, integrity)  # type: ignore[arg-type]
@@ -401,13 +405,15 @@ def _encode_ack(pkt: AckPacket, integrity: Integrity) -> bytes:
     return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
-def _encode_probe(pkt: ProbePacket, integrity: Integrity) -> bytes:
+def _encode_probe(pkt: ProbePacket | PortStatusPacket, integrity: Integrity) -> bytes:
+    """An endpoint request: an EV probe, or a port-status update (ERTH op 0)."""
     _check_u24(pkt, pkt.qpn)
+    op = EndpointOp.EV_PROBE if type(pkt) is ProbePacket else EndpointOp.PORT_STATUS_UPDATE
     header = bytearray(PROBE_HDR_LEN)
     try:
         _PROBE.pack_into(
             header, 0, Opcode.ENDPOINT_REQUEST, 0, BTH_PKEY, pkt.qpn, 0,
-            _TYPE_ERTH << 4 | _NEXT_XETH, EndpointOp.EV_PROBE, 0, 0, pkt.port_state, 0,
+            _TYPE_ERTH << 4 | _NEXT_XETH, op, 0, 0, pkt.port_state, 0,
             _ts16(pkt.ts_ns), _FTYPE,
             MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
         )  # fmt: skip
@@ -685,7 +691,7 @@ def _nack_fields(view: memoryview) -> AckPacket:
     return _ack_fields(f[:5] + f[16:], reason, entropy, psn_word)
 
 
-def _probe_fields(view: memoryview) -> ProbePacket:
+def _probe_fields(view: memoryview) -> ProbePacket | PortStatusPacket:
     (
         _, bth1, pkey, qpn, psn_word,
         type_next, op, rsvd, vendor, mask, rsvd2, ts, ftype,
@@ -695,7 +701,7 @@ def _probe_fields(view: memoryview) -> ProbePacket:
     if (
         psn_word
         or type_next != (_TYPE_ERTH << 4 | _NEXT_XETH)
-        or op != EndpointOp.EV_PROBE
+        or op not in (EndpointOp.EV_PROBE, EndpointOp.PORT_STATUS_UPDATE)
         or rsvd
         or vendor
         or mask >> 16
@@ -706,6 +712,8 @@ def _probe_fields(view: memoryview) -> ProbePacket:
         or xrsvd
     ):
         raise _bad("EV probe PSN, reserved, op or copied fields invalid")
+    if op == EndpointOp.PORT_STATUS_UPDATE:
+        return PortStatusPacket(qpn, mask, ev, port, tx_seq, ts_ns)
     return ProbePacket(qpn, ev, port, tx_seq, ts_ns, mask)
 
 

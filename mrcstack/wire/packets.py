@@ -219,6 +219,19 @@ class ProbeReplyPacket:
 
 
 @dataclass(frozen=True, slots=True)
+class PortStatusPacket:
+    """PORT_STATUS_UPDATE (ERTH op 0): which of the sender's NIC ports are up, sent over the
+    fabric to a peer; no answer (it is repeated on every plane that is up)."""
+
+    qpn: int
+    port_state: int
+    ev: int
+    port: int
+    tx_seq: int
+    ts_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReliabilityProbePacket:
     """A reliability probe (PETH): asks the receiver for its acknowledgement state now; it
     answers with a SACK whose entropy and timestamp echo the probe's."""
@@ -231,4 +244,11 @@ class ReliabilityProbePacket:
     ts_ns: int
 
 
-Packet = DataPacket | AckPacket | ProbePacket | ProbeReplyPacket | ReliabilityProbePacket
+Packet = (
+    DataPacket
+    | AckPacket
+    | ProbePacket
+    | ProbeReplyPacket
+    | ReliabilityProbePacket
+    | PortStatusPacket
+)

@@ -193,3 +193,31 @@ async def test_ports_going_down_are_announced_and_an_answering_peer_is_kept(
     await asyncio.wait_for(until(lambda: len(conn.evs.up_planes) == FABRIC.planes), 10)
     await write_and_verify(a, qpn, rec, peer, 3)
     await peer.rec.wait_for(WriteImmReceived)
+
+
+async def test_a_port_going_down_is_announced_over_the_fabric(
+    trio: tuple[Node, Node, int, Path],
+) -> None:
+    """h3 disables its plane-1 port: the PORT_STATUS_UPDATE goes over the fabric (sealed
+    with the pair's probe key, on the planes still up), and h0's connection stops spraying
+    plane 1 before any SACK carries the bitmap."""
+    a, b, _, _ = trio
+    peer = Peer(b)
+    qpn, rec = await connected(a, peer)
+    await write_and_verify(a, qpn, rec, peer, 1)
+    conn = a.qp(qpn).conn
+    assert conn is not None and conn.evs.remote_port_up[1]
+    b.set_port_admin(1, False)
+    for _ in range(200):
+        if not conn.evs.remote_port_up[1]:
+            break
+        await asyncio.sleep(0.005)
+    assert not conn.evs.remote_port_up[1]
+    assert 3 in a.prober._port_ts  # it came as a PORT_STATUS_UPDATE datagram
+    b.set_port_admin(1, True)
+    for _ in range(200):
+        if conn.evs.remote_port_up[1]:
+            break
+        await asyncio.sleep(0.005)
+    assert conn.evs.remote_port_up[1]
+    await write_and_verify(a, qpn, rec, peer, 2)

@@ -9,7 +9,15 @@ import os
 from mrcstack.daemons.mrcd.control.auth import Credentials
 from mrcstack.daemons.mrcd.datapath import probes
 from mrcstack.daemons.mrcd.datapath.probes import Prober
-from mrcstack.wire import AeadIntegrity, CrcIntegrity, ProbePacket, ProbeReplyPacket, decode, encode
+from mrcstack.wire import (
+    AeadIntegrity,
+    CrcIntegrity,
+    PortStatusPacket,
+    ProbePacket,
+    ProbeReplyPacket,
+    decode,
+    encode,
+)
 
 H0, H2 = ("::1", 1000), ("::1", 1002)  # the sources of host 0 (keyed) and host 2 (not)
 BITS = 0b1011
@@ -70,3 +78,33 @@ def test_both_ends_derive_the_same_probe_key() -> None:
     assert Credentials.from_psk("h0", psk).probe_key("h3") != Credentials.from_psk(
         "h0", psk
     ).probe_key("h2")
+
+
+def test_port_status_updates_over_the_fabric() -> None:
+    """Sent on every plane up, two paths each, sealed; the peer applies the first copy of
+    the newest update only, and none that is not sealed with the pair's key."""
+    key = os.urandom(32)
+    sent: list[bytes] = []
+    applied: list[tuple[int, int]] = []
+    p = responder(sent, key)
+    p.on_port_status = lambda host, bits: applied.append((host, bits))
+    h0 = AeadIntegrity(key, 1, 4)
+    assert p.send_port_status(0, 0b0101, [0, 2], t1s=4) == 4
+    updates = [decode(d, h0) for d in sent]  # sealed for host 0
+    assert all(type(u) is PortStatusPacket and u.port_state == 0b0101 for u in updates)
+    assert sorted((u.port, u.ev) for u in updates) == [  # type: ignore[union-attr]
+        (0, 0x000),
+        (0, 0x001),
+        (2, 0x200),
+        (2, 0x201),
+    ]
+    seq = 100
+    for when, bits in ((10, 0b1110), (10, 0b1110), (9, 0b0001), (11, 0b1111)):
+        for plane in (1, 3):  # copies on two planes: one update, one timestamp
+            seq += 1
+            pkt = PortStatusPacket(0, bits, plane << 8, plane, seq, when)
+            p.on_datagram(memoryview(encode(pkt, h0)), H0, plane)
+    assert applied == [(0, 0b1110), (0, 0b1111)]  # once each, the stale one dropped
+    forged = PortStatusPacket(0, 0, 0x100, 1, 999, 99)
+    p.on_datagram(memoryview(encode(forged, CrcIntegrity())), H0, 1)
+    assert applied[-1] == (0, 0b1111) and p.rejected == {probes.PROBE_UNAUTHENTICATED: 1}

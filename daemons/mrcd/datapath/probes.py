@@ -20,11 +20,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from mrcstack import addrplan
 from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, Address
 from mrcstack.wire import (
     AeadIntegrity,
     CrcIntegrity,
     DecodeError,
+    PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     WireUsageError,
@@ -53,6 +55,10 @@ Resolver = Callable[[int, int, int], Address]
 HostOf = Callable[[Address, int], int | None]
 #: (plane, datagram, destination) -> False if the port refused it.
 Sender = Callable[[int, bytes, Address], bool]
+#: (host, port bitmap): a peer's PORT_STATUS_UPDATE, authenticated.
+PortStatusHook = Callable[[int, int], None]
+#: EVs (T1 indices) per plane a port-status update is sent on: two paths, in case one fails.
+PORT_STATUS_PATHS = 2
 
 
 class Prober:
@@ -65,8 +71,11 @@ class Prober:
         host_of: HostOf,
         send: Sender,
         port_bits: Callable[[], int],
+        on_port_status: PortStatusHook | None = None,
     ) -> None:
         self.loop = loop
+        self.on_port_status = on_port_status
+        self._port_ts: dict[int, int] = {}  # host -> timestamp of its newest update applied
         self.resolve = resolve
         self.host_of = host_of
         self.send = send
@@ -82,7 +91,9 @@ class Prober:
         """The probe key for each peer host we have one for (``local``: our host index)."""
         self._keys = {host: AeadIntegrity(key, local + 1, host + 1) for host, key in keys.items()}
 
-    def _seal(self, pkt: ProbePacket | ProbeReplyPacket, host: int | None) -> bytes:
+    def _seal(
+        self, pkt: ProbePacket | ProbeReplyPacket | PortStatusPacket, host: int | None
+    ) -> bytes:
         aead = self._keys.get(host) if host is not None else None
         return encode(pkt, aead if aead is not None else _CRC)
 
@@ -137,12 +148,51 @@ class Prober:
             return
         if type(pkt) is ProbePacket:
             self._answer(pkt, source, plane, host, authenticated)
+        elif type(pkt) is PortStatusPacket:
+            self._port_status(pkt, host, authenticated)
         elif type(pkt) is ProbeReplyPacket:
             fut = self._waiting.get((pkt.echo_ev, pkt.echo_ts_ns))
             if fut is not None and not fut.done():  # else: late, after its probe timed out
                 fut.set_result((time.monotonic_ns() - pkt.echo_ts_ns) / 1e9)
         else:
             self._reject(PROBE_UNEXPECTED)
+
+    def _port_status(self, pkt: PortStatusPacket, host: int | None, authenticated: bool) -> None:
+        """A peer's PORT_STATUS_UPDATE: applied once (it comes on several planes and paths),
+        only the newest, and only sealed with the pair's key when we have one."""
+        if host is None:
+            self._reject(PROBE_SOURCE)
+            return
+        if host in self._keys and not authenticated:
+            self._reject(PROBE_UNAUTHENTICATED)
+            return
+        if pkt.ts_ns <= self._port_ts.get(host, -1):
+            return  # a copy from another plane, or older than one applied
+        self._port_ts[host] = pkt.ts_ns
+        if self.on_port_status is not None:
+            self.on_port_status(host, pkt.port_state)
+
+    def send_port_status(self, host: int, bitmap: int, planes: list[int], t1s: int) -> int:
+        """PORT_STATUS_UPDATE to ``host`` over the fabric: on every plane of ``planes`` (ours
+        that are up), along the paths of the first ``PORT_STATUS_PATHS`` T1s; sealed with
+        the pair's key when we have one.  How many datagrams the ports took."""
+        ts_ns = time.monotonic_ns()  # one update: the peer applies the first copy only
+        sent = 0
+        for plane in planes:
+            for t1 in range(min(PORT_STATUS_PATHS, t1s)):
+                ev = addrplan.ev_value(plane, t1)
+                try:
+                    dst = self.resolve(host, plane, ev)
+                except ValueError:
+                    continue
+                self._seq += 1
+                pkt = PortStatusPacket(PROBE_QPN, bitmap, ev, plane, self._seq, ts_ns)
+                try:
+                    data = self._seal(pkt, host)
+                except WireUsageError:
+                    continue
+                sent += self.send(plane, data, dst)
+        return sent
 
     def _answer(
         self, pkt: ProbePacket, source: Address, plane: int, host: int | None, authenticated: bool

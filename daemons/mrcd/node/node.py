@@ -126,7 +126,12 @@ class Node:
         self.listeners = Listeners(self.loop)
         self._next_ctx = 1
         self.prober = Prober(
-            self.loop, self._resolve, self.host_of, self._send_raw, self.ports.bits
+            self.loop,
+            self._resolve,
+            self.host_of,
+            self._send_raw,
+            self.ports.bits,
+            on_port_status=self.on_port_status,
         )
         # Dead connections' counters stay in the totals (Prometheus counters never go down).
         self.retired = Totals(cfg.fabric.planes)
@@ -510,6 +515,14 @@ class Node:
         return Accept(
             accepted.qpn, accepted.psn, accepted.private_data, self.instance, packet_auth=auth
         )
+
+    def send_port_status(self, host: int, bitmap: int) -> int:
+        """PORT_STATUS_UPDATE to ``host`` over the fabric, on every plane up (0 if none is,
+        or the data path is not open): how many datagrams went out."""
+        planes = [p for p in range(self.fabric.planes) if self.ports.up(p)]
+        if not planes or self.transport is None:
+            return 0
+        return self.prober.send_port_status(host, bitmap, planes, self.fabric.t1_per_plane)
 
     def on_port_status(self, host: int, bitmap: int) -> None:
         """ControlHooks: a peer's PORT_STATUS_UPDATE, applied to our QPs to that host as

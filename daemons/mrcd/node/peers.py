@@ -64,6 +64,8 @@ class PeerNode(Protocol):
 
     def port_up(self, plane: int) -> bool: ...
 
+    def send_port_status(self, host: int, bitmap: int) -> int: ...
+
     def fail_peer(self, host: int, reason: str, qpns: list[int] | None = None) -> int: ...
 
 
@@ -200,10 +202,18 @@ class PeerWatch:
         return [pool[(start + i) % len(pool)] for i in range(min(PROBES_PER_PLANE, len(pool)))]
 
     async def _send_ports(self, host: int) -> None:
+        """PORT_STATUS_UPDATE to ``host``: over the fabric, on every plane still up (as MRC
+        sends it); over the control channel only when no plane is up to carry it."""
         name = Fabric.host_name(host)
+        node = self.node
         try:
             while (bitmap := self._announce.pop(host, None)) is not None:
-                client = self.node.control_client
+                sent = node.send_port_status(host, bitmap)
+                if sent:
+                    log.info("event=port_status_sent host=%s via=fabric datagrams=%d",
+                             name, sent)  # fmt: skip
+                    continue
+                client = node.control_client
                 if client is None:
                     return
                 try:
