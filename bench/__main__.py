@@ -3,7 +3,9 @@
 - wire: packets/s and MB/s for encode+decode (CRC, AES-GCM auth, AES-GCM encrypt);
 - sim: a full simulated transfer, core CPU cost per packet;
 - testbed: build and teardown time of the default and the large namespace fabric;
-- mrcd: single-QP goodput vs a raw UDP blast and kernel TCP; shaped-fabric goodput vs MPTCP;
+- srh: the two ways to send an SRH (raw socket, sticky IPV6_RTHDR sockets) vs uSID sendto;
+- mrcd: single-QP goodput vs a raw UDP blast and kernel TCP, in each EV format; shaped-fabric
+  goodput vs MPTCP;
 - failover: progress lost and recovery time per fault, mrcd next to MPTCP;
 - the large test profiles: 50,000 property cases and 1,000,000 fuzzed packets
   (CI runs smaller profiles; set MRC_BENCH_QUICK=1 to skip these here).
@@ -16,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from bench import daemon_bench, failover_bench, sim_bench, testbed_bench, wire_bench
+from bench import daemon_bench, failover_bench, sim_bench, srh_bench, testbed_bench, wire_bench
 
 
 def _profile(name: str, env: dict[str, str], target: str) -> None:
@@ -47,6 +49,9 @@ def main() -> int:
     if os.geteuid() == 0:
         print("== testbed: build and teardown ==")
         for key, value in testbed_bench.run().items():
+            print(f"{key:<40} {value:14,.3f}")
+        print("== sending an SRH: raw socket vs sticky IPV6_RTHDR sockets vs uSID sendto ==")
+        for key, value in srh_bench.run().items():
             print(f"{key:<40} {value:14,.3f}")
         print("== mrcd on the testbed: goodput vs UDP blast, kernel TCP, MPTCP ==")
         for key, value in daemon_bench.run().items():
