@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.memory import MemoryTable
@@ -130,3 +132,24 @@ def test_the_sink_catches_wrong_bytes_twice_written_bytes_and_gaps() -> None:
     write(gap, c, 0)
     write(gap, c, 8192)
     assert gap.intact_below(4096) and not gap.intact_below(3 * 4096)
+
+
+def test_latency_probe_flows_time_every_write() -> None:
+    """A latency probe posts its small writes one at a time and reports each one's
+    completion latency; the other flows report none."""
+    fabric = Fabric(racks=2, hosts_per_rack=2)
+    cfg = SimConfig(
+        fabric=fabric, pairs=((0, 2), (1, 3)), bytes_per_flow=1 << 20, seed=3,
+        latency_flows=(0,), latency_writes=40, latency_write_bytes=4096,
+    )  # fmt: skip
+    r = run(cfg)
+    probe, bulk = r.flows
+    assert r.verified and probe.bytes == 40 * 4096 and probe.work_requests == 40
+    assert len(probe.write_latency_s) == 40 and bulk.write_latency_s == ()
+    rtt_floor = 8 * cfg.link_delay_s  # four links each way, nothing faster
+    assert all(rtt_floor < x < 1e-3 for x in probe.write_latency_s)
+    # One write in flight: the probe takes at least the sum of its writes' latencies.
+    assert probe.completion_time_s is not None
+    assert probe.completion_time_s >= sum(probe.write_latency_s) * 0.999
+    with pytest.raises(ValueError, match="latency flow 2"):
+        SimConfig(fabric=fabric, pairs=((0, 2), (1, 3)), latency_flows=(2,))

@@ -81,7 +81,16 @@ def bars(table: str, label: str, ys: Sequence[str], *, ylabel: str, title: str) 
     return draw
 
 
-def cdf(table: str, value: str, group: str, *, xlabel: str, title: str) -> Draw:
+def cdf(
+    table: str,
+    value: str,
+    group: str,
+    *,
+    xlabel: str,
+    title: str,
+    ylabel: str = "fraction of flows",
+    logx: bool = False,
+) -> Draw:
     """The empirical CDF of ``value`` for each distinct ``group``."""
 
     def draw(path: Path, tables: dict[str, Table]) -> None:
@@ -93,7 +102,9 @@ def cdf(table: str, value: str, group: str, *, xlabel: str, title: str) -> Draw:
         for g, vs in groups.items():
             vs.sort()
             ax.step(vs, [(i + 1) / len(vs) for i in range(len(vs))], where="post", label=g)
-        _finish(fig, ax, path, xlabel, "fraction of flows", title)
+        if logx:
+            ax.set_xscale("log")
+        _finish(fig, ax, path, xlabel, ylabel, title)
 
     return draw
 

@@ -62,7 +62,9 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        retransmissions, spurious_retransmissions,
                                        tlp_unneeded,
                                        nacks_received, trims_received
-                                       (receiver), ecn_echoes (sender), per_plane_bytes
+                                       (receiver), ecn_echoes (sender), per_plane_bytes,
+                                       write_latency_s (a latency probe's writes, post to
+                                       completion, in order: ``SimConfig.latency_flows``)
     events             [object]        the first 1000 EV state changes: t_s, flow, side
                                        ("sender"/"receiver"), ev, plane, old, new, reason,
                                        drop_count

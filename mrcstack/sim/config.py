@@ -97,6 +97,12 @@ class SimConfig:
     seed: int = 0
     max_sim_time_s: float = DEFAULT_MAX_SIM_TIME_S
     series_interval_s: float | None = None  # per-interval delivered bytes in the timeline
+    # Latency probes: these flows (indices into the flows) post ``latency_writes`` writes of
+    # ``latency_write_bytes``, one in flight at a time, and report each write's completion
+    # latency (post to SendCompleted) in ``FlowResult.write_latency_s``.
+    latency_flows: tuple[int, ...] = ()
+    latency_writes: int = 256
+    latency_write_bytes: int = 4096
 
     def retry_budget_s(self) -> float:
         """How long a flow's connection may go without progress before it fails: the
@@ -152,6 +158,12 @@ class SimConfig:
             addrplan.parse_link(link, self.fabric)
         for switch in self.switch_failures:
             _check_switch(self.fabric, switch.switch)
+        n = len(self.flows())
+        for index in self.latency_flows:
+            if not 0 <= index < n:
+                raise ValueError(f"latency flow {index} is not a flow (0..{n - 1})")
+        if self.latency_writes < 1 or self.latency_write_bytes < 1:
+            raise ValueError("latency_writes and latency_write_bytes must be >= 1")
         self.net_params()  # checks rates, probabilities and thresholds
 
     def flows(self) -> tuple[tuple[int, int], ...]:

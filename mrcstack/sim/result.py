@@ -36,6 +36,8 @@ class FlowResult:
     trims_received: int  # at the receiver
     ecn_echoes: int  # at the sender
     per_plane_bytes: tuple[int, ...]
+    # A latency probe's writes: seconds from post to completion, in order (else empty).
+    write_latency_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

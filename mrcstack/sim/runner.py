@@ -128,10 +128,17 @@ class _Flow:
 
     def __init__(self, index: int, src: int, dst: int, cfg: SimConfig, rng: random.Random) -> None:
         self.index, self.src, self.dst = index, src, dst
-        self.size = cfg.bytes_per_flow
-        self.wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, self.size)
+        self.probe = index in cfg.latency_flows  # one small write in flight, each timed
+        if self.probe:
+            self.size = cfg.latency_writes * cfg.latency_write_bytes
+            self.wr_size = cfg.latency_write_bytes
+        else:
+            self.size = cfg.bytes_per_flow
+            self.wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, self.size)
         self.nwrs = -(-self.size // self.wr_size)
-        self.slots = min(self.nwrs, max(2, RING_BYTES // self.wr_size))
+        self.slots = 1 if self.probe else min(self.nwrs, max(2, RING_BYTES // self.wr_size))
+        self.posted_at: list[float] = []  # probes: when each write was posted
+        self.latency: list[float] = []  # probes: each write's post-to-completion time
         self.source = bytearray(self.slots * self.wr_size)
         self.content = FlowContent(index, rng)
         # The receiver's memory: as large as the flow, holding nothing, checking each write.
@@ -198,6 +205,7 @@ class _Flow:
             nacks_received=dict(sorted(tx.nacks_received.items())),
             trims_received=rx.trims_received,
             ecn_echoes=tx.ecn_echoes,
+            write_latency_s=tuple(self.latency),
             per_plane_bytes=tuple(self.plane_bytes),
         )
 
@@ -396,6 +404,8 @@ class _Simulation:
         source = memoryview(flow.source)[slot : slot + length]
         flow.content.fill(source, offset)
         flow.posted += 1
+        if flow.probe:
+            flow.posted_at.append(self.engine.now)
         sink = flow.sink
         flow.ends[0].conn.post_write(
             k, source, sink.va + offset, sink.rkey, imm=k & 0xFFFF_FFFF, now=self.engine.now
@@ -419,6 +429,8 @@ class _Simulation:
             flow.completed += 1
             if event.status is WcStatus.SUCCESS:
                 flow.bytes_done += event.byte_len
+                if flow.probe and event.wr_id < len(flow.posted_at):
+                    flow.latency.append(now - flow.posted_at[event.wr_id])
                 if flow.posted < flow.nwrs and flow.failed is None:
                     self._post(flow)
                     # Sent by a pump of its own: this event may come from a pump's last drain.
