@@ -65,8 +65,9 @@ _NONCE_SEQ = struct.Struct(">Q")
 # header traffic class, flow label and hop limit are ones (routers change them), as are the
 # UDP checksum and BTH byte 4 (FECN, BECN, reserved).
 _ICRC_START = zlib.crc32(b"\xff" * 8 + b"\x6f\xff\xff\xff")
-_ICRC_IP = struct.Struct(">HBB")  # payload length, next header (UDP), hop limit (masked)
-_ICRC_UDP = struct.Struct(">HHHH")  # ports, length, checksum (masked)
+# The rest of the pseudo IPv6 header (payload length, next header UDP, hop limit as ones,
+# the two addresses) and the UDP header (ports, length, checksum as ones), in one pack.
+_ICRC_PSEUDO = struct.Struct(">HBB32sHHHH")
 _ICRC_BTH_VARIANT = b"\xff"
 _IPV6_UDP_NEXT = 17
 _UDP_HEADER = 8
@@ -219,9 +220,10 @@ class CrcIntegrity(Integrity):
         if self._ev_ports:  # the sender's port carries the EV; the receiver's stays as is
             sport = stev_source_port(ev)
         size = _UDP_HEADER + len(header) + len(payload) + CRC_TRAILER_LEN
-        crc = zlib.crc32(_ICRC_IP.pack(size, _IPV6_UDP_NEXT, 0xFF), _ICRC_START)
-        crc = zlib.crc32(addresses, crc)
-        crc = zlib.crc32(_ICRC_UDP.pack(sport, dport, size, 0xFFFF), crc)
+        pseudo = _ICRC_PSEUDO.pack(
+            size, _IPV6_UDP_NEXT, 0xFF, addresses, sport, dport, size, 0xFFFF
+        )
+        crc = zlib.crc32(pseudo, _ICRC_START)
         view = memoryview(header)
         crc = zlib.crc32(view[:4], crc)
         crc = zlib.crc32(_ICRC_BTH_VARIANT, crc)
