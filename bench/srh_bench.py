@@ -17,7 +17,6 @@ header of ours), while h3 counts what arrives.  Run: ``python -m bench.srh_bench
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -25,7 +24,7 @@ import time
 from typing import Any
 
 from mrcstack import addrplan
-from mrcstack.daemons.mrcd.datapath.routes import raw_route
+from mrcstack.daemons.mrcd.datapath.routes import raw_route, srh
 from mrcstack.daemons.mrcd.datapath.transport import send_route
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
@@ -45,17 +44,8 @@ def seconds() -> float:
 
 
 def _srh_bytes(fabric: Fabric, ev: int) -> bytes:
-    """The SRH alone (Scapy), for setsockopt(IPV6_RTHDR)."""
-    logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
-    from scapy.compat import raw  # noqa: PLC0415
-    from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting  # noqa: PLC0415
-
-    segments = [str(s) for s in addrplan.srh_segments(fabric, 0, 3, 0, ev)]
-    srh = IPv6ExtHdrSegmentRouting(
-        addresses=list(reversed(segments)), segleft=len(segments) - 1,
-        lastentry=len(segments) - 1, nh=17,
-    )  # fmt: skip
-    return raw(srh)
+    """The SRH alone, as mrcd builds it, for setsockopt(IPV6_RTHDR)."""
+    return bytes(srh(fabric, 0, 3, 0, ev))
 
 
 def _receiver(state: TestbedState, stop: threading.Event, got: list[int]) -> threading.Thread:

@@ -322,7 +322,7 @@ def test_icrc_covers_the_addresses() -> None:
     rx = CrcIntegrity((IcrcPath(dst, src, peer_port=50000),))
     wire = encode(data(port=0), tx)
     assert wire[-4:] == icrc(wire[:-4], src, dst, sport=50000)
-    assert decode(wire, rx) == decode(wire, rx)  # the peer's view verifies
+    assert isinstance(decode(wire, rx), DataPacket)  # the peer's view verifies
     with pytest.raises(DecodeError) as info:
         decode(wire, CrcIntegrity())  # other addresses: another packet
     assert info.value.reason is DecodeReason.BAD_CHECKSUM

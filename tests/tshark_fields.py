@@ -14,6 +14,7 @@ from mrcstack.wire import (
     DataPacket,
     FeedbackFlags,
     Packet,
+    PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     ReliabilityProbePacket,
@@ -32,14 +33,34 @@ def ts16(ns: int) -> int:
 
 def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
     """tshark field name -> the value the codec put there."""
-    common: dict[str, int | str] = {
+    out: dict[str, int | str] = {  # in every packet: BTH, the extension's EV, tx_seq, port
         "mrc.bth.destqp": pkt.qpn,
+        "mrc.bth.psn": 0,
         "mrc.bth.rtx": 0,
         "mrc.bth.ts": 0,
         "mrc.xeth.port": pkt.port,
+        "mrc.xeth.ev": pkt.ev,
+        "mrc.xeth.tx_seq": pkt.tx_seq,
+        "mrc.icrc": int.from_bytes(wire[-4:], "little"),
     }
+    if isinstance(pkt, DataPacket | ProbePacket | PortStatusPacket | ReliabilityProbePacket):
+        lasthop = isinstance(pkt, DataPacket) and bool(pkt.flags & DataFlags.TRIM_LASTHOP)
+        out |= {
+            "mrc.xeth.ts_ns": pkt.ts_ns,
+            "mrc.xeth.trimmed": int(isinstance(pkt, DataPacket) and pkt.trimmed),
+            "mrc.xeth.trim_lasthop": int(lasthop),
+        }
+    else:  # an XFETH
+        out |= {
+            "mrc.xeth.ts_ns": pkt.echo_ts_ns,
+            "mrc.xfeth.port_state": pkt.port_state,
+            "mrc.xfeth.duplicate": int(
+                isinstance(pkt, AckPacket) and bool(pkt.flags & FeedbackFlags.DUPLICATE)
+            ),
+            "mrc.xfeth.msn": pkt.msn if isinstance(pkt, AckPacket) else 0,
+        }
     if isinstance(pkt, DataPacket):
-        out = common | {
+        out |= {
             "mrc.bth.opcode": write_opcode(pkt.flags, pkt.imm),
             "mrc.bth.psn": pkt.psn,
             "mrc.bth.rtx": int(bool(pkt.flags & DataFlags.RETX)),
@@ -50,20 +71,15 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
             "mrc.reth.va": pkt.va,
             "mrc.reth.r_key": pkt.rkey,
             "mrc.reth.dmalen": pkt.dma_len if pkt.trimmed else len(pkt.payload),
-            "mrc.xeth.ev": pkt.ev,
-            "mrc.xeth.tx_seq": pkt.tx_seq,
-            "mrc.xeth.ts_ns": pkt.ts_ns,
-            "mrc.xeth.trimmed": int(pkt.trimmed),
-            "mrc.xeth.trim_lasthop": int(bool(pkt.flags & DataFlags.TRIM_LASTHOP)),
         }
         if pkt.imm is not None:
             out["mrc.immdt"] = pkt.imm
-        if not pkt.trimmed:
+        if pkt.trimmed:
+            del out["mrc.icrc"]  # a switch cut it off with the payload
+        else:
             out["mrc.payload"] = bytes(pkt.payload).hex()
-            out["mrc.icrc"] = int.from_bytes(wire[-4:], "little")
-        return out
-    if isinstance(pkt, AckPacket):
-        out = common | {
+    elif isinstance(pkt, AckPacket):
+        out |= {
             "mrc.bth.opcode": 0xDD if pkt.nack_reason else 0xDC,
             "mrc.bth.psn": pkt.cum_psn,
             "mrc.seth.m": pkt.skip,
@@ -77,13 +93,6 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
             "mrc.cc.ts_echo": ts16(pkt.echo_ts_ns),
             "mrc.cc.ooo_count": pkt.ooo_count,
             "mrc.cc.received_bytes": pkt.rcv_bytes,
-            "mrc.xeth.ev": pkt.ev,
-            "mrc.xeth.tx_seq": pkt.tx_seq,
-            "mrc.xeth.ts_ns": pkt.echo_ts_ns,
-            "mrc.xfeth.msn": pkt.msn,
-            "mrc.xfeth.port_state": pkt.port_state,
-            "mrc.xfeth.duplicate": int(bool(pkt.flags & FeedbackFlags.DUPLICATE)),
-            "mrc.icrc": int.from_bytes(wire[-4:], "little"),
         }
         if pkt.nack_reason:
             out |= {
@@ -92,50 +101,29 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
                 "mrc.neth.psn": pkt.echo_psn,
                 "mrc.neth.tx_timestamp": ts16(pkt.echo_ts_ns),
             }
-        return out
-    if isinstance(pkt, ProbePacket):
-        return common | {
+    elif isinstance(pkt, ProbePacket | PortStatusPacket):  # ERTH: EV probe, port status
+        out |= {
             "mrc.bth.opcode": 0xD8,
-            "mrc.bth.psn": 0,
-            "mrc.ep.op": 1,
+            "mrc.ep.op": int(isinstance(pkt, ProbePacket)),
             "mrc.ep.port_mask": pkt.port_state,
             "mrc.ep.tx_timestamp": ts16(pkt.ts_ns),
-            "mrc.xeth.ev": pkt.ev,
-            "mrc.xeth.tx_seq": pkt.tx_seq,
-            "mrc.xeth.ts_ns": pkt.ts_ns,
-            "mrc.xeth.trimmed": 0,
-            "mrc.xeth.trim_lasthop": 0,
-            "mrc.icrc": int.from_bytes(wire[-4:], "little"),
         }
-    if isinstance(pkt, ReliabilityProbePacket):
-        return common | {
+    elif isinstance(pkt, ReliabilityProbePacket):
+        out |= {
             "mrc.bth.opcode": 0xDE,
-            "mrc.bth.psn": 0,
             "mrc.peth.probe_id": pkt.probe_id,
             "mrc.ep.tx_timestamp": ts16(pkt.ts_ns),
-            "mrc.xeth.ev": pkt.ev,
-            "mrc.xeth.tx_seq": pkt.tx_seq,
-            "mrc.xeth.ts_ns": pkt.ts_ns,
-            "mrc.xeth.trimmed": 0,
-            "mrc.xeth.trim_lasthop": 0,
-            "mrc.icrc": int.from_bytes(wire[-4:], "little"),
         }
-    assert isinstance(pkt, ProbeReplyPacket)
-    return common | {
-        "mrc.bth.opcode": 0xD9,
-        "mrc.bth.psn": 0,
-        "mrc.ep.op": 1,
-        "mrc.eeth.entropy": pkt.echo_ev,
-        "mrc.ep.port_mask": pkt.port_state,
-        "mrc.ep.tx_timestamp": ts16(pkt.echo_ts_ns),
-        "mrc.xeth.ev": pkt.ev,
-        "mrc.xeth.tx_seq": pkt.tx_seq,
-        "mrc.xeth.ts_ns": pkt.echo_ts_ns,
-        "mrc.xfeth.port_state": pkt.port_state,
-        "mrc.xfeth.duplicate": 0,
-        "mrc.xfeth.msn": 0,
-        "mrc.icrc": int.from_bytes(wire[-4:], "little"),
-    }
+    else:
+        assert isinstance(pkt, ProbeReplyPacket)
+        out |= {
+            "mrc.bth.opcode": 0xD9,
+            "mrc.ep.op": 1,
+            "mrc.eeth.entropy": pkt.echo_ev,
+            "mrc.ep.port_mask": pkt.port_state,
+            "mrc.ep.tx_timestamp": ts16(pkt.echo_ts_ns),
+        }
+    return out
 
 
 FIELDS = sorted(

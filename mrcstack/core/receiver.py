@@ -153,29 +153,19 @@ class Receiver:
     def state_feedback(self, ev: int, ts_ns: int) -> Feedback:
         """The SACK answering a reliability probe: the cumulative and selective state now,
         echoing the probe's EV and timestamp (its PSN echo is the cumulative PSN)."""
-        nxt = self.rcv_nxt
-        bits = self.ooo_bits
-        return Feedback(
-            (nxt - 1) & PSN_MASK,
-            self.msn,
-            ev,
-            (nxt - 1) & PSN_MASK,
-            ts_ns,
-            nxt & PSN_MASK,
-            bits & _SACK_MASK,
-            False,
-            0,
-            False,
-            nxt - 1,
-            nxt,
-            nxt,
-            min(len(self.ooo), _OOO_MAX),
-            self.stats.data_bytes_placed & _BYTES_MASK,
-        )
+        cum = self.rcv_nxt - 1
+        return self._build(ev, cum & PSN_MASK, ts_ns, cum, False, 0, False)
 
     def _feedback(
         self, pkt: DataPacket, seq: int, ecn: bool, reason: int, dup: bool = False
     ) -> Feedback:
+        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, reason, dup)
+
+    def _build(
+        self, ev: int, psn: int, ts_ns: int, seq: int, ecn: bool, reason: int, dup: bool
+    ) -> Feedback:
+        """Feedback echoing packet ``seq`` (``ev``, ``psn``, ``ts_ns``): the cumulative PSN
+        and the 64-bit SACK window that ends at ``seq`` (or starts at the cumulative point)."""
         nxt = self.rcv_nxt
         base = seq - SACK_BITS + 1
         if base < nxt:
@@ -184,9 +174,9 @@ class Receiver:
         return Feedback(
             (nxt - 1) & PSN_MASK,
             self.msn,
-            pkt.ev,
-            pkt.psn,
-            pkt.ts_ns,
+            ev,
+            psn,
+            ts_ns,
             base & PSN_MASK,
             bits >> (base - nxt) & _SACK_MASK if bits else 0,
             ecn,

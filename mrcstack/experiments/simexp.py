@@ -41,6 +41,14 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
+def _quantile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank); NaN when empty."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
 def _span(series: list[float], start_s: float, end_s: float) -> float:
     """Mean goodput between two times; a run that ended (or stalled for good) counts 0."""
     a, b = int(start_s / BIN_S), int(end_s / BIN_S)
@@ -595,7 +603,7 @@ def fig18(profile: str, seed: int) -> Outcome:
         fcts = sorted((f["completion_time_s"] or float("inf")) for f in doc["flows"])
         for f in fcts:
             rows.append((label, f * 1e3, f / ideal))
-        p99[label] = fcts[min(len(fcts) - 1, int(0.99 * len(fcts)))] / ideal
+        p99[label] = _quantile(fcts, 0.99) / ideal
     table = Table("fct", ("case", "fct_ms", "slowdown"), tuple(rows))
     return Outcome(
         params={
@@ -700,14 +708,6 @@ def fig20(profile: str, seed: int) -> Outcome:
 
 
 # Section 5.2.1: small-write latency ---------------------------------------------------------
-def _quantile(xs: list[float], q: float) -> float:
-    """The ``q`` quantile of ``xs`` (nearest rank); NaN when empty."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def latency(profile: str, seed: int) -> Outcome:
     """One host writes 4 KiB, one write in flight at a time (as ``mrc-write-lat`` does):
     alone; while six other hosts send bulk writes to its receiver (a 6:1 incast on the

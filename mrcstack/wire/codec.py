@@ -36,6 +36,7 @@ from mrcstack.wire.packets import (
     PSN_MOD,
     SWITCH_FLAGS,
     WRITE_OPCODES,
+    XETH_OPCODES,
     AckPacket,
     BthFlags,
     DataFlags,
@@ -149,7 +150,6 @@ _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 _VALID_FEEDBACK_FLAGS = _ECN_ECHO | _DUPLICATE
 _NACK_REASONS = frozenset(int(r) for r in NackReason)
 _SKIPS = frozenset(int(m) for m in SkipHint)
-_XETH_CONTROL = frozenset({Opcode.ENDPOINT_REQUEST, Opcode.RELIABILITY_PROBE_REQ})
 _XETH_FLAGS_FROM_END = XETH_LEN - 1  # flags byte offset, counted back from the header end
 
 # opcode of a write from (first, last, has imm)
@@ -163,6 +163,11 @@ _WRITE_OPCODE = {
 }
 _OPCODE_FLAGS = {int(op): (_FIRST if f else 0) | (_LAST if la else 0)
                  for (f, la, _), op in _WRITE_OPCODE.items()}  # fmt: skip
+# The same table keyed by FIRST|LAST flag bits, and whether there is an immediate.
+_OPCODE_OF: dict[tuple[int, bool], Opcode] = {
+    (flags, imm): op for (f, la, imm), op in _WRITE_OPCODE.items()
+    for flags in [(_FIRST if f else 0) | (_LAST if la else 0)]
+}  # fmt: skip
 
 _BTH = ">BBHII"  # opcode, M/SE/PadCnt/TVer, P_Key, resv|DestQP, A/R/RTX/TS|PSN
 _XETH = "BBBBIQQI"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, hdr_check
@@ -240,8 +245,8 @@ def trimmed_length(opcode: int) -> int:
 def write_opcode(flags: int, imm: int | None) -> Opcode:
     """The write opcode for a packet's FIRST/LAST flags and immediate."""
     try:
-        return _WRITE_OPCODE[(bool(flags & _FIRST), bool(flags & _LAST), imm is not None)]
-    except KeyError:
+        return _OPCODE_OF[flags & (_FIRST | _LAST), imm is not None]
+    except (KeyError, TypeError):
         raise WireUsageError("an immediate goes only on the last packet of a write") from None
 
 
@@ -525,7 +530,7 @@ def _check_version(view: memoryview, at: int) -> None:
 def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity) -> Packet:
     """SACK, NACK, EV probe and probe reply: headers and trailer only, no payload."""
     opcode = view[0]
-    ext_len = XETH_LEN if opcode in _XETH_CONTROL else XFETH_LEN
+    ext_len = XETH_LEN if opcode in XETH_OPCODES else XFETH_LEN
     _check_version(view, hlen - ext_len)
     tlen = integrity.trailer_len
     if size != hlen + tlen:

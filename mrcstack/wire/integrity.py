@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire.evformat import stev_source_port
-from mrcstack.wire.packets import ROCEV2_UDP_PORT, SWITCH_FLAGS, WRITE_OPCODES, Opcode
+from mrcstack.wire.packets import ROCEV2_UDP_PORT, SWITCH_FLAGS, XETH_OPCODES, XFETH_OPCODES
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -54,10 +54,6 @@ XFETH_LEN = 36  # mrcstack's extension on feedback (SACK, NACK, probe reply)
 _FLAGS_OFFSET_IN_EXT = 1
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)
 _CLEAR_SWITCH_FLAGS = 0xFF & ~int(SWITCH_FLAGS)
-_XETH_OPCODES = WRITE_OPCODES | {Opcode.ENDPOINT_REQUEST, Opcode.RELIABILITY_PROBE_REQ}
-_XFETH_OPCODES = frozenset(
-    {Opcode.RELIABILITY_SACK, Opcode.RELIABILITY_NACK, Opcode.ENDPOINT_RESPONSE}
-)
 _U32 = struct.Struct(">I")
 _ICRC = struct.Struct("<I")  # the ICRC goes out least significant byte first (as Scapy's)
 _NONCE_SEQ = struct.Struct(">Q")
@@ -114,9 +110,9 @@ def crc32_header(header: BytesLike) -> int:
     n = len(header)
     if n < BTH_LEN + HDR_CHECK_LEN:
         raise WireUsageError(f"a header is at least {BTH_LEN + HDR_CHECK_LEN} bytes, got {n}")
-    if header[0] in _XETH_OPCODES:
+    if header[0] in XETH_OPCODES:
         ext_len = XETH_LEN
-    elif header[0] in _XFETH_OPCODES:
+    elif header[0] in XFETH_OPCODES:
         ext_len = XFETH_LEN
     else:
         raise WireUsageError(f"opcode {header[0]:#04x} has no MRC extension")

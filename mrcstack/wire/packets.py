@@ -60,6 +60,14 @@ WRITE_OPCODES = frozenset(range(Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY_
 IMM_OPCODES = frozenset({Opcode.RDMA_WRITE_LAST_IMM, Opcode.RDMA_WRITE_ONLY_IMM})
 
 
+#: Opcodes whose headers end with mrcstack's XETH (writes, EV probes and port-status
+#: updates, reliability probes), and those that end with its XFETH (feedback).
+XETH_OPCODES = WRITE_OPCODES | {Opcode.ENDPOINT_REQUEST, Opcode.RELIABILITY_PROBE_REQ}
+XFETH_OPCODES = frozenset(
+    {Opcode.RELIABILITY_SACK, Opcode.RELIABILITY_NACK, Opcode.ENDPOINT_RESPONSE}
+)
+
+
 class BthFlags(enum.IntFlag):
     """BTH byte 8: ack request, reserved R, retransmission, TSETH present."""
 

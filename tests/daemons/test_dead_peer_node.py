@@ -22,6 +22,7 @@ from tests.daemons.test_node import FABRIC, Recorder, config
 from tests.isolation import free_base
 
 MIB = 1 << 20
+WAIT_STEPS = 2000  # x 5 ms: how long a test waits for an announcement to arrive
 
 
 @pytest.fixture
@@ -208,14 +209,14 @@ async def test_a_port_going_down_is_announced_over_the_fabric(
     conn = a.qp(qpn).conn
     assert conn is not None and conn.evs.remote_port_up[1]
     b.set_port_admin(1, False)
-    for _ in range(200):
+    for _ in range(WAIT_STEPS):  # (a bound, not a measurement: it comes in milliseconds)
         if not conn.evs.remote_port_up[1]:
             break
         await asyncio.sleep(0.005)
     assert not conn.evs.remote_port_up[1]
     assert 3 in a.prober._port_ts  # it came as a PORT_STATUS_UPDATE datagram
     b.set_port_admin(1, True)
-    for _ in range(200):
+    for _ in range(WAIT_STEPS):
         if conn.evs.remote_port_up[1]:
             break
         await asyncio.sleep(0.005)

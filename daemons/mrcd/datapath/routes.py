@@ -9,6 +9,7 @@ needs no header of ours: the path is the destination address, and a plain UDP so
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from mrcstack import addrplan
 from mrcstack.daemons.mrcd.datapath.transport import RawRoute
@@ -21,8 +22,29 @@ from mrcstack.wire import (
     stev_source_port,
 )
 
+if TYPE_CHECKING:
+    from scapy.packet import Packet
+
 #: Hop limit of the packets we build (the kernel's default for a socket's own).
 HOP_LIMIT = 64
+UDP_NEXT = 17  # what follows the SRH
+
+
+def _quiet_scapy() -> None:
+    logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
+
+
+def srh(fabric: Fabric, src_host: int, dst_host: int, plane: int, ev: int) -> Packet:
+    """The segment routing header of ``ev``'s path (Scapy's ``IPv6ExtHdrSegmentRouting``):
+    each switch's classic SID, then the destination NIC's address; UDP after it."""
+    _quiet_scapy()
+    from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting  # noqa: PLC0415  (slow import)
+
+    segments = [str(s) for s in addrplan.srh_segments(fabric, src_host, dst_host, plane, ev)]
+    last = len(segments) - 1
+    return IPv6ExtHdrSegmentRouting(
+        addresses=list(reversed(segments)), segleft=last, lastentry=last, nh=UDP_NEXT
+    )
 
 
 def raw_route(
@@ -35,35 +57,26 @@ def raw_route(
     STEV: to the destination NIC's address, the EV in the flow label and the UDP source port.
     The UDP checksum is zero, as on every mrcstack packet (receivers accept it).
     """
-    logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
+    _quiet_scapy()
     from scapy.compat import raw  # noqa: PLC0415
     from scapy.layers.inet import UDP  # noqa: PLC0415  (only for these formats: slow import)
-    from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting  # noqa: PLC0415
-    from scapy.packet import Packet  # noqa: PLC0415
+    from scapy.layers.inet6 import IPv6  # noqa: PLC0415
 
     src = str(addrplan.nic_sid(fabric, plane, src_host))
-    dst = str(addrplan.nic_sid(fabric, plane, dst_host))
-    headers: list[bytes] = []
-    for tclass in (TCLASS_DATA, TCLASS_CONTROL):
-        pkt: Packet
-        if fmt is EvFormat.SRV6_SRH:
-            segments = [
-                str(s) for s in addrplan.srh_segments(fabric, src_host, dst_host, plane, ev)
-            ]
-            first = segments[0]
-            srh = IPv6ExtHdrSegmentRouting(
-                addresses=list(reversed(segments)),
-                segleft=len(segments) - 1,
-                lastentry=len(segments) - 1,
-            )
-            pkt = IPv6(src=src, dst=first, tc=tclass, hlim=HOP_LIMIT) / srh
-            pkt = pkt / UDP(sport=port, dport=port, chksum=0)
-        elif fmt is EvFormat.STEV:
-            first = dst
-            pkt = IPv6(src=src, dst=dst, tc=tclass, fl=stev_flow_label(ev), hlim=HOP_LIMIT)
-            pkt = pkt / UDP(sport=stev_source_port(ev), dport=port, chksum=0)
-        else:
-            raise ValueError(f"EV format {fmt.value} has no header of ours")
-        headers.append(raw(pkt))
-    data, control = headers
+    if fmt is EvFormat.SRV6_SRH:
+        first = str(addrplan.srh_segments(fabric, src_host, dst_host, plane, ev)[0])
+        label = 0
+        tail: Packet = srh(fabric, src_host, dst_host, plane, ev) / UDP(
+            sport=port, dport=port, chksum=0
+        )
+    elif fmt is EvFormat.STEV:
+        first = str(addrplan.nic_sid(fabric, plane, dst_host))
+        label = stev_flow_label(ev)
+        tail = UDP(sport=stev_source_port(ev), dport=port, chksum=0)
+    else:
+        raise ValueError(f"EV format {fmt.value} has no header of ours")
+    data, control = (
+        raw(IPv6(src=src, dst=first, tc=tclass, fl=label, hlim=HOP_LIMIT) / tail)
+        for tclass in (TCLASS_DATA, TCLASS_CONTROL)
+    )
     return RawRoute((first, 0), data, control, len(data) - 8)

@@ -216,12 +216,16 @@ class Transport:
         self._qps[qpn] = _Qp(conn, remote, on_event)
 
     def prepare(self, remote: int, paths: list[tuple[int, int]], fmt: EvFormat) -> None:
-        """Resolve every (plane, EV) a new connection may use before its first packet:
-        building a format's headers (Scapy) must not stall the data path mid-transfer."""
+        """Resolve every (plane, EV) a new connection may use before its first packet, and
+        open the raw sockets its routes need: building a format's headers (Scapy) must not
+        stall the data path mid-transfer, and a missing CAP_NET_RAW must fail the QP's setup
+        (OSError), not a send."""
         for plane, ev in paths:
             key = (remote, plane, ev, fmt)
             if key not in self._addr_cache:
                 self._addr_cache[key] = self.resolver(remote, plane, ev, fmt)
+            if type(self._addr_cache[key]) is not tuple:
+                self._raw(plane)
 
     def remove(self, qpn: int) -> None:
         self._qps.pop(qpn, None)

@@ -371,7 +371,12 @@ class Node:
         )
         if config.ev_format is not EvFormat.SRV6:
             paths = [(e.port, e.value) for e in config.evs]
-            transport.prepare(remote_host, paths, config.ev_format)
+            try:
+                transport.prepare(remote_host, paths, config.ev_format)
+            except OSError as exc:
+                raise LocalError(
+                    f"EV format {config.ev_format.value} needs raw sockets (CAP_NET_RAW): {exc}"
+                ) from None
         now = clock()
         conn = Connection(
             config, memory=qp.ctx.memory, rng=random.Random(self.rng.random()), now=now
