@@ -64,7 +64,25 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        nacks_received, trims_received
                                        (receiver), ecn_echoes (sender), per_plane_bytes,
                                        write_latency_s (a latency probe's writes, post to
-                                       completion, in order: ``SimConfig.latency_flows``)
+                                       completion, in order: ``SimConfig.latency_flows``),
+                                       group (its spec's label), start_time_s (null if it
+                                       never started: a flow it waited for failed),
+                                       fct_s (start to completion), ideal_fct_s (alone
+                                       on an idle fabric: line rate on each of its
+                                       planes plus one base RTT), slowdown (fct_s /
+                                       ideal_fct_s), packet_latency_s (every N-th full
+                                       data packet's send-to-arrival time:
+                                       ``SimConfig.packet_latency_every``)
+    groups             [object]        per flow label, in order of first use: name,
+                                       flows, complete, start_s, end_s (last completion,
+                                       null unless all completed), duration_s, bytes
+    fct_p50_s          float|null      median flow completion time of completed flows
+    fct_p99_s          float|null      99th percentile (linear interpolation)
+    slowdown_p50       float|null      median of the flows' slowdown
+    slowdown_p99       float|null      99th percentile slowdown
+    receiver_utilization {host: float} per receiving host ("h3"): wire bytes its T0s
+                                       delivered to it * 8 / completion_time_s / (planes
+                                       x host link rate)
     events             [object]        the first 1000 EV state changes: t_s, flow, side
                                        ("sender"/"receiver"), ev, plane, old, new, reason,
                                        drop_count
@@ -91,8 +109,12 @@ from mrcstack.sim.engine import Engine
 from mrcstack.sim.network import NetParams, NetStats, Network
 from mrcstack.sim.runner import (
     FlowResult,
+    FlowSpec,
+    GroupResult,
     LinkFailure,
+    LossChange,
     NicDown,
+    PlaneFailure,
     SimConfig,
     SimError,
     SimResult,
@@ -103,11 +125,15 @@ from mrcstack.sim.runner import (
 __all__ = [
     "Engine",
     "FlowResult",
+    "FlowSpec",
+    "GroupResult",
     "LinkFailure",
+    "LossChange",
     "NetParams",
     "NetStats",
     "Network",
     "NicDown",
+    "PlaneFailure",
     "SimConfig",
     "SimError",
     "SimResult",

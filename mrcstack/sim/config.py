@@ -65,7 +65,50 @@ class NicDown:
     end: float | None = None
 
 
-Window = LinkFailure | SwitchFailure | NicDown
+@dataclass(frozen=True, slots=True)
+class PlaneFailure:
+    """A whole plane fails: every switch and link of it down during the window, so every
+    host loses carrier on that plane's NIC port (what one flag says for many switches)."""
+
+    plane: int
+    start: float
+    end: float | None = None
+
+
+Window = LinkFailure | SwitchFailure | NicDown | PlaneFailure
+
+
+@dataclass(frozen=True, slots=True)
+class LossChange:
+    """From ``at`` (s) on, random loss ``loss`` on one physical link, or on every link when
+    ``link`` is None: loss that changes over time is a list of these."""
+
+    at: float
+    loss: float
+    link: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSpec:
+    """One flow in detail: its own size, when it starts, what it waits for, and its EVs.
+
+    A flow starts at ``start_s`` or when the last flow in ``after`` (indices of earlier
+    flows) completed, whichever is later; a flow whose prerequisite failed never starts.
+    That is how a collective is written: each step's flows wait for the previous step's.
+    ``evs`` pins the flow to these EV values, in this order, at both ends (each value
+    names its plane and T1, :func:`mrcstack.addrplan.ev_value`); ``planes`` keeps only the
+    EVs of these planes.  ``group`` labels the flow for per-group results (a step, a
+    collective, an incast).
+    """
+
+    src: int
+    dst: int
+    bytes: int | None = None  # None = SimConfig.bytes_per_flow
+    start_s: float = 0.0
+    after: tuple[int, ...] = ()
+    evs: tuple[int, ...] = ()
+    planes: tuple[int, ...] = ()
+    group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +117,7 @@ class SimConfig:
 
     fabric: Fabric = field(default_factory=Fabric)
     pairs: tuple[tuple[int, int], ...] = ()  # (src, dst) hosts; () = one flow h0 -> last host
+    flow_specs: tuple[FlowSpec, ...] = ()  # instead of pairs: flows with their own settings
     bytes_per_flow: int = DEFAULT_BYTES
     wr_size: int | None = None  # None = 1 MiB work requests (runner.DEFAULT_WR_SIZE)
     mode: str = "mrc"
@@ -92,6 +136,12 @@ class SimConfig:
     link_failures: tuple[LinkFailure, ...] = ()
     switch_failures: tuple[SwitchFailure, ...] = ()
     nic_downs: tuple[NicDown, ...] = ()
+    plane_failures: tuple[PlaneFailure, ...] = ()
+    loss_changes: tuple[LossChange, ...] = ()  # applied in time order over loss/link_loss
+    ecn_last_hop: bool = False  # also mark on switch ports facing hosts (DCQCN-style)
+    # Every N-th data packet arriving at a receiver records its one-way latency (send to
+    # arrival) in FlowResult.packet_latency_s; 0 = none.
+    packet_latency_every: int = 0
     mtu_payload: int = DEFAULT_MTU_PAYLOAD
     ev_count: int = DEFAULT_EV_COUNT
     seed: int = 0
@@ -113,6 +163,10 @@ class SimConfig:
         hosts = self.fabric.hosts
         if hosts < 2:
             raise ValueError("the fabric needs at least two hosts")
+        if self.pairs and self.flow_specs:
+            raise ValueError("give pairs or flow specs, not both")
+        for index, spec in enumerate(self.flow_specs):
+            self._check_spec(index, spec)
         for src, dst in self.pairs:
             for host in (src, dst):
                 if not 0 <= host < hosts:
@@ -154,6 +208,17 @@ class SimConfig:
         for nic in self.nic_downs:
             self.fabric.check_host(nic.host)
             self.fabric.check_plane(nic.plane)
+        for plane in self.plane_failures:
+            self.fabric.check_plane(plane.plane)
+        for change in self.loss_changes:
+            if not 0 <= change.at < float("inf"):
+                raise ValueError(f"bad loss change {change}: need 0 <= at")
+            if not 0.0 <= change.loss <= 1.0:
+                raise ValueError(f"loss change at {change.at}: {change.loss} is not in [0, 1]")
+            if change.link is not None:
+                addrplan.parse_link(change.link, self.fabric)
+        if self.packet_latency_every < 0:
+            raise ValueError(f"packet_latency_every must be >= 0, got {self.packet_latency_every}")
         for link in (*(w.link for w in self.link_failures), *(n for n, _ in self.link_loss)):
             addrplan.parse_link(link, self.fabric)
         for switch in self.switch_failures:
@@ -166,11 +231,44 @@ class SimConfig:
             raise ValueError("latency_writes and latency_write_bytes must be >= 1")
         self.net_params()  # checks rates, probabilities and thresholds
 
+    def _check_spec(self, index: int, spec: FlowSpec) -> None:
+        where = f"flow {index} ({spec.src}:{spec.dst})"
+        for host in (spec.src, spec.dst):
+            if not 0 <= host < self.fabric.hosts:
+                raise ValueError(f"{where}: host {host} not in 0..{self.fabric.hosts - 1}")
+        if spec.src == spec.dst:
+            raise ValueError(f"{where}: a flow needs two different hosts")
+        if spec.bytes is not None and spec.bytes < 1:
+            raise ValueError(f"{where}: bytes must be >= 1, got {spec.bytes}")
+        if not 0 <= spec.start_s < float("inf"):
+            raise ValueError(f"{where}: start must be >= 0, got {spec.start_s}")
+        for before in spec.after:
+            if not 0 <= before < index:
+                raise ValueError(f"{where}: can only wait for an earlier flow, not {before}")
+        for plane in spec.planes:
+            self.fabric.check_plane(plane)
+        for ev in spec.evs:
+            fields = addrplan.ev_fields(ev)
+            if fields.plane >= self.fabric.planes or fields.t1 >= self.fabric.t1_per_plane:
+                raise ValueError(f"{where}: EV {ev:#x} names no path of this fabric")
+        if (
+            spec.evs
+            and spec.planes
+            and not any(addrplan.ev_fields(ev).plane in spec.planes for ev in spec.evs)
+        ):
+            raise ValueError(f"{where}: none of its EVs is on its planes")
+
+    def specs(self) -> tuple[FlowSpec, ...]:
+        """Every flow in detail (plain pairs become specs with the scenario's defaults)."""
+        return self.flow_specs or tuple(FlowSpec(src, dst) for src, dst in self.flows())
+
     def flows(self) -> tuple[tuple[int, int], ...]:
+        if self.flow_specs:
+            return tuple((spec.src, spec.dst) for spec in self.flow_specs)
         return self.pairs or ((0, self.fabric.hosts - 1),)
 
     def windows(self) -> tuple[Window, ...]:
-        return (*self.link_failures, *self.switch_failures, *self.nic_downs)
+        return (*self.link_failures, *self.switch_failures, *self.nic_downs, *self.plane_failures)
 
     def net_params(self) -> NetParams:
         params = NetParams(
@@ -184,6 +282,7 @@ class SimConfig:
             loss=self.loss,
             link_loss=self.link_loss,
             ev_loss=self.ev_loss,
+            ecn_last_hop=self.ecn_last_hop,
         )
         params.thresholds(self.fabric)
         return params
@@ -217,14 +316,24 @@ def _check_switch(fabric: Fabric, name: str) -> None:
 
 
 def ev_profile(
-    cfg: SimConfig, src: int, dst: int, rng: random.Random | None = None
+    cfg: SimConfig,
+    src: int,
+    dst: int,
+    rng: random.Random | None = None,
+    spec: FlowSpec | None = None,
 ) -> tuple[EvEntry, ...]:
-    """EVs from src to dst: the address plan's default profile (:func:`addrplan.ev_profile`).
+    """EVs from src to dst: the address plan's default profile (:func:`addrplan.ev_profile`),
+    or the flow's pinned EVs; only those of the flow's planes when it names planes.
 
     In RoCE mode the connection uses only the first EV; with ``rng`` the list is rotated to
     a random start, like an ECMP hash picking one path per flow.
     """
-    evs = list(addrplan.ev_profile(cfg.fabric, src, dst, cfg.ev_count))
+    if spec is not None and spec.evs:
+        evs = [EvEntry(ev, addrplan.ev_fields(ev).plane) for ev in spec.evs]
+    else:
+        evs = list(addrplan.ev_profile(cfg.fabric, src, dst, cfg.ev_count))
+    if spec is not None and spec.planes:
+        evs = [e for e in evs if e.port in spec.planes]
     if cfg.mode == "roce" and rng is not None:
         start = rng.randrange(len(evs))
         evs = evs[start:] + evs[:start]

@@ -17,7 +17,8 @@ framing is not modelled.
   headers are never dropped for congestion); any other packet over the limit is tail-dropped.
   Data packets seeing more than ``ecn_kmin_bytes`` queued are CE-marked with a probability
   ramping linearly to 1 at ``ecn_kmax_bytes`` (RED style), except on a port facing a host:
-  MRC marks only where another path could help.
+  MRC marks only where another path could help.  ``ecn_last_hop`` marks there too, as a
+  DCQCN fabric does (the receiver's own link is then a congestion signal for the sender).
 - Faults: random loss per link (the packet still uses the link's bandwidth), failed links
   (a packet reaching the egress of a failed link is dropped; packets already on the wire
   arrive), and per-EV loss on chosen host pairs (applied on arrival, after the path's
@@ -68,6 +69,7 @@ class NetParams:
     loss: float = 0.0  # every link, both directions
     link_loss: tuple[tuple[str, float], ...] = ()  # physical link name, probability
     ev_loss: tuple[tuple[int, float], ...] = ()  # EV value, probability
+    ecn_last_hop: bool = False  # mark on host-facing switch ports too
 
     def __post_init__(self) -> None:
         if not self.link_delay_s >= 0:
@@ -177,12 +179,30 @@ class Link:
 class _Packet:
     """A datagram in flight (internal and mutable: trimming and marking change it)."""
 
-    __slots__ = ("data", "doomed", "dst", "ecn", "hop", "is_data", "plane", "priority", "route")
+    __slots__ = (
+        "data",
+        "doomed",
+        "dst",
+        "ecn",
+        "hop",
+        "is_data",
+        "plane",
+        "priority",
+        "route",
+        "sent_at",
+    )
 
     def __init__(
-        self, data: bytes, route: tuple[Link, ...], dst: int, plane: int, doomed: bool
+        self,
+        data: bytes,
+        route: tuple[Link, ...],
+        dst: int,
+        plane: int,
+        doomed: bool,
+        sent_at: float,
     ) -> None:
         self.data = data
+        self.sent_at = sent_at
         self.route = route
         self.dst = dst
         self.plane = plane
@@ -249,9 +269,13 @@ class Network:
         self._trim = params.trim
         self._forward_cb = self._forward
         self._deliver_cb = self._deliver
+        self._mark_last_hop = params.ecn_last_hop
         self.packets_sent = 0
         self.packets_delivered = 0
         self.drops_ev_loss = 0
+        #: While a handler runs: the one-way latency of the full data packet it was given
+        #: (send to arrival), or None for anything else (control, trimmed headers).
+        self.delivered_latency: float | None = None
 
     # Topology -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -327,6 +351,19 @@ class Network:
         for name in self.switch_links(node):
             self.set_link(name, up)
 
+    def plane_links(self, plane: int) -> list[str]:
+        """Every physical link of a plane (its hosts' links included)."""
+        self.fabric.check_plane(plane)
+        return [name for name, (up, _) in self.physical.items() if up.plane == plane]
+
+    def set_loss(self, link: str | None, loss: float) -> None:
+        """Random loss from now on: one physical link (both ways) or, with None, all."""
+        if not 0.0 <= loss <= 1.0:
+            raise ValueError(f"loss must be a probability in [0, 1], got {loss}")
+        targets = self.links.values() if link is None else self.physical[self.canonical(link)]
+        for directional in targets:
+            directional.loss = loss
+
     # Data path ------------------------------------------------------------------------
     def attach(self, host: int, handler: Handler) -> None:
         """Deliver datagrams arriving at ``host`` to ``handler(data, plane, ecn)``."""
@@ -360,7 +397,7 @@ class Network:
             if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
                 doomed = self._rng.random() < p
         self.packets_sent += 1
-        self._forward(_Packet(data, route, dst, plane, doomed))
+        self._forward(_Packet(data, route, dst, plane, doomed, self._engine.now))
 
     def _forward(self, pkt: _Packet) -> None:
         """The packet is at the node before ``route[hop]``: enqueue it there.
@@ -394,7 +431,11 @@ class Network:
                 elif queued + size > self.queue_bytes:
                     link.drops_queue += 1
                     return
-                elif pkt.is_data and queued > self.ecn_kmin and not link.last_hop:
+                elif (
+                    pkt.is_data
+                    and queued > self.ecn_kmin
+                    and (self._mark_last_hop or not link.last_hop)
+                ):
                     excess = queued - self.ecn_kmin
                     if excess >= self._ecn_span or self._rng.random() * self._ecn_span < excess:
                         pkt.ecn = True
@@ -430,6 +471,9 @@ class Network:
         if handler is None:
             raise ValueError(f"no endpoint attached at host {pkt.dst}")
         self.packets_delivered += 1
+        self.delivered_latency = (
+            self._engine.now - pkt.sent_at if pkt.is_data and not pkt.priority else None
+        )
         handler(pkt.data, pkt.plane, pkt.ecn)
 
     # Counters -------------------------------------------------------------------------

@@ -38,6 +38,26 @@ class FlowResult:
     per_plane_bytes: tuple[int, ...]
     # A latency probe's writes: seconds from post to completion, in order (else empty).
     write_latency_s: tuple[float, ...] = ()
+    group: str = ""  # the flow spec's label
+    start_time_s: float | None = None  # when its first write was posted (None: never)
+    fct_s: float | None = None  # flow completion time: start to completion
+    ideal_fct_s: float = 0.0  # alone on an idle fabric: line rate on its planes + base RTT
+    slowdown: float | None = None  # fct_s / ideal_fct_s
+    # Sampled one-way latencies of full data packets (SimConfig.packet_latency_every).
+    packet_latency_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """The flows sharing a label (a collective's step, an incast) taken together."""
+
+    name: str
+    flows: int
+    complete: bool  # every flow of the group completed
+    start_s: float | None  # the first flow's start (None: none started)
+    end_s: float | None  # the last flow's completion (None: not all completed)
+    duration_s: float | None
+    bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +112,12 @@ class SimResult:
     ev_state_changes: int
     per_plane_bytes: tuple[int, ...]
     flows: tuple[FlowResult, ...]
+    groups: tuple[GroupResult, ...]
+    fct_p50_s: float | None  # over completed flows
+    fct_p99_s: float | None
+    slowdown_p50: float | None
+    slowdown_p99: float | None
+    receiver_utilization: dict[str, float]  # "h<N>": bytes into the host / (time x rate)
     events: tuple[EvRecord, ...]
     events_truncated: int
     port_events: tuple[PortRecord, ...]
@@ -126,6 +152,17 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     raise TypeError(f"cannot put {type(value).__name__} into JSON")
+
+
+def quantile(xs: Sequence[float], q: float) -> float | None:
+    """The q-quantile by linear interpolation between order statistics (None if empty)."""
+    if not xs:
+        return None
+    ordered = sorted(xs)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def sum_counts(tables: Sequence[dict[str, int]]) -> dict[str, int]:

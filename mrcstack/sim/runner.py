@@ -45,8 +45,11 @@ from mrcstack.sim.config import (
     DEFAULT_MTU_PAYLOAD,
     MAX_EV_COUNT,
     MAX_TIMELINE_BINS,
+    FlowSpec,
     LinkFailure,
+    LossChange,
     NicDown,
+    PlaneFailure,
     SimConfig,
     SwitchFailure,
     Window,
@@ -59,9 +62,11 @@ from mrcstack.sim.result import (
     JSON_FLOAT_DIGITS,
     EvRecord,
     FlowResult,
+    GroupResult,
     PortRecord,
     SimResult,
     TimelineBin,
+    quantile,
     sum_counts,
 )
 from mrcstack.wire import peek_qpn
@@ -75,14 +80,19 @@ __all__ = [
     "JSON_FLOAT_DIGITS",
     "MAX_EVENTS_LISTED",
     "MAX_EV_COUNT",
+    "MAX_LATENCY_SAMPLES",
     "MAX_TIMELINE_BINS",
     "MAX_TIMER_SPINS",
     "QPN_BASE",
     "ConnectionFactory",
     "EvRecord",
     "FlowResult",
+    "FlowSpec",
+    "GroupResult",
     "LinkFailure",
+    "LossChange",
     "NicDown",
+    "PlaneFailure",
     "PortRecord",
     "SimConfig",
     "SimError",
@@ -100,6 +110,8 @@ QPN_BASE = 0x100
 MAX_TIMER_SPINS = 10_000
 #: Cap on the EV / port event lists in a result (the counts stay exact).
 MAX_EVENTS_LISTED = 1000
+#: Cap on each flow's per-packet latency samples.
+MAX_LATENCY_SAMPLES = 100_000
 
 
 #: Builds one endpoint's connection; the benchmark passes one that times the core.
@@ -126,15 +138,28 @@ RING_BYTES = 8 << 20
 class _Flow:
     """One transfer and the bookkeeping that decides whether it completed correctly."""
 
-    def __init__(self, index: int, src: int, dst: int, cfg: SimConfig, rng: random.Random) -> None:
-        self.index, self.src, self.dst = index, src, dst
+    def __init__(self, index: int, spec: FlowSpec, cfg: SimConfig, rng: random.Random) -> None:
+        self.index, self.src, self.dst = index, spec.src, spec.dst
+        self.spec = spec
         self.probe = index in cfg.latency_flows  # one small write in flight, each timed
         if self.probe:
             self.size = cfg.latency_writes * cfg.latency_write_bytes
             self.wr_size = cfg.latency_write_bytes
         else:
-            self.size = cfg.bytes_per_flow
+            self.size = spec.bytes or cfg.bytes_per_flow
             self.wr_size = min(cfg.wr_size or DEFAULT_WR_SIZE, self.size)
+        self.waiting = len(set(spec.after))  # prerequisite flows not yet complete
+        self.dependents: list[_Flow] = []
+        self.started_at: float | None = None
+        profile = ev_profile(cfg, spec.src, spec.dst, spec=spec)
+        planes = len({e.port for e in profile})
+        # Alone on an idle fabric: line rate on each of its planes, plus one base RTT.
+        self.ideal_s = self.size * 8 / (planes * cfg.host_rate_bps()) + cfg.base_rtt(
+            spec.src, spec.dst
+        )
+        self.latency_every = cfg.packet_latency_every
+        self.latency_count = 0
+        self.packet_latency: list[float] = []
         self.nwrs = -(-self.size // self.wr_size)
         self.slots = 1 if self.probe else min(self.nwrs, max(2, RING_BYTES // self.wr_size))
         self.posted_at: list[float] = []  # probes: when each write was posted
@@ -186,6 +211,7 @@ class _Flow:
     def result(self) -> FlowResult:
         tx, rx = (end.conn.stats for end in self.ends)
         time = self.done_at
+        fct = None if time is None or self.started_at is None else time - self.started_at
         return FlowResult(
             index=self.index,
             src=self.src,
@@ -195,7 +221,13 @@ class _Flow:
             complete=self.complete(),
             verified=self.verified(),
             completion_time_s=time,
-            goodput_bps=self.size * 8 / time if time else 0.0,
+            goodput_bps=self.size * 8 / fct if fct else 0.0,
+            group=self.spec.group,
+            start_time_s=self.started_at,
+            fct_s=fct,
+            ideal_fct_s=self.ideal_s,
+            slowdown=fct / self.ideal_s if fct is not None else None,
+            packet_latency_s=tuple(self.packet_latency),
             arrival_time_s=self.arrived_at,
             failed=self.failed,
             failure_time_s=self.failed_at,
@@ -232,6 +264,16 @@ class _Endpoint:
 
     def receive(self, data: bytes, plane: int, ecn: bool) -> None:
         now = self.sim.engine.now
+        flow = self.flow
+        if flow.latency_every and not self.sender:
+            latency = self.sim.net.delivered_latency
+            if latency is not None:
+                flow.latency_count += 1
+                if (
+                    flow.latency_count % flow.latency_every == 0
+                    and len(flow.packet_latency) < MAX_LATENCY_SAMPLES
+                ):
+                    flow.packet_latency.append(latency)
         self.conn.receive_datagram(data, now=now, port=plane, ecn=ecn)
         if self.sink is not None:
             self.sink.check()  # the write this datagram placed, if any
@@ -299,16 +341,19 @@ class _Simulation:
         self.unfinished = len(pairs)
         data_rng = random.Random(master.getrandbits(64))
         hash_rng = random.Random(master.getrandbits(64))
-        for index, (src, dst) in enumerate(pairs):
-            flow = _Flow(index, src, dst, cfg, data_rng)
+        for index, spec in enumerate(cfg.specs()):
+            src, dst = spec.src, spec.dst
+            flow = _Flow(index, spec, cfg, data_rng)
             self.flows.append(flow)
+            for before in set(spec.after):
+                self.flows[before].dependents.append(flow)
             qpn = QPN_BASE + 2 * index
             for sender, host, peer, local in ((True, src, dst, qpn), (False, dst, src, qpn + 1)):
                 config = ConnectionConfig(
                     local_qpn=local,
                     remote_qpn=local ^ 1,
                     planes=cfg.fabric.planes,
-                    evs=ev_profile(cfg, host, peer, hash_rng),
+                    evs=ev_profile(cfg, host, peer, hash_rng, spec),
                     mode=cfg.mode,
                     cc=cfg.cc,
                     cc_params=cfg.cc_for(host, peer),
@@ -327,7 +372,9 @@ class _Simulation:
         for host, table in sorted(self.by_host.items()):
             self.net.attach(host, self._host_handler(table))
         self._schedule_faults()
-        self.engine.at(0.0, self._post_all)
+        for flow in self.flows:
+            if not flow.waiting:
+                self.engine.at(flow.spec.start_s, self._start, flow)
 
     def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[bytes, int, bool], None]:
         def deliver(data: bytes, plane: int, ecn: bool) -> None:
@@ -357,6 +404,10 @@ class _Simulation:
                 links = net.switch_links(window.switch)
                 change = functools.partial(net.set_switch, window.switch)
                 ports = self._host_ports(links)
+            elif isinstance(window, PlaneFailure):
+                links = net.plane_links(window.plane)
+                change = functools.partial(self._set_links, links)
+                ports = self._host_ports(links)
             else:
                 link = net.host_link(window.host, window.plane)
                 change = functools.partial(net.set_link, link)
@@ -365,6 +416,15 @@ class _Simulation:
             self.engine.at(window.start, action, False)
             if window.end is not None:
                 self.engine.at(window.end, action, True)
+        for change_at in sorted(self.cfg.loss_changes, key=lambda c: c.at):
+            self.engine.at(change_at.at, self._set_loss, change_at)
+
+    def _set_links(self, links: list[str], up: bool) -> None:
+        for link in links:
+            self.net.set_link(link, up)
+
+    def _set_loss(self, change: LossChange) -> None:
+        self.net.set_loss(change.link, change.loss)
 
     def _host_ports(self, links: list[str]) -> list[tuple[int, int]]:
         """The (host, plane) NIC ports at the end of any of these physical links."""
@@ -389,11 +449,33 @@ class _Simulation:
                 endpoint.conn.set_port_state(plane, port_up, now)  # idempotent
                 endpoint.pump()
 
-    def _post_all(self, _: object) -> None:
-        for flow in self.flows:
-            for _k in range(flow.slots):
-                self._post(flow)
-            flow.ends[0].pump()
+    def _start(self, flow: _Flow) -> None:
+        flow.started_at = self.engine.now
+        for _k in range(flow.slots):
+            self._post(flow)
+        flow.ends[0].pump()
+
+    def _release(self, flow: _Flow) -> None:
+        """``flow`` finished: start what waited for it, or fail it all if it failed."""
+        now = self.engine.now
+        for dep in flow.dependents:
+            if dep.finished:
+                continue
+            if flow.failed is not None:
+                dep.failed = f"flow {flow.index} it waits for failed"
+                dep.failed_at = now
+                self._finish(dep)
+                continue
+            dep.waiting -= 1
+            if dep.waiting == 0:
+                self.engine.at(max(now, dep.spec.start_s), self._start, dep)
+
+    def _finish(self, flow: _Flow) -> None:
+        flow.finished = True
+        self.unfinished -= 1
+        self._release(flow)
+        if self.unfinished == 0:
+            self.engine.stop()
 
     def _post(self, flow: _Flow) -> None:
         """Post the flow's next write into its ring slot (free: the write it held is done)."""
@@ -476,10 +558,7 @@ class _Simulation:
             flow.done_at = now
         elif flow.failed is None:
             return
-        flow.finished = True
-        self.unfinished -= 1
-        if self.unfinished == 0:
-            self.engine.stop()
+        self._finish(flow)
 
     def run(self) -> SimResult:
         cfg = self.cfg
@@ -497,6 +576,8 @@ class _Simulation:
         capacity = cfg.fabric.planes * cfg.host_rate_bps() * senders
         stats = self.net.stats()
         drops = dict(stats.drops, unknown_qpn=self.unknown_qpn)
+        fcts = [f.fct_s for f in flows if f.fct_s is not None]
+        slowdowns = [f.slowdown for f in flows if f.slowdown is not None]
         return SimResult(
             bytes_delivered=delivered,
             verified=all(f.verified for f in flows),
@@ -517,6 +598,12 @@ class _Simulation:
                 sum(f.plane_bytes[p] for f in self.flows) for p in range(cfg.fabric.planes)
             ),
             flows=flows,
+            groups=self._groups(flows),
+            fct_p50_s=quantile(fcts, 0.5),
+            fct_p99_s=quantile(fcts, 0.99),
+            slowdown_p50=quantile(slowdowns, 0.5),
+            slowdown_p99=quantile(slowdowns, 0.99),
+            receiver_utilization=self._receiver_utilization(completion),
             events=tuple(self.ev_log),
             events_truncated=self.ev_changes - len(self.ev_log),
             port_events=tuple(self.port_log),
@@ -529,6 +616,46 @@ class _Simulation:
             config=cfg,
             seed=cfg.seed,
         )
+
+    @staticmethod
+    def _groups(flows: tuple[FlowResult, ...]) -> tuple[GroupResult, ...]:
+        by_name: dict[str, list[FlowResult]] = {}
+        for f in flows:
+            if f.group:
+                by_name.setdefault(f.group, []).append(f)
+        out = []
+        for name, members in by_name.items():  # in order of first appearance
+            starts = [f.start_time_s for f in members if f.start_time_s is not None]
+            complete = all(f.complete for f in members)
+            start = min(starts) if starts else None
+            end = max(f.completion_time_s or 0.0 for f in members) if complete else None
+            out.append(
+                GroupResult(
+                    name=name,
+                    flows=len(members),
+                    complete=complete,
+                    start_s=start,
+                    end_s=end,
+                    duration_s=end - start if end is not None and start is not None else None,
+                    bytes=sum(f.bytes for f in members),
+                )
+            )
+        return tuple(out)
+
+    def _receiver_utilization(self, duration: float) -> dict[str, float]:
+        """Each receiving host: wire bytes its T0s delivered to it over the run's time."""
+        if duration <= 0:
+            return {}
+        fabric = self.cfg.fabric
+        rate = self.cfg.host_rate_bps() * fabric.planes
+        out = {}
+        for host in sorted({f.dst for f in self.flows}):
+            wire = 0
+            for plane in range(fabric.planes):
+                _, down = self.net.physical[self.net.host_link(host, plane)]
+                wire += down.tx_bytes
+            out[f"h{host}"] = wire * 8 / (duration * rate)
+        return out
 
     def _timeline(self) -> tuple[TimelineBin, ...]:
         interval = self.cfg.series_interval_s
