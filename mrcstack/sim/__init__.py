@@ -67,10 +67,11 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        completion, in order: ``SimConfig.latency_flows``),
                                        group (its spec's label), start_time_s (null if it
                                        never started: a flow it waited for failed),
-                                       fct_s (start to completion), ideal_fct_s (alone
-                                       on an idle fabric: line rate on each of its
-                                       planes plus one base RTT), slowdown (fct_s /
-                                       ideal_fct_s), packet_latency_s (every N-th full
+                                       fct_s (start to completion), ideal_fct_s (a
+                                       floor: its payload at line rate on each of its
+                                       planes plus the propagation there and back),
+                                       slowdown (fct_s / ideal_fct_s, >= 1),
+                                       packet_latency_s (every N-th full
                                        data packet's send-to-arrival time:
                                        ``SimConfig.packet_latency_every``)
     groups             [object]        per flow label, in order of first use: name,

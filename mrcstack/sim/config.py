@@ -299,6 +299,13 @@ class SimConfig:
             one_way += 2 * (self.link_delay_s + full * 8 / (f.fabric_link_bps or self.rate_bps))
         return 2 * one_way
 
+    def ideal_fct(self, src: int, dst: int, nbytes: int, planes: int) -> float:
+        """A floor no flow can beat: its payload at line rate on ``planes`` planes, plus the
+        propagation there and back (headers, hops' serialization and queues all excluded),
+        so a flow's slowdown against it is at least 1."""
+        hops = 2 if self.fabric.rack_of(src) == self.fabric.rack_of(dst) else 4
+        return nbytes * 8 / (planes * self.host_rate_bps()) + 2 * hops * self.link_delay_s
+
     def cc_for(self, src: int, dst: int) -> CCParams:
         if self.cc_params is not None:
             return self.cc_params

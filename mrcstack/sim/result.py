@@ -41,7 +41,7 @@ class FlowResult:
     group: str = ""  # the flow spec's label
     start_time_s: float | None = None  # when its first write was posted (None: never)
     fct_s: float | None = None  # flow completion time: start to completion
-    ideal_fct_s: float = 0.0  # alone on an idle fabric: line rate on its planes + base RTT
+    ideal_fct_s: float = 0.0  # floor: payload at line rate on its planes + propagation RTT
     slowdown: float | None = None  # fct_s / ideal_fct_s
     # Sampled one-way latencies of full data packets (SimConfig.packet_latency_every).
     packet_latency_s: tuple[float, ...] = ()

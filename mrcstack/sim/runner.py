@@ -153,10 +153,7 @@ class _Flow:
         self.started_at: float | None = None
         profile = ev_profile(cfg, spec.src, spec.dst, spec=spec)
         planes = len({e.port for e in profile})
-        # Alone on an idle fabric: line rate on each of its planes, plus one base RTT.
-        self.ideal_s = self.size * 8 / (planes * cfg.host_rate_bps()) + cfg.base_rtt(
-            spec.src, spec.dst
-        )
+        self.ideal_s = cfg.ideal_fct(spec.src, spec.dst, self.size, planes)
         self.latency_every = cfg.packet_latency_every
         self.latency_count = 0
         self.packet_latency: list[float] = []
