@@ -451,7 +451,9 @@ class Connection:
         specs = self.sender.next_packets(now, limit - len(out))
         if not specs:
             return out
-        ts_ns = int(now * 1e9) & U64
+        # 0 on the wire means "no timestamp" (no RTT sample from its ack): a packet sent at
+        # time 0, where a simulation starts, says 1 ns instead.
+        ts_ns = int(now * 1e9) & U64 or 1
         qpn = self.cfg.remote_qpn
         integrity = self.integrity
         stats = self.stats
@@ -539,7 +541,7 @@ class Connection:
                 value,
                 slot.entry.port,
                 self._next_tx_seq(),
-                int(now * 1e9),
+                int(now * 1e9) & U64 or 1,
                 self._port_bits,
             )
             self.stats.probes_sent += 1
