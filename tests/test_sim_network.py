@@ -197,6 +197,22 @@ def test_trimmed_header_leaves_at_priority() -> None:
     assert overtaken  # data queued before the cut left after the trimmed header
 
 
+def test_control_packets_leave_ahead_of_queued_data() -> None:
+    """Strict priority for the control class, at the host NIC and at every switch port:
+    an ACK sent behind 20 data packets arrives one serialization per hop after its own
+    send, not after the data."""
+    rig = Rig()
+    for k in range(20):
+        rig.net.send(0, 3, 0, 0, packet(0, k))
+    rig.net.send(0, 3, 0, 0, packet(0, 99, opcode=ACK))
+    rig.run()
+    order = [d[0] for _, d, *_ in rig.inbox[3]]
+    assert order.index(ACK) <= 1  # overtook (nearly) all the data queued at the NIC
+    ((t_ack, *_),) = [a for a in rig.inbox[3] if a[1][0] == ACK]
+    # Each hop: at most the packet already on the wire, then its own serialization.
+    assert t_ack <= 4 * 2 * SER + 4 * DELAY + 1e-12
+
+
 def test_only_data_is_trimmed_other_packets_tail_drop() -> None:
     params = NetParams(
         link_delay_s=DELAY, default_rate_bps=RATE, queue_bytes=4 * SIZE, trim_threshold_bytes=SIZE

@@ -11,6 +11,10 @@ framing is not modelled.
 
 - Host NIC egress (host -> T0): unlimited queue (a NIC never drops its own packets), no ECN,
   no trimming.
+- Traffic classes: control packets (ACK, NACK, probes; mrcd sends them as DSCP 46) and
+  trimmed headers leave every egress, host NICs included, at strict priority: after only
+  their own serialization, not behind queued data.  Control still counts against a switch
+  port's buffer and is tail-dropped when it is full; trimmed headers never are.
 - Switch egress: queue limit ``queue_bytes``.  With trimming on, a data packet that would push
   the queue over ``trim_threshold_bytes`` is cut to its headers (``TRIM_LASTHOP`` when the
   port faces a host) and leaves at high priority after only its own serialization (trimmed
@@ -209,8 +213,10 @@ class _Packet:
         self.doomed = doomed
         self.hop = 0
         self.ecn = False
-        self.priority = False
         self.is_data = bool(data) and data[0] in DATA_OPCODES
+        # Control (ACK, NACK, probes: mrcd's DSCP 46 class) rides the strict-priority
+        # queue; a trimmed data packet joins it when trimmed.
+        self.priority = not self.is_data
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,8 +428,8 @@ class Network:
             queued = (busy - now) * link.bytes_per_s
             if queued > link.max_queue:
                 link.max_queue = queued
-            if not pkt.priority:
-                if pkt.is_data and self._trim and queued + size > self.trim_threshold:
+            if pkt.is_data and not pkt.priority:
+                if self._trim and queued + size > self.trim_threshold:
                     pkt.data = self._trimmer(pkt.data, link.last_hop)
                     pkt.priority = True
                     link.trims += 1
@@ -431,21 +437,18 @@ class Network:
                 elif queued + size > self.queue_bytes:
                     link.drops_queue += 1
                     return
-                elif (
-                    pkt.is_data
-                    and queued > self.ecn_kmin
-                    and (self._mark_last_hop or not link.last_hop)
-                ):
+                elif queued > self.ecn_kmin and (self._mark_last_hop or not link.last_hop):
                     excess = queued - self.ecn_kmin
                     if excess >= self._ecn_span or self._rng.random() * self._ecn_span < excess:
                         pkt.ecn = True
                         link.ecn_marks += 1
-            if pkt.priority:
-                serialization = size * link.byte_time
-                link.busy_until = busy + serialization
-                depart = now + serialization
-            else:
-                depart = link.busy_until = busy + size * link.byte_time
+            elif not pkt.is_data and queued + size > self.queue_bytes:
+                link.drops_queue += 1  # control shares the port's buffer
+                return
+        if pkt.priority:
+            serialization = size * link.byte_time
+            link.busy_until = busy + serialization
+            depart = now + serialization
         else:
             depart = link.busy_until = busy + size * link.byte_time
         link.tx_packets += 1
