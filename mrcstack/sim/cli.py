@@ -1,7 +1,11 @@
 """``python -m mrcstack.sim``: run one simulated scenario and print a summary or JSON.
 
+The scenario comes from the flags, or from a scenario file (``--scenario FILE``,
+:mod:`mrcstack.sim.scenario`) whose settings the flags given with it override;
+``--dump-scenario`` prints the resolved scenario as such a file instead of running it.
+
 Exit status: 0 when every flow completed and verified, 1 when the run finished but did not
-verify, 2 on bad arguments (one line on stderr naming the problem).
+verify, 2 on bad arguments or a bad scenario file (one line on stderr naming the problem).
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from mrcstack import add_version_flag
 from mrcstack.fabric import Fabric, format_rate, format_size, parse_rate, parse_size
+from mrcstack.sim import scenario
 from mrcstack.sim.runner import (
     LinkFailure,
     NicDown,
@@ -24,21 +29,11 @@ from mrcstack.sim.runner import (
     SwitchFailure,
     run,
 )
+from mrcstack.sim.scenario import parse_time
 
 PROG = "mrcstack-sim"
-_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_TIME = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]{1,3})?)\s*([a-zµ]*)\s*")
 _NIC = re.compile(r"h(0|[1-9][0-9]*):p(0|[1-9][0-9]*)")
 T = TypeVar("T")
-
-
-def parse_time(text: str) -> float:
-    """Seconds from "2ms", "1.5us", "500ns", "0.01s" or a bare number of seconds."""
-    match = _TIME.fullmatch(text)
-    scale = _TIME_UNITS.get(match.group(2).lower()) if match else None
-    if match is None or scale is None:
-        raise ValueError(f"bad time {text!r}: expected like 2ms, 1us, 500ns or 0.5s")
-    return float(match.group(1)) * scale
 
 
 def parse_probability(text: str) -> float:
@@ -137,8 +132,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The flags.  Defaults that a scenario file could set are None here (the SimConfig
+    defaults apply), so that only flags given on the command line override the file."""
     p = _Parser(prog=PROG, description="Simulate MRC transfers over a multi-plane Clos fabric.")
     add_version_flag(p)
+    scen = p.add_argument_group("scenario file (docs/scenario.md)")
+    scen.add_argument(
+        "--scenario",
+        metavar="FILE.toml",
+        help="the scenario to start from (a path, or a shipped name like incast.toml); "
+        "the other flags given override it",
+    )
+    scen.add_argument(
+        "--dump-scenario",
+        action="store_true",
+        help="print the resolved scenario as a scenario file and exit without running it",
+    )
     fab = p.add_argument_group("fabric (these flags override --fabric)")
     fab.add_argument("--fabric", metavar="FILE.toml", help="fabric description to start from")
     fab.add_argument("--planes", type=_arg(_positive_int), metavar="N", help="planes (4)")
@@ -147,26 +156,31 @@ def build_parser() -> argparse.ArgumentParser:
     fab.add_argument("--t1", type=_arg(_positive_int), metavar="N", help="T1s per plane (4)")
     fab.add_argument("--rate", type=_arg(parse_rate), help="every link's rate (100Gbit)")
     fab.add_argument("--queue", type=_arg(parse_size), metavar="SIZE", help="switch port (1MiB)")
-    fab.add_argument("--delay", type=_arg(parse_time), default=1e-6, help="per link (1us)")
+    fab.add_argument("--delay", type=_arg(parse_time), help="per link (1us)")
     fab.add_argument("--trim-threshold", type=_arg(parse_size), metavar="SIZE", help="queue/2")
     fab.add_argument(
         "--ecn-threshold", type=_arg(parse_ecn), metavar="KMIN[:KMAX]", help="queue/16:queue/4"
     )
-    fab.add_argument("--no-trim", action="store_true", help="tail-drop instead of trimming")
+    fab.add_argument(
+        "--trim",
+        action=argparse.BooleanOptionalAction,
+        help="trim above the threshold (the default), or tail-drop (--no-trim)",
+    )
     work = p.add_argument_group("workload")
-    work.add_argument("--bytes", type=_arg(parse_size), default="16MiB", help="per flow (16MiB)")
+    work.add_argument("--bytes", type=_arg(parse_size), help="per flow (16MiB)")
     work.add_argument("--wr-size", type=_arg(parse_size), metavar="SIZE", help="write size")
     work.add_argument("--pairs", type=_arg(parse_pairs), help="SRC:DST,... (0:<last host>)")
-    work.add_argument("--mode", choices=("mrc", "roce"), default="mrc")
-    work.add_argument("--cc", default="nscc", help="congestion control: nscc, fixed, ...")
+    work.add_argument("--mode", choices=("mrc", "roce"), help="(mrc)")
+    work.add_argument("--cc", help="congestion control: nscc (the default), fixed, ...")
     work.add_argument(
-        "--ev-count", type=_arg(_positive_int), default=128, help="EVs in use (fewer paths: fewer)"
+        "--ev-count", type=_arg(_positive_int), help="EVs in use (fewer paths: fewer) (128)"
     )
     faults = p.add_argument_group(
-        "faults (repeatable; windows are START[-END] in virtual time, like 0.1ms-0.2ms: "
-        "the default 16MiB at 4 x 100Gbit lasts about 0.4ms)"
+        "faults (repeatable, and each replaces the scenario file's list; windows are "
+        "START[-END] in virtual time, like 0.1ms-0.2ms: the default 16MiB at 4 x 100Gbit "
+        "lasts about 0.4ms)"
     )
-    faults.add_argument("--loss", type=_arg(parse_probability), default=0.0, help="every link")
+    faults.add_argument("--loss", type=_arg(parse_probability), help="every link (0)")
     for flag, parse, metavar, text in (
         ("--link-loss", parse_link_loss, "LINK=P", "random loss on one link, both ways"),
         ("--ev-loss", parse_ev_loss, "EV=P", "loss on one EV, sender to receiver (0x102=0.2)"),
@@ -178,18 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
             flag, type=_arg(parse), metavar=metavar, help=text, action="append", default=[]
         )
     run_group = p.add_argument_group("run")
-    run_group.add_argument("--seed", type=int, default=0, help="all randomness derives from it")
+    run_group.add_argument("--seed", type=int, help="all randomness derives from it (0)")
     run_group.add_argument(
         "--series", type=_arg(parse_time), metavar="INTERVAL", help="goodput per interval"
     )
-    run_group.add_argument("--max-time", type=_arg(parse_time), default=1.0, help="(1s)")
+    run_group.add_argument("--max-time", type=_arg(parse_time), help="(1s)")
     run_group.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """Build the scenario; ValueError (one line) when the arguments do not fit together."""
-    fabric = Fabric.load(args.fabric) if args.fabric else Fabric()
+def _fabric_from_args(args: argparse.Namespace, base: Fabric) -> Fabric:
+    fabric = Fabric.load(args.fabric) if args.fabric else base
     changes = {
         "planes": args.planes,
         "racks": args.racks,
@@ -199,31 +212,47 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         "host_link_bps": args.rate,
         "fabric_link_bps": args.rate,
     }
-    fabric = dataclasses.replace(fabric, **{k: v for k, v in changes.items() if v is not None})
-    kmin, kmax = args.ecn_threshold or (None, None)
-    return SimConfig(
-        fabric=fabric,
-        pairs=args.pairs or (),
-        bytes_per_flow=args.bytes,
-        wr_size=args.wr_size,
-        mode=args.mode,
-        cc=args.cc,
-        link_delay_s=args.delay,
-        trim=not args.no_trim,
-        trim_threshold_bytes=args.trim_threshold,
-        ecn_kmin_bytes=kmin,
-        ecn_kmax_bytes=kmax,
-        loss=args.loss,
-        link_loss=tuple(args.link_loss),
-        ev_loss=tuple(args.ev_loss),
-        link_failures=tuple(args.fail_link),
-        switch_failures=tuple(args.fail_switch),
-        nic_downs=tuple(args.nic_down),
-        ev_count=args.ev_count,
-        seed=args.seed,
-        max_sim_time_s=args.max_time,
-        series_interval_s=args.series,
-    )
+    return dataclasses.replace(fabric, **{k: v for k, v in changes.items() if v is not None})
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """Build the scenario: the scenario file (or the SimConfig defaults), with every flag
+    given on the command line replacing the file's value; ValueError (one line) when the
+    arguments do not fit together, OSError when a file cannot be read."""
+    base = scenario.load(args.scenario) if args.scenario else SimConfig()
+    changes: dict[str, Any] = {"fabric": _fabric_from_args(args, base.fabric)}
+    for field, value in (
+        ("bytes_per_flow", args.bytes),
+        ("wr_size", args.wr_size),
+        ("mode", args.mode),
+        ("cc", args.cc),
+        ("link_delay_s", args.delay),
+        ("trim", args.trim),
+        ("trim_threshold_bytes", args.trim_threshold),
+        ("loss", args.loss),
+        ("ev_count", args.ev_count),
+        ("seed", args.seed),
+        ("max_sim_time_s", args.max_time),
+        ("series_interval_s", args.series),
+    ):
+        if value is not None:
+            changes[field] = value
+    if args.queue is not None:  # the fabric's queue, not one the scenario file set
+        changes["queue_bytes"] = None
+    if args.ecn_threshold is not None:
+        changes["ecn_kmin_bytes"], changes["ecn_kmax_bytes"] = args.ecn_threshold
+    if args.pairs:  # plain pairs instead of the file's flows
+        changes.update(pairs=args.pairs, flow_specs=())
+    for field, values in (
+        ("link_loss", args.link_loss),
+        ("ev_loss", args.ev_loss),
+        ("link_failures", args.fail_link),
+        ("switch_failures", args.fail_switch),
+        ("nic_downs", args.nic_down),
+    ):
+        if values:
+            changes[field] = tuple(values)
+    return dataclasses.replace(base, **changes)
 
 
 def _ms(seconds: float | None) -> str:
@@ -271,9 +300,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         cfg = config_from_args(args)
+        text = scenario.dumps(cfg) if args.dump_scenario else None
     except (ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    if text is not None:
+        sys.stdout.write(text)
+        return 0
     result = run(cfg)
     if args.json:
         print(json.dumps(result.to_json(), sort_keys=True, indent=2))
