@@ -25,12 +25,21 @@ def shipped() -> dict[str, Traversable]:
     root = resources.files("mrcstack")
     found: dict[str, Traversable] = {}
     for folder in FOLDERS:
-        base = root / folder
-        if base.is_dir():
-            for item in sorted(base.iterdir(), key=lambda t: t.name):
-                if item.is_file() and not item.name.startswith("."):
-                    found[f"{folder}/{item.name}"] = item
+        _walk(root / folder, folder, found)
     return found
+
+
+def _walk(base: Traversable, prefix: str, found: dict[str, Traversable]) -> None:
+    """Files under ``base`` by path, subfolders included (``examples/scenarios/...``)."""
+    if not base.is_dir():
+        return
+    for item in sorted(base.iterdir(), key=lambda t: t.name):
+        if item.name.startswith(".") or item.name == "__pycache__":
+            continue
+        if item.is_dir():
+            _walk(item, f"{prefix}/{item.name}", found)
+        elif item.is_file():
+            found[f"{prefix}/{item.name}"] = item
 
 
 def find(name: str | os.PathLike[str]) -> Traversable | None:

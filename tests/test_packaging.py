@@ -97,6 +97,9 @@ def test_shipped_files_are_found_by_name_from_anywhere(venv: Path) -> None:
     assert "examples/fabric-large.toml" in listing.stdout
     assert "systemd/mrcd@.service" in listing.stdout
     assert "wireshark/mrc.lua" in listing.stdout
+    assert "examples/scenarios/incast.toml" in listing.stdout  # subfolders too
+    scenario = run([mrcstack, "files", "ring-allreduce.toml"])
+    assert scenario.returncode == 0 and "[[collective]]" in scenario.stdout
     unit = run([mrcstack, "files", "mrcd@.service"])
     assert unit.returncode == 0 and "[Service]" in unit.stdout
     missing = run([mrcstack, "files", "nope.toml"])

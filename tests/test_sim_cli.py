@@ -93,6 +93,12 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[
         (["--fabric", "/nonexistent/fabric.toml"], "fabric.toml"),
         (["--series", "0s"], "series interval"),
         (["--no-such-flag"], "unrecognized"),
+        (["--fail-plane", "x2@1ms"], "p<plane>"),
+        (["--fail-plane", "p9@1ms"], "plane 9"),
+        (["--loss-change", "0.1"], "P@TIME"),
+        (["--loss-change", "2@1ms"], "probability"),
+        (["--loss-change", "p0:t0a-t1z=0.1@1ms"], "not in this fabric"),
+        (["--packet-latency-every", "0"], "positive"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(
@@ -183,6 +189,26 @@ def test_faults_are_applied(capsys: pytest.CaptureFixture[str]) -> None:
         ("sender", 1, True),
     }
     assert out["links"].get("p0:t0a-t1a", {}).get("packets", 0) == 0
+
+
+def test_plane_faults_loss_changes_and_last_hop_ecn_are_applied(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = run_json(
+        capsys,
+        "--rate", "10gbit", "--bytes", "2MiB", "--pairs", "0:2,1:3",
+        "--fail-plane", "p2@0.1ms-0.3ms",
+        "--loss-change", "p0:t0a-t1a=0.2@0", "--loss-change", "p0:t0a-t1a=0@0.3ms",
+        "--ecn-last-hop", "--packet-latency-every", "16",
+    )  # fmt: skip
+    assert code == 0 and out["verified"] is True
+    down = {(e["flow"], e["side"]) for e in out["port_events"] if e["port"] == 2 and not e["up"]}
+    assert len(down) == 4  # both ends of both flows lost plane 2
+    lossy = {name for name, c in out["links"].items() if c["drops_loss"]}
+    assert lossy and lossy <= {"p0:t0a-t1a", "p0:t1a-t0a"}
+    assert out["config"]["ecn_last_hop"] is True
+    assert len(out["flows"][0]["packet_latency_s"]) == (2 << 20) // 4096 // 16
+    assert cli.parse_loss_change("0.01@1ms") == cli.LossChange(1e-3, 0.01, None)
 
 
 def test_unfinished_run_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ from mrcstack.sim import (
     SimResult,
     run,
 )
-from mrcstack.sim.collectives import ring_steps
+from mrcstack.sim.collectives import ring_steps, with_qps
 from mrcstack.sim.network import WIRE_OVERHEAD_BYTES
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
@@ -191,3 +191,16 @@ def test_incast_metrics_come_from_the_flows() -> None:
     assert incast.slowdown_p99 is not None and slow[1] <= incast.slowdown_p99 <= slow[2]
     assert slow[0] > 2.0  # three senders share one receiver's links
     assert 0.8 < incast.receiver_utilization["h0"] <= 1.0
+
+
+def test_a_transfer_split_over_queue_pairs_waits_for_all_of_them() -> None:
+    specs = ring_steps("allgather", (0, 1, 2), 10)
+    split = with_qps(specs, 4)
+    assert len(split) == 4 * len(specs)
+    assert [s.bytes for s in split[:4]] == [3, 3, 2, 2]  # the bytes, shared out
+    # Step 1's first flow waited for flows 0 and 2; now for all four parts of each.
+    assert set(split[4 * 3].after) == {0, 1, 2, 3, 8, 9, 10, 11}
+    r = sim(flow_specs=split)
+    assert r.verified and len(r.flows) == 24
+    with pytest.raises(ValueError, match="at least 4 bytes"):
+        with_qps((FlowSpec(0, 1, bytes=3),), 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import gzip
 import json
 import re
 import tomllib
@@ -520,3 +521,17 @@ def test_unreadable_or_binary_files(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert cli.main(["--scenario", str(tmp_path / "missing.toml")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing.toml" in err
+
+
+def test_a_gzipped_scenario_reads_like_the_plain_one(tmp_path: Path) -> None:
+    cfg = SimConfig(
+        fabric=Fabric(racks=2, hosts_per_rack=4),
+        flow_specs=ring_steps("ring-allreduce", range(8), 4096),
+    )
+    packed = tmp_path / "allreduce.toml.gz"
+    packed.write_bytes(gzip.compress(dumps(cfg).encode(), mtime=0))
+    assert load(packed) == cfg
+    broken = tmp_path / "broken.toml.gz"
+    broken.write_bytes(gzip.compress(dumps(cfg).encode())[:40])
+    with pytest.raises(ScenarioError, match=r"broken\.toml\.gz: gzip"):
+        load(broken)

@@ -23,7 +23,9 @@ from mrcstack.fabric import Fabric, format_rate, format_size, parse_rate, parse_
 from mrcstack.sim import scenario
 from mrcstack.sim.runner import (
     LinkFailure,
+    LossChange,
     NicDown,
+    PlaneFailure,
     SimConfig,
     SimResult,
     SwitchFailure,
@@ -80,6 +82,22 @@ def parse_nic_down(text: str) -> NicDown:
     if match is None:
         raise ValueError(f"bad NIC port {target!r}: expected h<host>:p<plane>, like h3:p1")
     return NicDown(int(match.group(1)), int(match.group(2)), start, end)
+
+
+def parse_plane_failure(text: str) -> PlaneFailure:
+    target, start, end = parse_window(text)
+    if not (target.startswith("p") and target[1:].isdigit()):
+        raise ValueError(f"bad plane {target!r}: expected p<plane>, like p2")
+    return PlaneFailure(int(target[1:]), start, end)
+
+
+def parse_loss_change(text: str) -> LossChange:
+    """ "P@TIME" (every link) or "LINK=P@TIME": random loss from TIME on."""
+    what, sep, when = text.rpartition("@")
+    link, eq, p = what.rpartition("=")
+    if not sep or not p:
+        raise ValueError(f"bad loss change {text!r}: expected P@TIME or LINK=P@TIME, like 0.01@1ms")
+    return LossChange(parse_time(when), parse_probability(p), link if eq else None)
 
 
 def parse_link_loss(text: str) -> tuple[str, float]:
@@ -181,12 +199,31 @@ def build_parser() -> argparse.ArgumentParser:
         "lasts about 0.4ms)"
     )
     faults.add_argument("--loss", type=_arg(parse_probability), help="every link (0)")
+    fab.add_argument(
+        "--ecn-last-hop",
+        action=argparse.BooleanOptionalAction,
+        help="also mark ECN on switch ports facing hosts, as a DCQCN fabric does (off)",
+    )
+    run_extra = p.add_argument_group("measurements")
+    run_extra.add_argument(
+        "--packet-latency-every",
+        type=_arg(_positive_int),
+        metavar="N",
+        help="sample every N-th data packet's one-way latency into the JSON (none)",
+    )
     for flag, parse, metavar, text in (
         ("--link-loss", parse_link_loss, "LINK=P", "random loss on one link, both ways"),
         ("--ev-loss", parse_ev_loss, "EV=P", "loss on one EV, sender to receiver (0x102=0.2)"),
         ("--fail-link", parse_link_failure, "LINK@WINDOW", "p0:t0a-t1c@0.1ms"),
         ("--fail-switch", parse_switch_failure, "SWITCH@WINDOW", "p0-t1a@0.1ms-0.2ms"),
         ("--nic-down", parse_nic_down, "hN:pP@WINDOW", "h3:p1@0.1ms-0.2ms"),
+        ("--fail-plane", parse_plane_failure, "pP@WINDOW", "every switch of a plane: p2@1ms"),
+        (
+            "--loss-change",
+            parse_loss_change,
+            "[LINK=]P@TIME",
+            "loss from TIME on, every link or one: 0.01@1ms, p0:t0a-t1a=0@2ms",
+        ),
     ):
         faults.add_argument(
             flag, type=_arg(parse), metavar=metavar, help=text, action="append", default=[]
@@ -234,6 +271,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ("seed", args.seed),
         ("max_sim_time_s", args.max_time),
         ("series_interval_s", args.series),
+        ("ecn_last_hop", args.ecn_last_hop),
+        ("packet_latency_every", args.packet_latency_every),
     ):
         if value is not None:
             changes[field] = value
@@ -249,6 +288,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ("link_failures", args.fail_link),
         ("switch_failures", args.fail_switch),
         ("nic_downs", args.nic_down),
+        ("plane_failures", args.fail_plane),
+        ("loss_changes", args.loss_change),
     ):
         if values:
             changes[field] = tuple(values)

@@ -10,6 +10,7 @@ last step's end is the collective's completion.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from mrcstack.sim.config import FlowSpec
 
@@ -41,14 +42,10 @@ def ring_steps(
         raise ValueError(f"a collective needs two or more distinct hosts, got {list(hosts)}")
     if chunk_bytes < 1:
         raise ValueError(f"chunk size must be >= 1, got {chunk_bytes}")
-    if kind == "ring-allreduce":
-        steps, shift = 2 * (n - 1), (lambda _k: 1)
-    elif kind == "allgather":
-        steps, shift = n - 1, (lambda _k: 1)
-    elif kind == "all-to-all":
-        steps, shift = n - 1, (lambda k: k + 1)
-    else:
+    if kind not in KINDS:
         raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+    steps = 2 * (n - 1) if kind == "ring-allreduce" else n - 1
+    shifted = kind == "all-to-all"  # step k goes k + 1 hosts on; the rings go one on
     label = name or kind
     specs: list[FlowSpec] = []
     for k in range(steps):
@@ -65,7 +62,7 @@ def ring_steps(
             specs.append(
                 FlowSpec(
                     src=hosts[i],
-                    dst=hosts[(i + shift(k)) % n],
+                    dst=hosts[(i + (k + 1 if shifted else 1)) % n],
                     bytes=chunk_bytes,
                     start_s=start_s,
                     after=after,
@@ -73,3 +70,22 @@ def ring_steps(
                 )
             )
     return tuple(specs)
+
+
+def with_qps(specs: Sequence[FlowSpec], qps: int, *, first_index: int = 0) -> tuple[FlowSpec, ...]:
+    """Each flow split over ``qps`` connections (queue pairs) of an equal share of its bytes,
+    as RoCE deployments do so that ECMP hashes spread one transfer over several paths; a
+    flow that waited for one flow now waits for all of its parts."""
+    if qps < 1:
+        raise ValueError(f"qps must be >= 1, got {qps}")
+    out: list[FlowSpec] = []
+    for spec in specs:
+        if spec.bytes is None or spec.bytes < qps:
+            raise ValueError(f"flow {spec.src}:{spec.dst}: needs at least {qps} bytes, one per QP")
+        after = tuple(
+            first_index + (a - first_index) * qps + q for a in spec.after for q in range(qps)
+        )
+        share, extra = divmod(spec.bytes, qps)
+        for q in range(qps):
+            out.append(replace(spec, bytes=share + (q < extra), after=after))
+    return tuple(out)

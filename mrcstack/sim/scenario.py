@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import gzip
 import math
 import os
 import re
@@ -104,6 +105,8 @@ Fault = LinkFailure | SwitchFailure | NicDown | PlaneFailure | LossChange
 
 #: Where the shipped scenarios live, inside the package (``examples/scenarios/*.toml``).
 SHIPPED = ("examples", "scenarios")
+#: A gzip stream starts with these bytes; a scenario file may be compressed.
+GZIP_MAGIC = b"\x1f\x8b"
 
 _TIME_UNITS = {
     "": Fraction(1),
@@ -685,6 +688,11 @@ def load(path: str | os.PathLike[str]) -> SimConfig:
     """Read a scenario file, or the shipped scenario it names (OSError if neither)."""
     data = _read_bytes(path)
     name = os.fspath(path)
+    if data[:2] == GZIP_MAGIC:  # experiments keep their large scenarios compressed
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise ScenarioError(f"{name}: gzip", str(exc)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -761,7 +769,10 @@ def dumps(cfg: SimConfig) -> str:
         elif items:  # a name twice: a table cannot say that, a list can
             pairs = ", ".join(f"[{value}, {_write_float(p)}]" for _, value, p in items)
             lines.append(f"{key} = [{pairs}]")
-    tables += _write_table_entries("flow", cfg.flow_specs, _flow_rows)
+    if cfg.flow_specs:  # one line per flow (a collective has hundreds), before any table
+        lines += ["flow = ["]
+        lines += [f"  {{ {', '.join(_flow_rows(spec))} }}," for spec in cfg.flow_specs]
+        lines.append("]")
     for key, (field, _) in FAULTS.items():
         tables += _write_table_entries(key, getattr(cfg, field), _fault_rows)
     return "\n".join(lines + tables) + "\n"
