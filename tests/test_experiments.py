@@ -9,15 +9,18 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mrcstack.experiments import EXPERIMENTS, Claim
+from mrcstack.experiments import EXPERIMENTS, Claim, simexp
 from mrcstack.experiments.cli import main
 from mrcstack.experiments.live import FaultCase, Run
 from mrcstack.experiments.testbedexp import claims, outcome
+from mrcstack.sim import SimConfig, run, scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -62,6 +65,51 @@ def test_each_experiment_leaves_claims_data_and_plots(out: Path, exp: object) ->
     for plot in doc["plots"]:
         png = (folder / plot).read_bytes()
         assert png.startswith(PNG) and len(png) > 10_000  # drawn, not empty
+    if exp.where == "sim":  # type: ignore[attr-defined]
+        assert doc["scenarios"], "every simulator run is kept as a scenario file"
+        for path in doc["scenarios"]:
+            assert isinstance(scenario.load(folder / path), SimConfig)
+
+
+def test_a_kept_scenario_reruns_to_the_same_numbers(out: Path) -> None:
+    folder = out / "fig14-shared-ev"
+    doc = json.loads((folder / "result.json").read_text())
+    # Runs in order: the flow alone, then the cases of the "flows" table.
+    rows = doc["data"]["flows"]["rows"]
+    for path, row in zip(doc["scenarios"][1:], rows, strict=True):
+        again = run(scenario.load(folder / path))
+        assert [f.goodput_bps / 1e9 for f in again.flows] == pytest.approx(row[1:3], rel=1e-9)
+
+
+def _no_ecn(cfg: SimConfig) -> SimConfig:
+    """Switches that never mark: what fig14's ECN steering needs is gone."""
+    queue = cfg.fabric.queue_bytes
+    return replace(cfg, ecn_kmin_bytes=queue - 2, ecn_kmax_bytes=queue - 1)
+
+
+def _mrc_as_roce(cfg: SimConfig) -> SimConfig:
+    """Every MRC run runs RoCE mode instead: what fig18's spraying gives is gone."""
+    return replace(cfg, mode="roce") if cfg.mode == "mrc" else cfg
+
+
+@pytest.mark.parametrize(
+    ("figure", "sabotage", "claims"),
+    [(simexp.fig14, _no_ecn, (0, 1, 2)), (simexp.fig18, _mrc_as_roce, (0, 2, 3))],
+    ids=["fig14-without-ecn", "fig18-mrc-as-roce"],
+)
+def test_claims_fail_when_the_runs_lose_what_they_claim(
+    monkeypatch: pytest.MonkeyPatch,
+    figure: Any,
+    sabotage: Callable[[SimConfig], SimConfig],
+    claims: tuple[int, ...],
+) -> None:
+    """The claims are computed from the runs: feed the figure runs that lack the mechanism
+    a claim credits, and that claim must fail."""
+    real = simexp.sim_run
+    monkeypatch.setattr(simexp, "sim_run", lambda cfg: real(sabotage(cfg)))
+    outcome = figure("quick", 1)
+    for i in claims:
+        assert not outcome.claims[i].passed, outcome.claims[i]
 
 
 def test_the_report_collects_every_plot_and_claim(out: Path) -> None:

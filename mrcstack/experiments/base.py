@@ -10,6 +10,7 @@ CSV), the plots themselves (drawn by :mod:`mrcstack.experiments.plots`), and a l
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -23,6 +24,10 @@ from typing import Any
 from mrcstack import __version__
 
 PROFILES = ("quick", "full")
+#: The folder of an experiment's simulator runs, one scenario file each (gzipped when
+#: larger than SCENARIO_GZIP_BYTES; ``mrcstack sim --scenario`` reads either).
+SCENARIOS = "scenarios"
+SCENARIO_GZIP_BYTES = 32 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,8 @@ class Outcome:
     plots: list[Plot] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Each simulator run as a scenario file: (file stem, TOML text).
+    scenarios: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +151,17 @@ def write(
             w.writerows(t.rows)
     for p in outcome.plots:
         p.draw(folder / f"{p.name}.png", tables)
+    if outcome.scenarios:
+        (folder / SCENARIOS).mkdir(exist_ok=True)
+    files = []
+    for stem, text in outcome.scenarios:
+        data = text.encode()
+        name = f"{stem}.toml"
+        if len(data) > SCENARIO_GZIP_BYTES:  # a collective's hundreds of flows
+            name += ".gz"
+            data = gzip.compress(data, mtime=0)  # mtime 0: the same run, the same bytes
+        (folder / SCENARIOS / name).write_bytes(data)
+        files.append(f"{SCENARIOS}/{name}")
     doc = {
         "name": exp.name,
         "figure": exp.figure,
@@ -163,6 +181,7 @@ def write(
         "plots": [f"{p.name}.png" for p in outcome.plots],
         "claims": [c.to_json() for c in outcome.claims],
         "notes": outcome.notes,
+        "scenarios": files,
     }
     doc = dict(_clean(doc))
     (folder / "result.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
@@ -207,6 +226,12 @@ def index(
         lines += [f"- {n}" for n in d["notes"]]
         params = ", ".join(f"{k}={v}" for k, v in d["params"].items())
         lines += ["", f"Parameters: {params}.", "", f"Rerun: `{d['rerun']}`"]
+        if d.get("scenarios"):
+            lines += [
+                "",
+                f"Its {len(d['scenarios'])} simulator runs, one scenario file each: "
+                f"`{d['name']}/{SCENARIOS}/`; `mrcstack sim --scenario FILE` reruns one.",
+            ]
     path = out / "index.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -3,7 +3,7 @@ times marked, MRC and its baselines in one figure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -64,18 +64,35 @@ def lines(
     return draw
 
 
-def bars(table: str, label: str, ys: Sequence[str], *, ylabel: str, title: str) -> Draw:
-    """Grouped bars: one group per row (named by column ``label``), one bar per ``ys``."""
+def bars(
+    table: str,
+    label: str,
+    ys: Sequence[str],
+    *,
+    ylabel: str,
+    title: str,
+    errs: Mapping[str, tuple[str, str]] | None = None,
+) -> Draw:
+    """Grouped bars: one group per row (named by column ``label``), one bar per ``ys``;
+    ``errs`` maps a bar's column to the columns of its low and high ends (error bars)."""
 
     def draw(path: Path, tables: dict[str, Table]) -> None:
         t = tables[table]
         names = [str(v) for v in t.column(label)]
-        fig, ax = plt.subplots(figsize=(8, 4.2))
+        fig, ax = plt.subplots(figsize=(9, 4.6))
         width = 0.8 / max(1, len(ys))
         for k, y in enumerate(ys):
             xs = [i + (k - (len(ys) - 1) / 2) * width for i in range(len(names))]
-            ax.bar(xs, [float(v) for v in t.column(y)], width, label=y)
-        ax.set_xticks(range(len(names)), names)
+            heights = [float(v) for v in t.column(y)]
+            yerr = None
+            if errs and y in errs:
+                lo, hi = (t.column(c) for c in errs[y])
+                yerr = [
+                    [h - float(v) for h, v in zip(heights, lo, strict=True)],
+                    [float(v) - h for h, v in zip(heights, hi, strict=True)],
+                ]
+            ax.bar(xs, heights, width, label=y, yerr=yerr, capsize=3 if yerr else 0)
+        ax.set_xticks(range(len(names)), names, rotation=15 if len(names) > 4 else 0)
         _finish(fig, ax, path, label, ylabel, title)
 
     return draw
