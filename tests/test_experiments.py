@@ -94,7 +94,7 @@ def _mrc_as_roce(cfg: SimConfig) -> SimConfig:
 
 @pytest.mark.parametrize(
     ("figure", "sabotage", "claims"),
-    [(simexp.fig14, _no_ecn, (0, 1, 2)), (simexp.fig18, _mrc_as_roce, (0, 2, 3))],
+    [(simexp.fig14, _no_ecn, (0, 1, 2)), (simexp.fig18, _mrc_as_roce, (0, 3, 4))],
     ids=["fig14-without-ecn", "fig18-mrc-as-roce"],
 )
 def test_claims_fail_when_the_runs_lose_what_they_claim(
