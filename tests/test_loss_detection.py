@@ -331,3 +331,25 @@ def test_ev_min_active_is_checked_against_ev_count() -> None:
     conn.set_ev_min_active(4)
     with pytest.raises(LocalError, match="ev_count"):
         conn.set_ev_min_active(5)
+
+
+def test_rack_finds_a_loss_within_one_burst_sent_at_one_instant() -> None:
+    """A burst leaves at one ``now``: send times cannot order it, send order can.  A packet
+    lost early in the burst, alone on its EV, is found by RACK once later packets of the
+    same burst on its plane are acknowledged, before any tail-loss probe."""
+    a, b, va, rkey = pair()
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)  # an RTT sample
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(6 * MTU), va, rkey, imm=None, now=1e-3)
+    burst = send_all(a, 1e-3)
+    plane1 = [d for d in burst if d.port == 1]
+    lost = plane1[0]  # the first on plane 1: two more follow it there
+    assert len(plane1) == 3 and len({d.ev for d in plane1}) == 3  # alone on its EV
+    feed(a, deliver(b, [d for d in burst if d is not lost], 1.01e-3), 1.02e-3)
+    a.datagrams_to_send(1.02e-3)
+    # The reordering window (a quarter of the RTT) has passed; the probe (two RTTs) has not.
+    a.handle_timer(1.03e-3)
+    resent = a.datagrams_to_send(1.03e-3)
+    assert a.stats.retransmissions == {"rack": 1}
+    assert [d.data for d in resent] and resent[0].port == 1

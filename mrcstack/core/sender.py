@@ -86,6 +86,7 @@ class Tx:
         "deadline",
         "ev",
         "lost",
+        "order",
         "queued",
         "retx",
         "sent",
@@ -97,8 +98,14 @@ class Tx:
         "wr",
     )
 
-    def __init__(self, seq: int, wr: WorkRequest, size: int, slot: EvSlot, sent: float) -> None:
+    def __init__(
+        self, seq: int, wr: WorkRequest, size: int, slot: EvSlot, sent: float, order: int
+    ) -> None:
         self.seq = seq
+        # Send order: a burst leaves at one ``now``, so time alone cannot say which of its
+        # packets left first (RFC 8985 breaks such ties by sequence; ours by send order,
+        # which also places retransmissions right).
+        self.order = order
         self.slot = slot
         ev = slot.entry.value
         self.wr = wr
@@ -163,8 +170,9 @@ class Sender:
         # Per plane (planes are separate networks, each with its own last-hop queue, so a
         # packet is never judged by another plane's deliveries): the latest send time of an
         # acknowledged transmission and its RTT (RFC 8985 RACK.xmit_ts and RACK.rtt).
-        self.rack_sent = [-1.0] * config.planes
         self.rack_rtt = [0.0] * config.planes
+        self.rack_order = [-1] * config.planes  # send order of the newest delivered, per plane
+        self._tx_order = 0
         self.rack_timer: float | None = None  # the reordering timer (RFC 8985 6.3)
         self.tlp_deadline: float | None = None  # the tail-loss probe timer (RFC 8985 7)
         self.tlp_out = False  # a probe is out and no ack came since
@@ -317,7 +325,8 @@ class Sender:
         ev = slot.entry.value
         offset = (seq - wr.first) * self.mtu
         size = min(self.mtu, wr.length - offset)
-        tx = Tx(seq, wr, size, slot, now)
+        self._tx_order += 1
+        tx = Tx(seq, wr, size, slot, now, self._tx_order)
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
@@ -452,8 +461,8 @@ class Sender:
         # RFC 8985 6.2 step 2: an ack for a retransmitted packet may be for the original, so
         # its send time moves RACK only when the ack names this transmission (its EV echo).
         port = tx.slot.entry.port
-        if (not tx.retx or tx is echo_tx) and tx.sent > self.rack_sent[port]:
-            self.rack_sent[port] = tx.sent
+        if (not tx.retx or tx is echo_tx) and tx.order > self.rack_order[port]:
+            self.rack_order[port] = tx.order
             self.rack_rtt[port] = now - tx.sent
         if not tx.lost:
             self.in_flight -= tx.size
@@ -530,8 +539,8 @@ class Sender:
             self._reo_acks = 0
             self.reo_fraction = max(RACK_REO_FRACTION, self.reo_fraction / 2)
         reo = max(srtt * self.reo_fraction, RACK_MIN_REO)
-        rack_sent, rack_rtt = self.rack_sent, self.rack_rtt
-        newest = max(rack_sent)
+        rack_order, rack_rtt = self.rack_order, self.rack_rtt
+        newest = max(rack_order)
         self.rack_timer = None
         index = 0
         while index < len(fifo):
@@ -542,10 +551,10 @@ class Sender:
                 else:
                     index += 1
                 continue
-            if tx.sent >= newest:
+            if tx.order >= newest:
                 return  # nothing sent after it was delivered yet, on any plane
             port = tx.slot.entry.port
-            if tx.sent >= rack_sent[port] or tx.slot.congested_until > tx.sent:
+            if tx.order >= rack_order[port] or tx.slot.congested_until > tx.sent:
                 # Its plane delivered nothing sent later yet; or its path reported
                 # congestion while it was in flight (a longer queue, not a loss: same-path
                 # evidence or the RTO decides).
