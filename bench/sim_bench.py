@@ -67,9 +67,11 @@ class _TimedConnection(Connection):
         super().receive_datagram(data, now=now, port=port, ecn=ecn)
         self._clock.ns += time.perf_counter_ns() - start
 
-    def datagrams_to_send(self, now: float, limit: int = 1 << 16) -> list[Datagram]:
+    def datagrams_to_send(
+        self, now: float, limit: int = 1 << 16, data_limit: int | None = None
+    ) -> list[Datagram]:
         start = time.perf_counter_ns()
-        out = super().datagrams_to_send(now, limit)
+        out = super().datagrams_to_send(now, limit, data_limit)
         self._clock.ns += time.perf_counter_ns() - start
         return out
 

@@ -469,3 +469,18 @@ def test_a_reliability_probe_gets_the_receivers_state_in_a_sack() -> None:
     assert receiver.stats.reliability_probes == 1
     sender.receive_datagram(answer.data, now=0.003, port=answer.port)
     assert sender.sender.snd_una == 101  # the sender takes the state like any SACK
+
+
+def test_a_pacing_adapter_takes_data_only_as_its_nic_has_room() -> None:
+    """``data_limit`` bounds data packets, never control; what is held back stays unsent
+    (no timer runs for it) and leaves on a later call."""
+    net = PairNet(1, Faults())
+    _, va, rkey = region(net, 1, 64 * 1024)
+    sender = net.conns[0]
+    sender.post_write(1, bytes(64 * 1024), va, rkey, now=0.0)
+    assert sender.datagrams_to_send(0.0, data_limit=0) == []
+    first = sender.datagrams_to_send(0.0, data_limit=3)
+    assert len(first) == 3
+    assert sum(sender.stats.packets_sent) == 3
+    rest = sender.datagrams_to_send(1e-6)  # no data limit: as far as the window allows
+    assert len(rest) > 3 and sum(sender.stats.packets_sent) == 3 + len(rest)

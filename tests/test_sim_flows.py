@@ -204,3 +204,19 @@ def test_a_transfer_split_over_queue_pairs_waits_for_all_of_them() -> None:
     assert r.verified and len(r.flows) == 24
     with pytest.raises(ValueError, match="at least 4 bytes"):
         with_qps((FlowSpec(0, 1, bytes=3),), 4)
+
+
+def test_a_host_nic_pulls_data_so_many_flows_from_one_host_do_not_time_out() -> None:
+    """All-to-all of 8 hosts at 10 Gbit/s: each host runs 7 connections whose windows
+    together far exceed what its NIC sends in a minimum RTO.  The NIC takes packets only as
+    its ports drain, so none waits in it long enough to time out, and no path is blamed."""
+    fabric = Fabric(racks=2, hosts_per_rack=4)
+    hosts = range(fabric.hosts)
+    pairs = tuple((s, d) for s in hosts for d in hosts if s != d)
+    r = run(SimConfig(fabric=fabric, pairs=pairs, bytes_per_flow=256 * KIB, rate_bps=RATE))
+    assert r.verified
+    assert r.retransmissions.get("timeout", 0) == 0, r.retransmissions
+    assert not [e for e in r.events if e.new == "assumed_bad"]
+    # Each host sends 7 x 256 KiB over 4 x 10 Gbit/s: the floor is 0.367 ms.
+    floor = 7 * 256 * KIB * 8 / (4 * RATE)
+    assert r.completion_time_s < 1.5 * floor

@@ -435,7 +435,12 @@ class Connection:
         self.stats.packets_sent[port] += 1
         self.stats.bytes_sent[port] += len(data)
 
-    def datagrams_to_send(self, now: float, limit: int = DEFAULT_BATCH) -> list[Datagram]:
+    def datagrams_to_send(
+        self, now: float, limit: int = DEFAULT_BATCH, data_limit: int | None = None
+    ) -> list[Datagram]:
+        """Control packets first, then data, ``limit`` in all; at most ``data_limit`` data
+        packets (an adapter pacing a NIC asks only for what its wire can take now: a
+        packet is sent, and its timers start, when it leaves, not while it waits)."""
         out: list[Datagram] = []
         if self._pending_acks:
             self._flush_acks()
@@ -448,7 +453,10 @@ class Connection:
         evs = self.evs
         if evs.next_skip_expiry <= now:
             evs.expire_skips(now)
-        specs = self.sender.next_packets(now, limit - len(out))
+        room = limit - len(out) if data_limit is None else min(limit - len(out), data_limit)
+        if room <= 0:
+            return out
+        specs = self.sender.next_packets(now, room)
         if not specs:
             return out
         # 0 on the wire means "no timestamp" (no RTT sample from its ack): a packet sent at

@@ -10,7 +10,7 @@ the wire is ``len(datagram) + WIRE_OVERHEAD_BYTES`` (outer IPv6 40 + UDP 8); Eth
 framing is not modelled.
 
 - Host NIC egress (host -> T0): unlimited queue (a NIC never drops its own packets), no ECN,
-  no trimming.
+  no trimming; the runner keeps it short by pulling data from connections only as it drains.
 - Traffic classes: control packets (ACK, NACK, probes; mrcd sends them as DSCP 46) and
   trimmed headers leave every egress, host NICs included, at strict priority: after only
   their own serialization, not behind queued data.  Control still counts against a switch

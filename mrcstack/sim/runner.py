@@ -10,7 +10,11 @@ completed; the receiver's memory is a :class:`~.content.CheckingSink` as large a
 that stores nothing and checks every packet as it is placed, each byte exactly once.
 A flow is done when the sender saw every SendCompleted and the receiver every immediate.
 The adapter is the usual sans-IO loop: after any input, drain events, transmit
-``datagrams_to_send``, re-arm one timer.
+``datagrams_to_send``, re-arm one timer.  Each host's NIC pulls data packets only as its
+ports drain (:data:`NIC_PACKETS_PER_PORT` queued per port at most), serving waiting
+connections round robin, as a hardware NIC's scheduler does: a packet is sent, and its
+timers start, when it leaves, so a host running many connections does not queue all their
+windows in its NIC and time them out there.
 
 All randomness comes from ``random.Random`` instances derived from ``SimConfig.seed``, and
 time is virtual, so a configuration always produces the same :class:`SimResult`.
@@ -57,7 +61,7 @@ from mrcstack.sim.config import (
 )
 from mrcstack.sim.content import CheckingSink, FlowContent
 from mrcstack.sim.engine import Engine
-from mrcstack.sim.network import Network
+from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Network
 from mrcstack.sim.result import (
     JSON_FLOAT_DIGITS,
     EvRecord,
@@ -69,7 +73,7 @@ from mrcstack.sim.result import (
     quantile,
     sum_counts,
 )
-from mrcstack.wire import peek_qpn
+from mrcstack.wire import WRITE_OPCODES, peek_qpn
 
 __all__ = [
     "DATA_PACKET_OVERHEAD_BYTES",
@@ -112,6 +116,8 @@ MAX_TIMER_SPINS = 10_000
 MAX_EVENTS_LISTED = 1000
 #: Cap on each flow's per-packet latency samples.
 MAX_LATENCY_SAMPLES = 100_000
+#: Full data packets a host NIC holds per port before it stops pulling from connections.
+NIC_PACKETS_PER_PORT = 4
 
 
 #: Builds one endpoint's connection; the benchmark passes one that times the core.
@@ -254,6 +260,7 @@ class _Endpoint:
         self.spin_at = -1.0
         self.spins = 0
         self.placed = 0
+        self.nic_sent = False  # waiting for the NIC: had it sent something when it waited
         self.sink = None if sender else flow.sink
         self._on_timer_cb = self._on_timer
         while conn.next_event() is not None:
@@ -282,17 +289,27 @@ class _Endpoint:
         self.pump()
 
     def pump(self) -> None:
-        """After any input: drain events, transmit, drain again, re-arm the one timer."""
+        """After any input: drain events, transmit, drain again, re-arm the one timer.
+
+        The host's NIC pulls data: only as many data packets as its ports can take now
+        (:meth:`_Simulation.nic_room`) leave the connection; the rest wait in it, unsent,
+        and the NIC pumps again when its ports drain.  Control packets always go."""
         sim = self.sim
         now = sim.engine.now
         conn = self.conn
         self._drain(now)
         send = sim.net.send
         per_plane = self.flow.plane_bytes if self.sender else None
-        for d in conn.datagrams_to_send(now):
+        room = sim.nic_room(self.host, now)
+        sent = 0
+        for d in conn.datagrams_to_send(now, data_limit=room):
             if per_plane is not None:
                 per_plane[d.port] += len(d.data)
+            if d.data[0] in WRITE_OPCODES:
+                sent += 1
             send(self.host, self.peer, d.port, d.ev, d.data)
+        if self.sender and sent >= room:  # the NIC, not the window, stopped it
+            sim.nic_wait(self, now, sent > 0)
         self._drain(now)
         deadline = conn.get_timer()
         if deadline != self.timer_at:
@@ -368,10 +385,65 @@ class _Simulation:
                 self.by_host.setdefault(host, {})[local] = endpoint
         for host, table in sorted(self.by_host.items()):
             self.net.attach(host, self._host_handler(table))
+        # Each host's NIC: its uplinks, and the connections waiting for them to drain.
+        fabric = cfg.fabric
+        self.uplinks = {
+            host: [
+                self.net.physical[self.net.host_link(host, plane)][0]
+                for plane in range(fabric.planes)
+            ]
+            for host in self.by_host
+        }
+        full = cfg.mtu_payload + DATA_PACKET_OVERHEAD_BYTES + WIRE_OVERHEAD_BYTES
+        self.nic_packet = full
+        self.nic_window = NIC_PACKETS_PER_PORT * fabric.planes * full
+        self.waiting: dict[int, list[_Endpoint]] = {host: [] for host in self.by_host}
+        self.wake_at: dict[int, float] = {}
         self._schedule_faults()
         for flow in self.flows:
             if not flow.waiting:
                 self.engine.at(flow.spec.start_s, self._start, flow)
+
+    def nic_backlog(self, host: int, now: float) -> float:
+        """Bytes waiting in the host's NIC ports (all planes)."""
+        backlog = 0.0
+        for link in self.uplinks[host]:
+            if link.busy_until > now:
+                backlog += (link.busy_until - now) * link.bytes_per_s
+        return backlog
+
+    def nic_room(self, host: int, now: float) -> int:
+        """How many full data packets the host's NIC takes now: enough to keep every port
+        busy (:data:`NIC_PACKETS_PER_PORT` each), not a window's worth queued in it."""
+        return max(0, int((self.nic_window - self.nic_backlog(host, now)) // self.nic_packet))
+
+    def nic_wait(self, endpoint: _Endpoint, now: float, sent: bool) -> None:
+        """``endpoint`` has data the NIC could not take: pump it again when the ports have
+        drained to half.  Connections that got nothing keep their turn; those that sent go
+        to the back (round robin, as a NIC's scheduler serves its queue pairs)."""
+        host = endpoint.host
+        queue = self.waiting[host]
+        if endpoint in queue:
+            return
+        if sent:
+            queue.append(endpoint)
+        else:
+            queue.insert(sum(1 for e in queue if not e.nic_sent), endpoint)
+        endpoint.nic_sent = sent
+        drained = now + max(0.0, self.nic_backlog(host, now) - self.nic_window / 2) / (
+            self.uplinks[host][0].bytes_per_s * len(self.uplinks[host])
+        )
+        if self.wake_at.get(host, float("inf")) > drained:
+            self.wake_at[host] = drained
+            self.engine.at(drained, self._nic_wake, host)
+
+    def _nic_wake(self, host: int) -> None:
+        if self.wake_at.get(host) != self.engine.now:
+            return  # a stale wake-up: an earlier one was scheduled since
+        del self.wake_at[host]
+        queue, self.waiting[host] = self.waiting[host], []
+        for endpoint in queue:
+            endpoint.pump()
 
     def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[bytes, int, bool], None]:
         def deliver(data: bytes, plane: int, ecn: bool) -> None:
