@@ -92,10 +92,23 @@ def _mrc_as_roce(cfg: SimConfig) -> SimConfig:
     return replace(cfg, mode="roce") if cfg.mode == "mrc" else cfg
 
 
+def _lossy_everywhere(cfg: SimConfig) -> SimConfig:
+    """The one lossy EV's loss on every link: no healthy EV is left to move to."""
+    return replace(cfg, loss=0.2) if cfg.ev_loss else cfg
+
+
 @pytest.mark.parametrize(
     ("figure", "sabotage", "claims"),
-    [(simexp.fig14, _no_ecn, (0, 1, 2)), (simexp.fig18, _mrc_as_roce, (0, 3, 4))],
-    ids=["fig14-without-ecn", "fig18-mrc-as-roce"],
+    [
+        (simexp.fig9a, _mrc_as_roce, (0,)),
+        (simexp.fig9c, _mrc_as_roce, (0, 1)),
+        (simexp.fig9d, _mrc_as_roce, (0,)),
+        (simexp.fig12, _lossy_everywhere, (0,)),
+        (simexp.fig14, _no_ecn, (0, 1, 2)),
+        (simexp.fig18, _mrc_as_roce, (0, 3, 4)),
+        (simexp.fig20, _mrc_as_roce, (0, 2)),
+    ],
+    ids=lambda v: getattr(v, "__name__", "claims").strip("_"),
 )
 def test_claims_fail_when_the_runs_lose_what_they_claim(
     monkeypatch: pytest.MonkeyPatch,

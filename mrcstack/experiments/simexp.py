@@ -1030,7 +1030,11 @@ def fig20(profile: str, seed: int) -> Outcome:
         claims=[
             Claim("MRC's goodput as a fraction of capacity", _mean(frac["mrc"]), 0.85),
             Claim("RoCE mode's (ECMP collisions)", _mean(frac["roce"]), 1.0, "<="),
-            Claim("MRC over RoCE mode", _mean(frac["mrc"]) / _mean(frac["roce"]), 1.0),
+            Claim(
+                "MRC over RoCE mode (the paper: colliding flows get 1/2 or 1/3 of the rate)",
+                _mean(frac["mrc"]) / _mean(frac["roce"]),
+                1.5,
+            ),
         ],
     )
 
