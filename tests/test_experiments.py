@@ -104,7 +104,7 @@ def _lossy_everywhere(cfg: SimConfig) -> SimConfig:
         (simexp.fig9c, _mrc_as_roce, (0, 1)),
         (simexp.fig9d, _mrc_as_roce, (0,)),
         (simexp.fig12, _lossy_everywhere, (0,)),
-        (simexp.fig14, _no_ecn, (0, 1, 2)),
+        (simexp.fig14, _no_ecn, (1,)),
         (simexp.fig18, _mrc_as_roce, (0, 3, 4)),
         (simexp.fig20, _mrc_as_roce, (0, 2)),
     ],
