@@ -220,3 +220,12 @@ def test_a_host_nic_pulls_data_so_many_flows_from_one_host_do_not_time_out() -> 
     # Each host sends 7 x 256 KiB over 4 x 10 Gbit/s: the floor is 0.367 ms.
     floor = 7 * 256 * KIB * 8 / (4 * RATE)
     assert r.completion_time_s < 1.5 * floor
+
+
+def test_nic_wake_ups_stay_a_few_per_packet_on_one_plane() -> None:
+    """One plane, two packets of NIC room: a wake-up that rounding left a hair short of
+    room for a packet would come back at the same instant again and again."""
+    fabric = Fabric(planes=1, racks=2, hosts_per_rack=2, t1_per_plane=4)
+    r = run(SimConfig(fabric=fabric, pairs=((0, 2), (1, 3)), bytes_per_flow=4 * MIB, rate_bps=RATE))
+    assert r.verified
+    assert r.sim_events < 10 * r.packets_sent

@@ -117,7 +117,7 @@ MAX_EVENTS_LISTED = 1000
 #: Cap on each flow's per-packet latency samples.
 MAX_LATENCY_SAMPLES = 100_000
 #: Full data packets a host NIC holds per port before it stops pulling from connections.
-NIC_PACKETS_PER_PORT = 4
+NIC_PACKETS_PER_PORT = 2
 
 
 #: Builds one endpoint's connection; the benchmark passes one that times the core.
@@ -430,7 +430,9 @@ class _Simulation:
         else:
             queue.insert(sum(1 for e in queue if not e.nic_sent), endpoint)
         endpoint.nic_sent = sent
-        drained = now + max(0.0, self.nic_backlog(host, now) - self.nic_window / 2) / (
+        # A byte past half, so that rounding cannot leave the wake-up one hair short of
+        # room for a packet (and wake it again and again at the same instant).
+        drained = now + max(0.0, self.nic_backlog(host, now) - self.nic_window / 2 + 1) / (
             self.uplinks[host][0].bytes_per_s * len(self.uplinks[host])
         )
         if self.wake_at.get(host, float("inf")) > drained:
