@@ -299,17 +299,20 @@ class _Endpoint:
         conn = self.conn
         self._drain(now)
         send = sim.net.send
-        per_plane = self.flow.plane_bytes if self.sender else None
-        room = sim.nic_room(self.host, now)
-        sent = 0
-        for d in conn.datagrams_to_send(now, data_limit=room):
-            if per_plane is not None:
+        if self.sender:
+            per_plane = self.flow.plane_bytes
+            room = sim.nic_room(self.host, now)
+            sent = 0
+            for d in conn.datagrams_to_send(now, data_limit=room):
                 per_plane[d.port] += len(d.data)
-            if d.data[0] in WRITE_OPCODES:
-                sent += 1
-            send(self.host, self.peer, d.port, d.ev, d.data)
-        if self.sender and sent >= room:  # the NIC, not the window, stopped it
-            sim.nic_wait(self, now, sent > 0)
+                if d.data[0] in WRITE_OPCODES:
+                    sent += 1
+                send(self.host, self.peer, d.port, d.ev, d.data)
+            if sent >= room:  # the NIC, not the window, stopped it
+                sim.nic_wait(self, now, sent > 0)
+        else:  # a receiver sends control only: no NIC room to work out
+            for d in conn.datagrams_to_send(now, data_limit=0):
+                send(self.host, self.peer, d.port, d.ev, d.data)
         self._drain(now)
         deadline = conn.get_timer()
         if deadline != self.timer_at:
