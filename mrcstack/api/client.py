@@ -25,7 +25,8 @@ from mrcstack.api.errors import ApiError
 from mrcstack.api.limits import U32
 
 RECV_SIZE = 1 << 18
-#: How often a thread waiting for another thread's read re-checks its own condition (s).
+#: The longest a thread waiting for another thread's read sleeps before it re-checks its
+#: own condition (s); the reading thread wakes it as soon as it has dispatched a read.
 LOCK_SLICE = 0.01
 
 CompletionSink = Callable[[list[tuple[int, ...]]], None]
@@ -55,6 +56,10 @@ class Connection:
         self._rbuf = bytearray()
         self._chunk = bytearray(RECV_SIZE)
         self._rlock = threading.Lock()
+        # Notified after every read: a thread waiting for its reply while another thread
+        # reads (a poster beside a poller) wakes when the reply is dispatched.
+        self._read_done = threading.Condition()
+        self._undispatched = 0  # reads whose frames are not dispatched yet
         self._wlock = threading.Lock()
         self._ids = 0
         self._replies: dict[int, tuple[int, bytes]] = {}
@@ -180,13 +185,23 @@ class Connection:
         if self._closed is not None:
             return False
         if until is not None and block:
-            # Another thread may be blocked reading for something else: check now and then
-            # whether it has already dispatched what we wait for.
-            while not self._rlock.acquire(timeout=LOCK_SLICE):
-                if until() or self._closed is not None:
-                    return False
+            # Another thread may be blocked reading for something else: wait for each of
+            # its reads and check whether it dispatched what we wait for.
+            while True:
+                if self._rlock.acquire(blocking=False):
+                    if not self._undispatched:
+                        break
+                    # Another thread read frames and has not dispatched them yet: what we
+                    # wait for may be among them, and a read now could block for good.
+                    self._rlock.release()
+                with self._read_done:
+                    if until() or self._closed is not None:
+                        return False
+                    if self._rlock.locked() or self._undispatched:
+                        self._read_done.wait(LOCK_SLICE)
         elif not self._rlock.acquire(blocking=block):
             return False
+        frames: list[tuple[int, bytes]] = []
         try:
             if self._closed is not None or (until is not None and until()):
                 return False
@@ -222,13 +237,22 @@ class Connection:
             except ValueError as exc:
                 self._lost(f"protocol error from mrcd: {exc}")
                 return False
+            if frames:
+                with self._read_done:
+                    self._undispatched += 1
         finally:
             self._rlock.release()
-        for kind, body in frames:
-            self._dispatch(kind, body)
-        if frames:
-            self._wake_waiters()
-        return bool(frames)
+            self._notify_threads()  # the socket is free: a waiting thread may read it
+        if not frames:
+            return False
+        try:
+            for kind, body in frames:
+                self._dispatch(kind, body)
+        finally:
+            with self._read_done:
+                self._undispatched -= 1
+        self._wake_waiters()
+        return True
 
     def _dispatch(self, kind: int, body: bytes) -> None:
         if kind in (wire.Kind.REPLY, wire.Kind.POST_REPLY):
@@ -288,7 +312,12 @@ class Connection:
         """Something other than a frame changed (a local queue): re-check the waiters."""
         self._wake_waiters()
 
+    def _notify_threads(self) -> None:
+        with self._read_done:
+            self._read_done.notify_all()
+
     def _wake_waiters(self) -> None:
+        self._notify_threads()
         for loop, fut in list(self._waiters):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_wake, fut)

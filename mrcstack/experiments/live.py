@@ -34,7 +34,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mrcstack.api import Controller, Device, Listener, QueuePair, WcStatus, WriteWr
+from mrcstack.api import (
+    Controller,
+    Device,
+    Listener,
+    MemoryRegion,
+    QueuePair,
+    WcStatus,
+    WriteWr,
+)
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
@@ -217,6 +225,61 @@ class _Injector:
         return (self.applied[0] - self.fault_at) * 1e3 if self.applied else float("nan")
 
 
+class _Poster:
+    """Keeps :data:`OUTSTANDING` writes posted from its own thread, all free slots in one
+    post: a post waits for mrcd's reply (a turn of its busy loop, milliseconds), and a loop
+    that posted between polls would stamp the completions that came meanwhile late, all at
+    once."""
+
+    def __init__(self, qp: QueuePair, src: MemoryRegion, dst: MemoryRegion) -> None:
+        self.qp, self.src, self.dst = qp, src, dst
+        self.posted = self.done = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="live-poster", daemon=True)
+
+    def __enter__(self) -> _Poster:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+
+    def completed(self, n: int) -> None:
+        """``n`` more writes completed (re-raises what stopped the poster)."""
+        if self._error is not None:
+            raise RuntimeError(f"posting writes failed: {self._error}") from self._error
+        if n:
+            with self._cond:
+                self.done += n
+                self._cond.notify()
+
+    def _run(self) -> None:
+        slots = REGION // WRITE
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and self.posted - self.done >= OUTSTANDING:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    first, n = self.posted, OUTSTANDING - (self.posted - self.done)
+                wrs = []
+                for i in range(first, first + n):
+                    off = i % slots * WRITE
+                    wrs.append(WriteWr(i, (self.src, off, WRITE), self.dst.addr + off,
+                                       self.dst.rkey))  # fmt: skip
+                self.qp.post_send(wrs)
+                with self._cond:
+                    self.posted += n
+        except BaseException as exc:  # reported by the measuring loop
+            self._error = exc
+
+
 # One mrcd run -------------------------------------------------------------------------------
 def mrcd_run(
     state: TestbedState,
@@ -241,36 +304,25 @@ def mrcd_run(
         t.start()
         qa.connect(DST, SERVICE, timeout=30)
         t.join(30)
-        slots = REGION // WRITE
-        posted = done = 0
-
-        def post() -> None:
-            nonlocal posted
-            off = posted % slots * WRITE
-            qa.post_send(WriteWr(posted, (amr, off, WRITE), bmr.addr + off, bmr.rkey))
-            posted += 1
-
         amr.buf[:] = bytes(REGION)  # touch every page before the clock starts
         bmr.buf[:] = bytes(REGION)
         before = counters(state, cluster)
         fault_at = time.time() + WARMUP_S + pre_s
         end = fault_at + window_s
-        for _ in range(OUTSTANDING):
-            post()
-        while True:
-            now = time.time()
-            if not injector.started and now >= fault_at:
-                injector.start()
-                fault_at = injector.fault_at
-            if now >= end:
-                break
-            for wc in acq.poll_wait(4096, timeout=0.005) or ():
-                if wc.status is not WcStatus.SUCCESS:
-                    raise RuntimeError(f"live run {case.name}: write failed: {wc}")
-                samples.append((time.time(), WRITE))
-                done += 1
-            while posted - done < OUTSTANDING:
-                post()
+        with _Poster(qa, amr, bmr) as poster:
+            while True:
+                now = time.time()
+                if not injector.started and now >= fault_at:
+                    injector.start()
+                    fault_at = injector.fault_at
+                if now >= end:
+                    break
+                wcs = acq.poll_wait(4096, timeout=0.005) or ()
+                for wc in wcs:
+                    if wc.status is not WcStatus.SUCCESS:
+                        raise RuntimeError(f"live run {case.name}: write failed: {wc}")
+                    samples.append((time.time(), WRITE))
+                poster.completed(len(wcs))
         command_ms = injector.join()
         after = counters(state, cluster)
         with Controller.open(cluster.daemons[SRC].api_socket) as ctl:

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from mrcstack.api import (
     shm,
     wire,
 )
+from mrcstack.api import client as api_client
 from mrcstack.daemons.mrcd.node.node import QpAttrs
 from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
 
@@ -582,3 +584,36 @@ def test_one_context_from_several_threads(daemons: Daemons) -> None:
     for t in threads:
         t.join(WAIT)
     assert not errors and not any(t.is_alive() for t in threads)
+
+
+def test_a_reply_another_thread_read_wakes_its_caller(
+    daemons: Daemons, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread blocked in ``poll_wait`` reads the reply another thread's call waits for:
+    the caller returns once that reply is dispatched.  Its own re-check interval is an hour
+    here, so only the reader's wake-up can end the wait; the reader pauses between its read
+    and its dispatch, the window in which a caller that took the socket itself would block
+    reading a reply that has already left it."""
+    monkeypatch.setattr(api_client, "LOCK_SLICE", 3600.0)
+    a, b = connect(daemons, 1 << 16)
+    conn = a.ctx.conn
+    dispatch = conn._dispatch
+
+    def slow_dispatch(kind: int, body: bytes) -> None:
+        time.sleep(0.05)
+        dispatch(kind, body)
+
+    monkeypatch.setattr(conn, "_dispatch", slow_dispatch)
+    polled: list[object] = []
+    poller = threading.Thread(target=lambda: polled.append(a.cq.poll_wait(1, timeout=WAIT)))
+    poller.start()
+    while not conn._rlock.locked():  # the poller is reading the socket
+        time.sleep(0.001)
+    answered: list[int] = []
+    caller = threading.Thread(target=lambda: answered.append(a.ctx.query_device().host))
+    caller.start()
+    caller.join(WAIT)
+    assert answered == [0]
+    a.qp.post_send(WriteWr(1, (a.mr, 0, 8), b.mr.addr, b.mr.rkey))  # ends the poll
+    poller.join(WAIT)
+    assert not poller.is_alive() and polled
