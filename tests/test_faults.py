@@ -28,7 +28,7 @@ from mrcstack.addrplan import Path as FabricPath
 from mrcstack.addrplan import paths, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
 from mrcstack.netns import cli as testbed_cli
-from mrcstack.netns import fault_cli, faultops, testbed, traffic, trim
+from mrcstack.netns import fault_cli, faultops, ifctl, testbed, traffic, trim
 from mrcstack.netns.faultplan import (
     Fault,
     FaultError,
@@ -789,6 +789,41 @@ def test_live_link_down_stops_exactly_its_paths_and_up_restores_everything(
     with pytest.raises(FaultError, match="is not down"):
         live.faults.link_up(link)
     assert any("apply #" in line and "link_down p0:t0a-t1b" in line for line in live.log)
+
+
+def test_live_port_state_and_addresses_read_and_set_in_process(clean_after: Live) -> None:
+    """The harness sets a port's state with an ioctl from a thread in its namespace and
+    reads the addresses it must restore from if_inet6: both agree with ``ip``."""
+    ns = clean_after.ns("p0-t0a")
+
+    def ip_json(*args: str) -> dict[str, Any]:
+        out = subprocess.run(["ip", "-n", ns, "-j", *args], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+        [dev] = json.loads(out)
+        return dict(dev)
+
+    def is_up(ifname: str) -> bool:
+        return "UP" in ip_json("link", "show", "dev", ifname)["flags"]
+
+    for ifname in ("t1a", "h0"):
+        want = [{"local": a["local"], "prefixlen": a["prefixlen"], "nodad": bool(a.get("nodad"))}
+                for a in ip_json("-6", "address", "show", "dev", ifname)["addr_info"]
+                if a.get("scope") == "global" or a.get("nodad")]  # fmt: skip
+        assert want, f"{ifname}: the check needs a port with addresses"
+        key = lambda a: a["local"]  # noqa: E731
+        assert sorted(faultops.addresses(ns, ifname), key=key) == sorted(want, key=key)
+    # A spare veth pair in the namespace: toggling a fabric port would cost it its routes.
+    subprocess.run(["ip", "-n", ns, "link", "add", "tcx0", "type", "veth", "peer", "name", "tcx1"],
+                   check=True)  # fmt: skip
+    try:
+        ifctl.set_link(ns, "tcx0", up=True)
+        assert is_up("tcx0")
+        ifctl.set_link(ns, "tcx0", up=False)
+        assert not is_up("tcx0")
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "del", "tcx0"], check=True)
+    with pytest.raises(TestbedError, match="nosuchport"):
+        ifctl.set_link(ns, "nosuchport", up=False)
 
 
 def test_live_overlapping_link_faults_on_one_switch_restore_one_at_a_time(
