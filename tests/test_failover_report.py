@@ -1,0 +1,62 @@
+"""The failover benchmark's table, from synthetic runs (the live runs need root and minutes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import failover_bench as fb
+from mrcstack.experiments.live import FaultCase, Run
+
+FAULT_AT = 100.0
+STEP = 0.001  # one completion of 1 unit per millisecond: the pre-fault rate
+
+
+def series(gap_ms: int, *, before: bool = True) -> tuple[tuple[float, int], ...]:
+    """A steady series that stops for ``gap_ms`` right after the fault."""
+    t0 = FAULT_AT - 1.5 if before else FAULT_AT
+    count = int((FAULT_AT + 1.5 - t0) / STEP)
+    times = (t0 + i * STEP for i in range(count))
+    return tuple((t, 1) for t in times if not FAULT_AT <= t < FAULT_AT + gap_ms / 1e3)
+
+
+def runs(stack: str, gap_ms: int, n: int = 3, *, before: bool = True) -> list[Run]:
+    return [Run(stack, series(gap_ms, before=before), FAULT_AT, {"rack": 2.0}, 1.0, 3.0)
+            for _ in range(n)]  # fmt: skip
+
+
+def case(name: str, target: float = 5.0) -> FaultCase:
+    return FaultCase(name, name, lambda f: None, target)
+
+
+def test_rows_print_medians_and_the_check_fails_only_over_twice_the_target(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [
+        (case("fine", 50.0), {"mrcd": runs("mrcd", 20), "mptcp": runs("mptcp", 300)}),
+        (case("slow"), {"mrcd": runs("mrcd", 40), "mptcp": runs("mptcp", 300)}),
+        (case(fb.CONTROL, 0.0), {"mrcd": runs("mrcd", 40), "mptcp": runs("mptcp", 0)}),
+    ]
+    assert fb.report(rows[:1] + rows[2:], "t", check=True)  # the control has no target
+    assert not fb.report(rows, "t", check=True)
+    out = capsys.readouterr().out
+    names = ("fine", "slow", fb.CONTROL)
+    fine, slow, control = [line for line in out.splitlines() if line.split()[0] in names][-3:]
+    assert (
+        float(fine.split()[1]) == pytest.approx(20, abs=1.5)
+        and "OVER" not in fine
+        and "rack 6" in fine
+    )
+    assert float(slow.split()[1]) == pytest.approx(40, abs=1.5) and slow.endswith("OVER 2x TARGET")
+    assert "OVER" not in control and "no fault on the path" in control
+
+
+def test_a_run_that_moved_nothing_before_the_fault_is_counted_not_fatal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mptcp = runs("mptcp", 300, 2) + runs("mptcp", 0, 1, before=False)
+    assert fb.report([(case("x"), {"mrcd": runs("mrcd", 3), "mptcp": mptcp})], "t", True)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "MPTCP 1 run(s) moved nothing before the fault" in row
+    # every mrcd run without a pre-fault rate: nothing to report, and the check fails
+    dead = {"mrcd": runs("mrcd", 0, 2, before=False), "mptcp": runs("mptcp", 300)}
+    assert not fb.report([(case("y"), dead)], "t", check=True)
