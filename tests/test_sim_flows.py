@@ -229,3 +229,21 @@ def test_nic_wake_ups_stay_a_few_per_packet_on_one_plane() -> None:
     r = run(SimConfig(fabric=fabric, pairs=((0, 2), (1, 3)), bytes_per_flow=4 * MIB, rate_bps=RATE))
     assert r.verified
     assert r.sim_events < 10 * r.packets_sent
+
+
+def test_paths_queued_at_the_start_are_not_taken_for_dead() -> None:
+    """Two flows pinned to six EVs each, three over one shared T1 and three over their own:
+    at the start the shared path's packets wait behind both flows' windows, and RACK takes
+    some for lost (packets of the same plane on the idle paths came back first), but an EV
+    that has not yet had an RTO to answer is not condemned for it.  Nothing is dropped, so
+    no EV may be demoted (before, one was, and the flows spread before ECN could act)."""
+    fabric = Fabric(planes=1, racks=2, hosts_per_rack=2, t1_per_plane=4)
+    shared = tuple(ev_value(0, 0, e) for e in range(3))
+    specs = tuple(
+        FlowSpec(src, dst, evs=shared + tuple(ev_value(0, t1, e) for e in range(3)))
+        for src, dst, t1 in ((0, 2, 1), (1, 3, 2))
+    )
+    r = run(SimConfig(fabric=fabric, bytes_per_flow=2 << 20, rate_bps=RATE, seed=1,
+                      flow_specs=specs))  # fmt: skip
+    assert r.verified and not any(r.drops.values())
+    assert [e for e in r.events if e.new == "assumed_bad"] == []

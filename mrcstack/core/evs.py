@@ -173,6 +173,7 @@ class EvSlot:
         "congested_until",
         "drop_count",
         "entry",
+        "first_sent",
         "in_use",
         "last_evidence",
         "probe_fails",
@@ -192,6 +193,7 @@ class EvSlot:
         self.probe_fails = 0
         self.last_evidence = -1.0  # last time a reply proved this path works
         self.silent_losses = 0  # time-detected losses since the last reply on this EV
+        self.first_sent = -1.0  # when this connection first sent on this EV
         # Packets sent on this path before this time met congestion (a trim or an ECN
         # mark came back): RACK leaves them to same-path evidence and the RTO.
         self.congested_until = -1.0

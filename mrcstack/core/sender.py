@@ -323,6 +323,8 @@ class Sender:
         if self.stall_deadline is not None:
             self._end_stall()
         ev = slot.entry.value
+        if slot.first_sent < 0:
+            slot.first_sent = now
         offset = (seq - wr.first) * self.mtu
         size = min(self.mtu, wr.length - offset)
         self._tx_order += 1
@@ -575,9 +577,13 @@ class Sender:
             slot = tx.slot
             if slot.last_evidence < tx.sent:
                 # Nothing on this EV came back since: a second such loss in a row
-                # means the path is dead, not unlucky.
+                # means the path is dead, not unlucky.  A path that never answered yet is
+                # given one RTO from its first packet first: at the start its packets may
+                # wait in a queue that other paths of the plane do not have.
                 slot.silent_losses += 1
-                if slot.silent_losses >= RACK_LOSSES_TO_BLAME:
+                if slot.silent_losses >= RACK_LOSSES_TO_BLAME and (
+                    slot.last_evidence >= 0 or now - slot.first_sent >= self.rto(0)
+                ):
                     slot.silent_losses = 0
                     self.evs.apply(tx.ev, "loss", "rack_loss")
 
