@@ -32,12 +32,12 @@ from mrcstack.experiments.live import (
     FaultCase,
     Run,
     bed,
+    impacts,
     measure,
     mptcp_setup,
     shaped,
 )
 from mrcstack.fabric import Fabric, format_rate
-from mrcstack.progress import Impact
 
 UNSHAPED, SHAPED = "fou", "fos"
 CONTROL = "control"
@@ -68,19 +68,6 @@ def _med(values: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(vals), vals[0], vals[-1]
 
 
-def _impacts(runs: Sequence[Run]) -> tuple[list[Impact], int]:
-    """The runs' impacts, and how many runs moved nothing before the fault (no pre-fault
-    rate to measure against: MPTCP, now and then, stalls at its start).  Those are left
-    out of the medians and counted in the row."""
-    out, failed = [], 0
-    for r in runs:
-        try:
-            out.append(r.impact())
-        except ValueError:
-            failed += 1
-    return out, failed
-
-
 def _fmt(med: tuple[float, float, float]) -> str:
     m, lo, hi = med
     return f"{m:7.1f} [{lo:.1f}..{hi:.1f}]"
@@ -104,8 +91,8 @@ def report(rows: list[Row], title: str, check: bool) -> bool:
           f"{'window lost ms':>24} {'MPTCP lost ms':>22} {'ratio':>6}  "
           "retransmissions (mrcd, summed)")  # fmt: skip
     for case, result in rows:
-        mi, mfailed = _impacts(result["mrcd"])
-        pi, pfailed = _impacts(result["mptcp"])
+        mi, mfailed = impacts(result["mrcd"])
+        pi, pfailed = impacts(result["mptcp"])
         stalled = "".join(f"  {stack} {n} run(s) moved nothing before the fault"
                           for stack, n in (("mrcd", mfailed), ("MPTCP", pfailed)) if n)  # fmt: skip
         lost = _med([i.lost_ms for i in mi])

@@ -106,6 +106,21 @@ class Run:
         return [b * 8 / bin_s for b in bins]
 
 
+def impacts(
+    runs: Sequence[Run], pre_s: float = PRE_S, window_s: float = WINDOW_S
+) -> tuple[list[Impact], int]:
+    """The runs' impacts, and how many runs moved nothing before the fault (no pre-fault
+    rate to measure against: MPTCP, now and then, stalls at its start).  Those are left
+    out, and counted for the caller to report."""
+    out, failed = [], 0
+    for r in runs:
+        try:
+            out.append(r.impact(pre_s, window_s))
+        except ValueError:
+            failed += 1
+    return out, failed
+
+
 # The testbed -------------------------------------------------------------------------------
 @contextmanager
 def bed(fabric: Fabric, name: str) -> Iterator[tuple[TestbedState, Cluster]]:

@@ -28,6 +28,7 @@ from mrcstack.experiments.live import (
     mptcp_setup,
     shaped,
 )
+from mrcstack.experiments.live import impacts as live_impacts
 from mrcstack.experiments.plots import bars, lines
 from mrcstack.fabric import Fabric
 from mrcstack.netns.faults import Faults
@@ -76,7 +77,7 @@ def outcome(
     that lasts, like ports kept down, is recovered from once it ends) and ``pre_mbps``."""
     figures: dict[str, dict[str, float]] = {}
     for stack, rs in runs.items():
-        impacts = [r.impact(PRE_S, WINDOW_S) for r in rs]
+        impacts, _ = live_impacts(rs, PRE_S, WINDOW_S)  # a run that never started: left out
         figures[stack] = {
             "lost_ms": _median([i.lost_ms for i in impacts]),
             # Not back within the window counts as the window (a number a bar can show).
