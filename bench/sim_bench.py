@@ -14,12 +14,13 @@ import time
 from collections.abc import Sequence
 
 from mrcstack.core.config import ConnectionConfig
-from mrcstack.core.connection import Connection, Datagram
+from mrcstack.core.connection import Connection, Outgoing
 from mrcstack.core.events import Event
 from mrcstack.core.memory import MemoryTable
 from mrcstack.fabric import Fabric
 from mrcstack.sim.runner import SimConfig
 from mrcstack.sim.runner import run as run_sim
+from mrcstack.wire import Packet
 
 TRANSFER_BYTES = 64 << 20
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=8)
@@ -67,11 +68,18 @@ class _TimedConnection(Connection):
         super().receive_datagram(data, now=now, port=port, ecn=ecn)
         self._clock.ns += time.perf_counter_ns() - start
 
-    def datagrams_to_send(
-        self, now: float, limit: int = 1 << 16, data_limit: int | None = None
-    ) -> list[Datagram]:
+    def receive_packet(
+        self, pkt: Packet, size: int, *, now: float, port: int, ecn: bool = False
+    ) -> None:
         start = time.perf_counter_ns()
-        out = super().datagrams_to_send(now, limit, data_limit)
+        super().receive_packet(pkt, size, now=now, port=port, ecn=ecn)
+        self._clock.ns += time.perf_counter_ns() - start
+
+    def packets_to_send(  # (datagrams_to_send is this plus encoding: timed through it)
+        self, now: float, limit: int = 1 << 16, data_limit: int | None = None
+    ) -> list[Outgoing]:
+        start = time.perf_counter_ns()
+        out = super().packets_to_send(now, limit, data_limit)
         self._clock.ns += time.perf_counter_ns() - start
         return out
 
