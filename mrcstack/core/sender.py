@@ -121,9 +121,11 @@ class Tx:
         self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DataSpec:
-    """What the connection must encode and send for one data packet."""
+    """What the connection must encode and send for one data packet.
+
+    Not frozen (one is built per packet sent: see ``Feedback``); nothing changes it."""
 
     seq: int
     va: int
