@@ -133,6 +133,9 @@ class Connection:
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
+        # The peer's port bitmap as last applied (EvTable.remote_port_up as bits): an ACK
+        # carries it, and one that changes nothing costs no walk over the planes.
+        self._peer_bits = self._port_bits
         # The receive window stated in every SACK (MPR counts 128-PSN units, at least one).
         self._window = max(MPR_UNIT, config.max_window // MPR_UNIT * MPR_UNIT)
         self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
@@ -352,6 +355,10 @@ class Connection:
 
     def _peer_ports(self, bits: int) -> bool:
         """Apply the peer's port bitmap; True if any plane changed."""
+        bits &= (1 << self.cfg.planes) - 1
+        if bits == self._peer_bits:
+            return False
+        self._peer_bits = bits
         changed = False
         for port in range(self.cfg.planes):
             up = bool(bits >> port & 1)
