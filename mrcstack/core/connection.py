@@ -38,6 +38,8 @@ from mrcstack.wire import (
     DATA_HDR_LEN,
     DATA_IMM_HDR_LEN,
     MPR_UNIT,
+    NACK_HDR_LEN,
+    SACK_HDR_LEN,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -458,7 +460,12 @@ class Connection:
             fb.rcv_bytes,
             self._window,
         )
-        self._queue(ack, slot)
+        # _queue, inline: one per data packet received.
+        size = (NACK_HDR_LEN if fb.nack_reason else SACK_HDR_LEN) + self._trailer_len
+        self._control.append((ack, size))
+        port = slot.entry.port
+        self.stats.packets_sent[port] += 1
+        self.stats.bytes_sent[port] += size
 
     def _reply_probe(self, probe: ProbePacket, port: int) -> None:
         slot = self._reverse_slot(port)

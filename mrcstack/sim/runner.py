@@ -445,7 +445,12 @@ class _Simulation:
     def nic_room(self, host: int, now: float) -> int:
         """How many full data packets the host's NIC takes now: enough to keep every port
         busy (:data:`NIC_PACKETS_PER_PORT` each), not a window's worth queued in it."""
-        return max(0, int((self.nic_window - self.nic_backlog(host, now)) // self.nic_packet))
+        backlog = 0.0  # nic_backlog, inline: once per sender pump
+        for link in self.uplinks[host]:
+            busy = link.busy_until
+            if busy > now:
+                backlog += (busy - now) * link.bytes_per_s
+        return max(0, int((self.nic_window - backlog) // self.nic_packet))
 
     def nic_wait(self, endpoint: _Endpoint, now: float, sent: bool) -> None:
         """``endpoint`` has data the NIC could not take: pump it again when the ports have
