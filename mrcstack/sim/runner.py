@@ -18,7 +18,7 @@ windows in its NIC and time them out there.
 
 Packets travel decoded: connections hand them over with ``packets_to_send`` and take them
 with ``receive_packet``, so no packet is ever encoded, checksummed and parsed again (that
-was a third of the run time).  ``run(cfg, wire=True)`` encodes every packet and decodes it at
+was about 40% of the run time).  ``run(cfg, wire=True)`` encodes every packet and decodes it at
 its destination as a real network would; it gives the same result, which a test checks.
 
 All randomness comes from ``random.Random`` instances derived from ``SimConfig.seed``, and
