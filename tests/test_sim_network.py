@@ -47,8 +47,9 @@ def stub_router(fabric: Fabric) -> Router:
     return route
 
 
-def stub_trim(data: bytes, lasthop: bool) -> bytes:
-    return data[:3] + TRIM_MARK + bytes([lasthop])
+def stub_trim(data: bytes, lasthop: bool) -> tuple[bytes, int]:
+    cut = data[:3] + TRIM_MARK + bytes([lasthop])
+    return cut, len(cut)
 
 
 def packet(src: int, seq: int, opcode: int = DATA, size: int = SIZE) -> bytes:
@@ -81,7 +82,8 @@ class Rig:
             self.net.attach(host, self._handler(host))
 
     def _handler(self, host: int) -> Handler:
-        def deliver(data: bytes, plane: int, ecn: bool) -> None:
+        def deliver(data: bytes, size: int, plane: int, ecn: bool) -> None:
+            assert size == len(data)
             self.inbox[host].append((self.engine.now, data, plane, ecn))
 
         return deliver

@@ -21,7 +21,7 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.memory import MemoryTable
 from mrcstack.fabric import Fabric
 from mrcstack.sim import SimConfig, run
-from mrcstack.sim.content import CheckingSink, FlowContent
+from mrcstack.sim.content import BLOCK, CheckingSink, FlowContent
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -102,6 +102,26 @@ def test_work_requests_are_flat_too() -> None:
     """Many small work requests: completions and immediates counted, not listed."""
     r = run(SimConfig(fabric=Fabric(), bytes_per_flow=4 * MIB + 123, wr_size=64 << 10))
     assert r.verified and r.flows[0].work_requests == 65
+
+
+@pytest.mark.parametrize(
+    ("offset", "n"),
+    [(0, 4096), (4096, 4096), (8, 16), (15, 2), (16, 4080), (4095, 4098), (12345, 20000)],
+)
+def test_content_fill_and_matches_follow_the_blocks(offset: int, n: int) -> None:
+    c = FlowContent(5, random.Random(2))
+    first, last = offset // BLOCK, (offset + n - 1) // BLOCK
+    blocks = b"".join(c.block(b) for b in range(first, last + 1))
+    expected = blocks[offset - first * BLOCK :][:n]
+    got = bytearray(n)
+    c.fill(memoryview(got), offset)
+    assert got == expected
+    assert c.matches(got, offset) and c.matches(got + b"tail", offset, n)
+    assert not c.matches(got, offset, n + 1)
+    for at in (0, n // 2, n - 1):
+        bad = bytearray(got)
+        bad[at] ^= 1
+        assert not c.matches(bad, offset)
 
 
 def test_the_sink_catches_wrong_bytes_twice_written_bytes_and_gaps() -> None:

@@ -51,8 +51,10 @@ from mrcstack.wire import (
     decode,
     encode,
     encode_trimmed,
+    encoded_length,
     header_length,
     peek_qpn,
+    trim,
     trimmed_length,
     write_opcode,
 )
@@ -92,6 +94,19 @@ def test_data_length_is_headers_payload_trailer(mode: str, pkt: DataPacket) -> N
     tx, _ = make_pair(mode)
     hlen = DATA_HDR_LEN if pkt.imm is None else DATA_IMM_HDR_LEN
     assert len(encode(pkt, tx)) == hlen + len(pkt.payload) + tx.trailer_len
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(pkt=any_packet)
+@settings(max_examples=100, deadline=None)
+def test_encoded_length_is_the_datagram_length(mode: str, pkt: Packet) -> None:
+    tx, _ = make_pair(mode)
+    assert encoded_length(pkt, tx.trailer_len) == len(encode(pkt, tx))
+
+
+def test_encoded_length_refuses_non_packets() -> None:
+    with pytest.raises(WireUsageError):
+        encoded_length("x", 4)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("psn", [0, 1, PSN_MASK - 1, PSN_MASK])
@@ -530,6 +545,19 @@ def test_trimmed_packet_objects_round_trip(pkt: DataPacket, lasthop: bool) -> No
     trimmed = encode_trimmed(encode(pkt, crc), lasthop)
     got = decode(trimmed, crc)
     assert encode(got, crc) == trimmed  # a trimmed DataPacket encodes to the switch's bytes
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(pkt=data_packets, lasthop=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_trim_is_what_the_receiver_decodes_from_a_trimmed_datagram(
+    mode: str, pkt: DataPacket, lasthop: bool
+) -> None:
+    tx, rx = make_pair(mode)
+    cut = encode_trimmed(encode(pkt, tx), lasthop)
+    got = trim(pkt, lasthop)
+    assert decode(cut, rx) == got
+    assert encoded_length(got, tx.trailer_len) == len(cut)
 
 
 def test_trimmed_header_is_still_checked() -> None:

@@ -5,6 +5,11 @@ In: API calls (``post_write``, ``set_port_state``, ``set_peer_ports``, the EV co
 ``receive_datagram(data, now, port)``, ``handle_timer(now)``.  Out: ``datagrams_to_send(now)``
 and ``next_event()``; ``get_timer()`` is the one deadline the adapter arms.  Nothing here
 reads a clock, opens a socket or draws global randomness.
+
+The codec sits at the edge: ``receive_datagram`` is ``decode`` then ``receive_packet``, and
+``datagrams_to_send`` is ``packets_to_send`` then ``encode``.  An adapter whose packets never
+meet a wire (the simulator) uses the packet forms and skips the codec; the protocol logic
+behind both is the same.
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
+    DATA_HDR_LEN,
+    DATA_IMM_HDR_LEN,
     MPR_UNIT,
+    NACK_HDR_LEN,
+    SACK_HDR_LEN,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -39,6 +48,7 @@ from mrcstack.wire import (
     EvFormat,
     FeedbackFlags,
     Integrity,
+    Packet,
     PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
@@ -47,8 +57,14 @@ from mrcstack.wire import (
     SkipHint,
     decode,
     encode,
+    encoded_length,
 )
 
+# Plain ints: IntFlag arithmetic costs a method call per packet.
+_ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
+_DUPLICATE = int(FeedbackFlags.DUPLICATE)
+_SKIP_ONCE = int(SkipHint.SKIP_ONCE)
+_SKIP_NONE = int(SkipHint.NONE)
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
 U64 = (1 << 64) - 1
@@ -61,6 +77,11 @@ class Datagram:
     data: bytes
     port: int
     ev: int
+
+
+#: A packet to send and the length of its datagram once encoded (``packets_to_send``).  It
+#: goes out on NIC port ``packet.port``, to the path that EV ``packet.ev`` names.
+Outgoing = tuple[Packet, int]
 
 
 class Connection:
@@ -102,7 +123,8 @@ class Connection:
             self.replay = None
         self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
         self.receiver = Receiver(config, memory, self.stats, self._emit)
-        self._control: deque[Datagram] = deque()
+        self._trailer_len = self.integrity.trailer_len
+        self._control: deque[Outgoing] = deque()
         self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
         self._pending_count = [0] * config.planes
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
@@ -113,6 +135,9 @@ class Connection:
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
+        # The peer's port bitmap as last applied (EvTable.remote_port_up as bits): an ACK
+        # carries it, and one that changes nothing costs no walk over the planes.
+        self._peer_bits = self._port_bits
         # The receive window stated in every SACK (MPR counts 128-PSN units, at least one).
         self._window = max(MPR_UNIT, config.max_window // MPR_UNIT * MPR_UNIT)
         self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
@@ -251,6 +276,8 @@ class Connection:
     def receive_datagram(
         self, data: bytes | memoryview, *, now: float, port: int, ecn: bool = False
     ) -> None:
+        """A datagram from NIC port ``port``: decoded and verified here (what fails is
+        counted in ``stats.rejected`` and dropped), then handled as by ``receive_packet``."""
         stats = self.stats
         if self.failed is not None:
             return
@@ -262,6 +289,23 @@ class Connection:
         except DecodeError as exc:
             stats.count(stats.rejected, exc.reason.name.lower())
             return
+        self._receive(pkt, len(data), now, port, ecn)
+
+    def receive_packet(
+        self, pkt: Packet, size: int, *, now: float, port: int, ecn: bool = False
+    ) -> None:
+        """A packet that was never encoded, as ``decode`` would return it, whose datagram
+        would be ``size`` bytes long: the simulator hands over packets this way.  Payloads
+        are read during the call only, as with ``receive_datagram``."""
+        if self.failed is not None:
+            return
+        if not 0 <= port < self.cfg.planes:
+            self.stats.count(self.stats.rejected, "port")
+            return
+        self._receive(pkt, size, now, port, ecn)
+
+    def _receive(self, pkt: Packet, size: int, now: float, port: int, ecn: bool) -> None:
+        stats = self.stats
         if pkt.qpn != self.cfg.local_qpn:
             stats.count(stats.rejected, "qpn")
             return
@@ -272,7 +316,7 @@ class Connection:
                 return
             replay.update(pkt.tx_seq)
         stats.packets_received[port] += 1
-        stats.bytes_received[port] += len(data)
+        stats.bytes_received[port] += size
         if type(pkt) is DataPacket:
             self._last_data_rx = now
             if ecn:
@@ -313,6 +357,10 @@ class Connection:
 
     def _peer_ports(self, bits: int) -> bool:
         """Apply the peer's port bitmap; True if any plane changed."""
+        bits &= (1 << self.cfg.planes) - 1
+        if bits == self._peer_bits:
+            return False
+        self._peer_bits = bits
         changed = False
         for port in range(self.cfg.planes):
             up = bool(bits >> port & 1)
@@ -390,29 +438,34 @@ class Connection:
         if slot is None:
             self.stats.count(self.stats.rejected, "no_reverse_path")
             return
-        ack = AckPacket(
-            qpn=self.cfg.remote_qpn,
-            cum_psn=fb.cum_psn,
-            msn=fb.msn,
-            ev=slot.entry.value,
-            port=slot.entry.port,
-            tx_seq=self._next_tx_seq(),
-            echo_ev=fb.echo_ev,
-            echo_psn=fb.echo_psn,
-            echo_ts_ns=fb.echo_ts_ns,
-            sack_base=fb.sack_base,
-            sack_bitmap=fb.sack_bitmap,
-            port_state=self._port_bits,
-            flags=(FeedbackFlags.ECN_ECHO if fb.ecn else 0)
-            | (FeedbackFlags.DUPLICATE if fb.dup else 0),
-            nack_reason=fb.nack_reason,
-            # An ECN-marked packet's path is busier than the others: skip it a while.
-            skip=SkipHint.SKIP_ONCE if fb.ecn else SkipHint.NONE,
-            ooo_count=fb.ooo_count,
-            rcv_bytes=fb.rcv_bytes,
-            window=self._window,
+        self._tx_seq += 1
+        ack = AckPacket(  # positional: keywords cost a noticeable share, once per packet
+            self.cfg.remote_qpn,  # qpn
+            fb.cum_psn,
+            fb.msn,
+            slot.entry.value,  # ev
+            slot.entry.port,  # port
+            self._tx_seq,  # tx_seq
+            fb.echo_ev,
+            fb.echo_psn,
+            fb.echo_ts_ns,
+            fb.sack_base,
+            fb.sack_bitmap,
+            self._port_bits,  # port_state
+            (_ECN_ECHO if fb.ecn else 0) | (_DUPLICATE if fb.dup else 0),  # flags
+            fb.nack_reason,
+            # skip: an ECN-marked packet's path is busier than the others: skip it a while.
+            _SKIP_ONCE if fb.ecn else _SKIP_NONE,
+            fb.ooo_count,
+            fb.rcv_bytes,
+            self._window,
         )
-        self._queue(encode(ack, self.integrity), slot)
+        # _queue, inline: one per data packet received.
+        size = (NACK_HDR_LEN if fb.nack_reason else SACK_HDR_LEN) + self._trailer_len
+        self._control.append((ack, size))
+        port = slot.entry.port
+        self.stats.packets_sent[port] += 1
+        self.stats.bytes_sent[port] += size
 
     def _reply_probe(self, probe: ProbePacket, port: int) -> None:
         slot = self._reverse_slot(port)
@@ -427,13 +480,15 @@ class Connection:
             echo_ts_ns=probe.ts_ns,
             port_state=self._port_bits,
         )
-        self._queue(encode(reply, self.integrity), slot)
+        self._queue(reply, slot)
 
-    def _queue(self, data: bytes, slot: EvSlot) -> None:
+    def _queue(self, pkt: Packet, slot: EvSlot) -> None:
+        """Queue a control packet (it is encoded, if at all, when it is handed out)."""
         port = slot.entry.port
-        self._control.append(Datagram(data, port, slot.entry.value))
+        size = encoded_length(pkt, self._trailer_len)
+        self._control.append((pkt, size))
         self.stats.packets_sent[port] += 1
-        self.stats.bytes_sent[port] += len(data)
+        self.stats.bytes_sent[port] += size
 
     def datagrams_to_send(
         self, now: float, limit: int = DEFAULT_BATCH, data_limit: int | None = None
@@ -441,7 +496,21 @@ class Connection:
         """Control packets first, then data, ``limit`` in all; at most ``data_limit`` data
         packets (an adapter pacing a NIC asks only for what its wire can take now: a
         packet is sent, and its timers start, when it leaves, not while it waits)."""
-        out: list[Datagram] = []
+        integrity = self.integrity
+        return [
+            Datagram(encode(pkt, integrity), pkt.port, pkt.ev)
+            for pkt, _ in self.packets_to_send(now, limit, data_limit)
+        ]
+
+    def packets_to_send(
+        self, now: float, limit: int = DEFAULT_BATCH, data_limit: int | None = None
+    ) -> list[Outgoing]:
+        """``datagrams_to_send`` before encoding: each packet with its datagram's length.
+
+        A data packet's payload is a view of the posted buffer, which the application may
+        reuse once the write completes; a copy still in flight by then is a duplicate,
+        which the receiver drops without reading its payload."""
+        out: list[Outgoing] = []
         if self._pending_acks:
             self._flush_acks()
         self.sender.run_rack(now)
@@ -463,8 +532,9 @@ class Connection:
         # time 0, where a simulation starts, says 1 ns instead.
         ts_ns = int(now * 1e9) & U64 or 1
         qpn = self.cfg.remote_qpn
-        integrity = self.integrity
         stats = self.stats
+        overhead = DATA_HDR_LEN + self._trailer_len  # a write's datagram beyond its payload
+        imm_overhead = DATA_IMM_HDR_LEN + self._trailer_len
         for spec in specs:
             self._tx_seq += 1
             pkt = DataPacket(
@@ -482,10 +552,10 @@ class Connection:
                 -1,
                 spec.msn,
             )
-            data = encode(pkt, integrity)
+            size = len(spec.payload) + (overhead if spec.imm is None else imm_overhead)
             stats.packets_sent[spec.port] += 1
-            stats.bytes_sent[spec.port] += len(data)
-            out.append(Datagram(data, spec.port, spec.ev))
+            stats.bytes_sent[spec.port] += size
+            out.append((pkt, size))
         return out
 
     # Timers ---------------------------------------------------------------------------
@@ -553,7 +623,7 @@ class Connection:
                 self._port_bits,
             )
             self.stats.probes_sent += 1
-            self._queue(encode(probe, self.integrity), slot)
+            self._queue(probe, slot)
         self._next_probe = now + interval
 
     # Events and failure ---------------------------------------------------------------

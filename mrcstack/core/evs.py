@@ -497,14 +497,16 @@ class EvTable:
         Feedback returns on the plane the data came in on; when that plane has no usable
         EV, any up plane will do (the cumulative ACK makes a lost one harmless).
         """
-        slots = self.reverse_set(port, k)
-        if not slots:
-            for plane in self.up_planes:
-                slots = self._in_use[plane][:k]
-                break
-            else:
-                return None
-        return slots[rr % len(slots)]
+        if self.port_up[port]:  # reverse_set(port, k), without building it (per ACK)
+            slots = self._in_use[port]
+            n = len(slots)
+            if n:
+                return slots[rr % (n if n < k else k)]
+        for plane in self.up_planes:
+            slots = self._in_use[plane]
+            n = len(slots)
+            return slots[rr % (n if n < k else k)]
+        return None
 
     def unusable_reason(self) -> str:
         """Why no EV is usable (``up_planes`` is empty), in words for an error event."""

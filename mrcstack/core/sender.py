@@ -121,9 +121,11 @@ class Tx:
         self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DataSpec:
-    """What the connection must encode and send for one data packet."""
+    """What the connection must encode and send for one data packet.
+
+    Not frozen (one is built per packet sent: see ``Feedback``); nothing changes it."""
 
     seq: int
     va: int
@@ -242,9 +244,12 @@ class Sender:
     def next_deadline(self) -> float | None:
         """The earliest of the RTO, the reordering timer, the probe timer and the stall."""
         deadline = self.rto_deadline()
-        for timer in (self.rack_timer, self.tlp_deadline):
-            if timer is not None and (deadline is None or timer < deadline):
-                deadline = timer
+        timer = self.rack_timer
+        if timer is not None and (deadline is None or timer < deadline):
+            deadline = timer
+        timer = self.tlp_deadline
+        if timer is not None and (deadline is None or timer < deadline):
+            deadline = timer
         stall = self.stall_deadline
         if stall is not None and (deadline is None or stall < deadline):
             return stall

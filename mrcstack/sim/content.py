@@ -22,6 +22,7 @@ from mrcstack.errors import AccessError
 
 BLOCK = 4096
 _HEADER = struct.Struct("<QQ")  # flow index, the block's offset in the flow
+_HEADER_SIZE = _HEADER.size
 _FILLER = 1 << 16
 #: The sink's one region: its rkey (any valid one: it is the table's only region).
 SINK_RKEY = 0x100
@@ -30,14 +31,19 @@ _STRIDE = 4099 * 16 + 7
 
 
 class FlowContent:
-    """The content of flow ``index``: ``block(b)`` is its ``b``-th 4 KiB block."""
+    """The content of flow ``index``: ``block(b)`` is its ``b``-th 4 KiB block.
 
-    __slots__ = ("_cache", "_filler", "_index", "_last")
+    ``fill`` and ``matches`` work on a block's two parts (its header, and a slice of the
+    filler seen through a memoryview) without building the block: they run once per write
+    and once per packet placed, each over a few KiB."""
+
+    __slots__ = ("_cache", "_filler", "_index", "_last", "_view")
 
     def __init__(self, index: int, rng: random.Random) -> None:
         self._index = index
         filler = rng.randbytes(_FILLER)
         self._filler = filler + filler[:BLOCK]  # any block's body is one slice
+        self._view = memoryview(self._filler)
         self._last = -1
         self._cache = b""
 
@@ -54,24 +60,47 @@ class FlowContent:
 
     def fill(self, into: memoryview, offset: int) -> None:
         """Write the flow's bytes at ``offset`` into all of ``into``."""
+        index, view = self._index, self._view
         n = into.nbytes
         pos = 0
         while pos < n:
             b, within = divmod(offset + pos, BLOCK)
-            take = min(BLOCK - within, n - pos)
-            into[pos : pos + take] = self.block(b)[within : within + take]
-            pos += take
+            end = min(BLOCK, within + n - pos)
+            if within < _HEADER_SIZE:
+                cut = min(_HEADER_SIZE, end)
+                into[pos : pos + cut - within] = _HEADER.pack(index, b * BLOCK)[within:cut]
+                pos += cut - within
+                within = cut
+            if within < end:
+                start = b * _STRIDE % _FILLER - _HEADER_SIZE
+                into[pos : pos + end - within] = view[start + within : start + end]
+                pos += end - within
 
-    def matches(self, data: bytes | bytearray, offset: int) -> bool:
-        """Whether ``data`` is the flow's content at ``offset``."""
-        n = len(data)
+    def matches(self, data: bytes | bytearray, offset: int, length: int | None = None) -> bool:
+        """Whether the first ``length`` bytes of ``data`` (all of it by default) are the
+        flow's content at ``offset``.  ``startswith(part, pos)`` compares in place: neither
+        side is copied."""
+        n = len(data) if length is None else length
+        if n > len(data):
+            return False
+        index, view = self._index, self._view
         pos = 0
         while pos < n:
             b, within = divmod(offset + pos, BLOCK)
-            take = min(BLOCK - within, n - pos)
-            if data[pos : pos + take] != self.block(b)[within : within + take]:
-                return False
-            pos += take
+            end = within + n - pos
+            if end > BLOCK:
+                end = BLOCK
+            if within < _HEADER_SIZE:
+                cut = _HEADER_SIZE if end > _HEADER_SIZE else end
+                if not data.startswith(_HEADER.pack(index, b * BLOCK)[within:cut], pos):
+                    return False
+                pos += cut - within
+                within = cut
+            if within < end:
+                start = b * _STRIDE % _FILLER - _HEADER_SIZE
+                if not data.startswith(view[start + within : start + end], pos):
+                    return False
+                pos += end - within
         return True
 
 
@@ -111,9 +140,7 @@ class CheckingSink(MemoryTable):
             return
         offset, length = self._pending
         self._pending = None
-        scratch = self._scratch
-        data = scratch if length == len(scratch) else scratch[:length]
-        if not self.content.matches(data, offset):
+        if not self.content.matches(self._scratch, offset, length):
             self.bad_writes += 1
         end = offset + length
         if offset == self.frontier:

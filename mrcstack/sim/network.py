@@ -9,6 +9,11 @@ Accounting (used everywhere, including the runner's capacity and goodput): a pac
 the wire is ``len(datagram) + WIRE_OVERHEAD_BYTES`` (outer IPv6 40 + UDP 8); Ethernet
 framing is not modelled.
 
+What travels is opaque to the network: encoded datagrams (:meth:`Network.send`), or any
+message with its datagram length and traffic class (:meth:`Network.send_packet`: the runner
+sends decoded packets, which it never needs to encode).  The trimmer is the one thing that
+looks inside, to cut a data packet to its headers.
+
 - Host NIC egress (host -> T0): unlimited queue (a NIC never drops its own packets), no ECN,
   no trimming; the runner keeps it short by pulling data from connections only as it drains.
 - Traffic classes: control packets (ACK, NACK, probes; mrcd sends them as DSCP 46) and
@@ -35,6 +40,7 @@ import heapq
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mrcstack import addrplan
 from mrcstack.fabric import Fabric, letters
@@ -53,10 +59,16 @@ DATA_OPCODES = WRITE_OPCODES
 
 #: (src host, dst host, plane, ev) -> directional link names from src to dst.
 Router = Callable[[int, int, int, int], Sequence[str]]
-#: (encoded data packet, trimmed on a host-facing port) -> trimmed packet.
-Trimmer = Callable[[bytes, bool], bytes]
-#: Called on delivery at a host: (datagram, plane, ecn_marked).
-Handler = Callable[[bytes, int, bool], None]
+#: (data packet, trimmed on a host-facing port) -> (trimmed packet, its datagram length).
+Trimmer = Callable[[Any, bool], tuple[Any, int]]
+#: Called on delivery at a host: (packet, its datagram length, plane, ecn_marked).
+Handler = Callable[[Any, int, int, bool], None]
+
+
+def trim_datagram(data: bytes, lasthop: bool) -> tuple[bytes, int]:
+    """The default trimmer, for encoded datagrams: what a trimming switch does."""
+    trimmed = encode_trimmed(data, lasthop)
+    return trimmed, len(trimmed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,31 +193,35 @@ class Link:
 
 
 class _Packet:
-    """A datagram in flight (internal and mutable: trimming and marking change it)."""
+    """A packet in flight (internal and mutable: trimming and marking change it)."""
 
     __slots__ = (
-        "data",
         "doomed",
         "dst",
         "ecn",
         "hop",
         "is_data",
+        "msg",
         "plane",
         "priority",
         "route",
         "sent_at",
+        "size",
     )
 
     def __init__(
         self,
-        data: bytes,
+        msg: Any,
+        size: int,
+        is_data: bool,
         route: tuple[Link, ...],
         dst: int,
         plane: int,
         doomed: bool,
         sent_at: float,
     ) -> None:
-        self.data = data
+        self.msg = msg
+        self.size = size  # bytes on the wire: the datagram and WIRE_OVERHEAD_BYTES
         self.sent_at = sent_at
         self.route = route
         self.dst = dst
@@ -213,10 +229,10 @@ class _Packet:
         self.doomed = doomed
         self.hop = 0
         self.ecn = False
-        self.is_data = bool(data) and data[0] in DATA_OPCODES
+        self.is_data = is_data
         # Control (ACK, NACK, probes: mrcd's DSCP 46 class) rides the strict-priority
         # queue; a trimmed data packet joins it when trimmed.
-        self.priority = not self.is_data
+        self.priority = not is_data
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +266,7 @@ class Network:
         self.params = params = params or NetParams()
         self._rng = rng
         self._router = router or _addrplan_router(fabric)
-        self._trimmer = trimmer or encode_trimmed
+        self._trimmer = trimmer or trim_datagram
         self.queue_bytes, self.trim_threshold, self.ecn_kmin, self.ecn_kmax = params.thresholds(
             fabric
         )
@@ -372,7 +388,7 @@ class Network:
 
     # Data path ------------------------------------------------------------------------
     def attach(self, host: int, handler: Handler) -> None:
-        """Deliver datagrams arriving at ``host`` to ``handler(data, plane, ecn)``."""
+        """Deliver packets arriving at ``host`` to ``handler(packet, length, plane, ecn)``."""
         self.fabric.check_host(host)
         self._handlers[host] = handler
 
@@ -396,6 +412,15 @@ class Network:
 
     def send(self, src: int, dst: int, plane: int, ev: int, data: bytes) -> None:
         """Inject a datagram at ``src``'s NIC port for ``plane`` now, on the path of ``ev``."""
+        self.send_packet(
+            src, dst, plane, ev, data, len(data), bool(data) and data[0] in DATA_OPCODES
+        )
+
+    def send_packet(
+        self, src: int, dst: int, plane: int, ev: int, msg: Any, length: int, is_data: bool
+    ) -> None:
+        """Like :meth:`send` for any message: ``length`` is its datagram's, ``is_data`` says
+        it is a data packet (trimmed, ECN-marked and queued behind other data), not control."""
         route = self._routes.get((src, dst, plane, ev)) or self.route(src, dst, plane, ev)
         doomed = False
         if self._ev_loss:
@@ -403,24 +428,35 @@ class Network:
             if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
                 doomed = self._rng.random() < p
         self.packets_sent += 1
-        self._forward(_Packet(data, route, dst, plane, doomed, self._engine.now))
+        self._forward(
+            _Packet(
+                msg,
+                length + WIRE_OVERHEAD_BYTES,
+                is_data,
+                route,
+                dst,
+                plane,
+                doomed,
+                self._engine.now,
+            )
+        )
 
     def _forward(self, pkt: _Packet) -> None:
         """The packet is at the node before ``route[hop]``: enqueue it there.
 
         It then reaches the next node (the next hop's event) or, after the last link, its
-        host (the delivery event).  This runs once per packet per hop: locals, no calls.
+        host (the delivery event).  This runs once per packet per hop, a good share of the
+        simulator's time: locals, no calls but the random draws and the heap push.
         """
         now = self._engine.now
-        route = pkt.route
         hop = pkt.hop
+        route = pkt.route
         link = route[hop]
-        hop += 1
-        pkt.hop = hop
+        pkt.hop = hop = hop + 1
         if link.down:
             link.drops_down += 1
             return
-        size = len(pkt.data) + WIRE_OVERHEAD_BYTES
+        size = pkt.size
         busy = link.busy_until
         if busy < now:
             busy = now
@@ -428,23 +464,23 @@ class Network:
             queued = (busy - now) * link.bytes_per_s
             if queued > link.max_queue:
                 link.max_queue = queued
-            if pkt.is_data and not pkt.priority:
-                if self._trim and queued + size > self.trim_threshold:
-                    pkt.data = self._trimmer(pkt.data, link.last_hop)
-                    pkt.priority = True
-                    link.trims += 1
-                    size = len(pkt.data) + WIRE_OVERHEAD_BYTES
-                elif queued + size > self.queue_bytes:
-                    link.drops_queue += 1
+            if pkt.priority:
+                if not pkt.is_data and queued + size > self.queue_bytes:
+                    link.drops_queue += 1  # control shares the port's buffer
                     return
-                elif queued > self.ecn_kmin and (self._mark_last_hop or not link.last_hop):
-                    excess = queued - self.ecn_kmin
-                    if excess >= self._ecn_span or self._rng.random() * self._ecn_span < excess:
-                        pkt.ecn = True
-                        link.ecn_marks += 1
-            elif not pkt.is_data and queued + size > self.queue_bytes:
-                link.drops_queue += 1  # control shares the port's buffer
+            elif self._trim and queued + size > self.trim_threshold:
+                pkt.msg, length = self._trimmer(pkt.msg, link.last_hop)
+                pkt.priority = True
+                link.trims += 1
+                size = pkt.size = length + WIRE_OVERHEAD_BYTES
+            elif queued + size > self.queue_bytes:
+                link.drops_queue += 1
                 return
+            elif queued > self.ecn_kmin and (self._mark_last_hop or not link.last_hop):
+                excess = queued - self.ecn_kmin
+                if excess >= self._ecn_span or self._rng.random() * self._ecn_span < excess:
+                    pkt.ecn = True
+                    link.ecn_marks += 1
         if pkt.priority:
             serialization = size * link.byte_time
             link.busy_until = busy + serialization
@@ -453,7 +489,8 @@ class Network:
             depart = link.busy_until = busy + size * link.byte_time
         link.tx_packets += 1
         link.tx_bytes += size
-        if link.loss and self._rng.random() < link.loss:
+        loss = link.loss
+        if loss and self._rng.random() < loss:
             link.drops_loss += 1
             return
         self._push(
@@ -477,7 +514,7 @@ class Network:
         self.delivered_latency = (
             self._engine.now - pkt.sent_at if pkt.is_data and not pkt.priority else None
         )
-        handler(pkt.data, pkt.plane, pkt.ecn)
+        handler(pkt.msg, pkt.size - WIRE_OVERHEAD_BYTES, pkt.plane, pkt.ecn)
 
     # Counters -------------------------------------------------------------------------
     def stats(self) -> NetStats:

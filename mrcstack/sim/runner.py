@@ -16,6 +16,11 @@ connections round robin, as a hardware NIC's scheduler does: a packet is sent, a
 timers start, when it leaves, so a host running many connections does not queue all their
 windows in its NIC and time them out there.
 
+Packets travel decoded: connections hand them over with ``packets_to_send`` and take them
+with ``receive_packet``, so no packet is ever encoded, checksummed and parsed again (that
+was about 40% of the run time).  ``run(cfg, wire=True)`` encodes every packet and decodes it at
+its destination as a real network would; it gives the same result, which a test checks.
+
 All randomness comes from ``random.Random`` instances derived from ``SimConfig.seed``, and
 time is virtual, so a configuration always produces the same :class:`SimResult`.
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
+from typing import Any
 
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
@@ -73,7 +79,7 @@ from mrcstack.sim.result import (
     quantile,
     sum_counts,
 )
-from mrcstack.wire import WRITE_OPCODES, peek_qpn
+from mrcstack.wire import DataPacket, encode, encoded_length, peek_qpn, trim
 
 __all__ = [
     "DATA_PACKET_OVERHEAD_BYTES",
@@ -266,7 +272,7 @@ class _Endpoint:
         while conn.next_event() is not None:
             pass  # connection setup (the initial EV activations) is not a state change
 
-    def receive(self, data: bytes, plane: int, ecn: bool) -> None:
+    def receive(self, msg: Any, size: int, plane: int, ecn: bool) -> None:
         now = self.sim.engine.now
         flow = self.flow
         if flow.latency_every and not self.sender:
@@ -278,7 +284,10 @@ class _Endpoint:
                     and len(flow.packet_latency) < MAX_LATENCY_SAMPLES
                 ):
                     flow.packet_latency.append(latency)
-        self.conn.receive_datagram(data, now=now, port=plane, ecn=ecn)
+        if self.sim.wire:
+            self.conn.receive_datagram(msg, now=now, port=plane, ecn=ecn)
+        else:
+            self.conn.receive_packet(msg, size, now=now, port=plane, ecn=ecn)
         if self.sink is not None:
             self.sink.check()  # the write this datagram placed, if any
         if self.sim.series is not None and not self.sender:
@@ -298,21 +307,25 @@ class _Endpoint:
         now = sim.engine.now
         conn = self.conn
         self._drain(now)
-        send = sim.net.send
+        send = sim.net.send_packet
+        wire = sim.wire
         if self.sender:
             per_plane = self.flow.plane_bytes
             room = sim.nic_room(self.host, now)
             sent = 0
-            for d in conn.datagrams_to_send(now, data_limit=room):
-                per_plane[d.port] += len(d.data)
-                if d.data[0] in WRITE_OPCODES:
+            for pkt, size in conn.packets_to_send(now, data_limit=room):
+                per_plane[pkt.port] += size
+                is_data = type(pkt) is DataPacket
+                if is_data:
                     sent += 1
-                send(self.host, self.peer, d.port, d.ev, d.data)
+                msg = encode(pkt, conn.integrity) if wire else pkt
+                send(self.host, self.peer, pkt.port, pkt.ev, msg, size, is_data)
             if sent >= room:  # the NIC, not the window, stopped it
                 sim.nic_wait(self, now, sent > 0)
         else:  # a receiver sends control only: no NIC room to work out
-            for d in conn.datagrams_to_send(now, data_limit=0):
-                send(self.host, self.peer, d.port, d.ev, d.data)
+            for pkt, size in conn.packets_to_send(now, data_limit=0):
+                msg = encode(pkt, conn.integrity) if wire else pkt
+                send(self.host, self.peer, pkt.port, pkt.ev, msg, size, False)
         self._drain(now)
         deadline = conn.get_timer()
         if deadline != self.timer_at:
@@ -340,14 +353,28 @@ class _Endpoint:
             self.sim.on_event(self, event, now)
 
 
+def _trim_packet(pkt: DataPacket, lasthop: bool) -> tuple[DataPacket, int]:
+    """The network's trimmer for packets that travel decoded."""
+    trimmed = trim(pkt, lasthop)
+    return trimmed, encoded_length(trimmed, 0)
+
+
 class _Simulation:
-    def __init__(self, cfg: SimConfig, factory: ConnectionFactory) -> None:
+    def __init__(self, cfg: SimConfig, factory: ConnectionFactory, wire: bool = False) -> None:
         self.cfg = cfg
+        self.wire = wire
         master = random.Random(cfg.seed)
         self.engine = Engine()
         pairs = cfg.flows()
         net_rng = random.Random(master.getrandbits(64))
-        self.net = Network(cfg.fabric, self.engine, net_rng, cfg.net_params(), ev_loss_pairs=pairs)
+        self.net = Network(
+            cfg.fabric,
+            self.engine,
+            net_rng,
+            cfg.net_params(),
+            trimmer=None if wire else _trim_packet,
+            ev_loss_pairs=pairs,
+        )
         self.series: dict[int, list[int]] | None = None if cfg.series_interval_s is None else {}
         self.flows: list[_Flow] = []
         self.by_host: dict[int, dict[int, _Endpoint]] = {}  # host -> local QPN -> endpoint
@@ -418,7 +445,12 @@ class _Simulation:
     def nic_room(self, host: int, now: float) -> int:
         """How many full data packets the host's NIC takes now: enough to keep every port
         busy (:data:`NIC_PACKETS_PER_PORT` each), not a window's worth queued in it."""
-        return max(0, int((self.nic_window - self.nic_backlog(host, now)) // self.nic_packet))
+        backlog = 0.0  # nic_backlog, inline: once per sender pump
+        for link in self.uplinks[host]:
+            busy = link.busy_until
+            if busy > now:
+                backlog += (busy - now) * link.bytes_per_s
+        return max(0, int((self.nic_window - backlog) // self.nic_packet))
 
     def nic_wait(self, endpoint: _Endpoint, now: float, sent: bool) -> None:
         """``endpoint`` has data the NIC could not take: pump it again when the ports have
@@ -450,13 +482,15 @@ class _Simulation:
         for endpoint in queue:
             endpoint.pump()
 
-    def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[bytes, int, bool], None]:
-        def deliver(data: bytes, plane: int, ecn: bool) -> None:
-            endpoint = table.get(peek_qpn(data))
+    def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[Any, int, int, bool], None]:
+        wire = self.wire
+
+        def deliver(msg: Any, size: int, plane: int, ecn: bool) -> None:
+            endpoint = table.get(peek_qpn(msg) if wire else msg.qpn)
             if endpoint is None:
                 self.unknown_qpn += 1
             else:
-                endpoint.receive(data, plane, ecn)
+                endpoint.receive(msg, size, plane, ecn)
 
         return deliver
 
@@ -745,10 +779,13 @@ class _Simulation:
         return tuple(out)
 
 
-def run(cfg: SimConfig, *, connection_factory: ConnectionFactory | None = None) -> SimResult:
+def run(
+    cfg: SimConfig, *, connection_factory: ConnectionFactory | None = None, wire: bool = False
+) -> SimResult:
     """Simulate ``cfg`` to completion (or ``max_sim_time_s``) and report what happened.
 
     ``connection_factory`` replaces the real ``Connection`` (the benchmark wraps it to time
-    the core); it must behave like :class:`Connection`.
+    the core); it must behave like :class:`Connection`.  ``wire`` sends every packet
+    encoded, as on a real network: slower, and the same result.
     """
-    return _Simulation(cfg, connection_factory or _real_connection).run()
+    return _Simulation(cfg, connection_factory or _real_connection, wire).run()

@@ -86,8 +86,10 @@ __all__ = [
     "decode",
     "encode",
     "encode_trimmed",
+    "encoded_length",
     "header_length",
     "peek_qpn",
+    "trim",
     "trimmed_length",
     "write_opcode",
 ]
@@ -481,6 +483,45 @@ def encode_trimmed(data: BytesLike, lasthop: bool) -> bytes:
     trimmed = bytearray(data[:hlen])
     trimmed[hlen - _XETH_FLAGS_FROM_END] |= _TRIMMED | (_TRIM_LASTHOP if lasthop else 0)
     return bytes(trimmed)
+
+
+def trim(pkt: DataPacket, lasthop: bool) -> DataPacket:
+    """:func:`encode_trimmed` on a decoded write: what the receiver decodes from the trimmed
+    datagram (no payload, RETH length kept in ``dma_len``, TRIMMED and perhaps TRIM_LASTHOP
+    set).  The simulator trims packets it never encodes with this."""
+    return DataPacket(
+        pkt.qpn, pkt.psn, pkt.va, pkt.rkey, b"", pkt.ev, pkt.port, pkt.tx_seq, pkt.ts_ns,
+        pkt.flags | _TRIMMED | (_TRIM_LASTHOP if lasthop else 0), pkt.imm,
+        len(_byte_view(pkt.payload)), pkt.msn,
+    )  # fmt: skip
+
+
+#: Header bytes of the packets whose length does not depend on their fields.
+_FIXED_HEADER_LEN: dict[type, int] = {
+    ProbePacket: PROBE_HDR_LEN,
+    PortStatusPacket: PROBE_HDR_LEN,
+    ProbeReplyPacket: PROBE_REPLY_HDR_LEN,
+    ReliabilityProbePacket: RELIABILITY_PROBE_HDR_LEN,
+}
+
+
+def encoded_length(pkt: Packet, trailer_len: int) -> int:
+    """``len(encode(pkt, integrity))`` without encoding, for an integrity whose trailer is
+    ``trailer_len`` bytes (a trimmed write has none)."""
+    kind = type(pkt)
+    if kind is DataPacket:
+        data: DataPacket = pkt  # type: ignore[assignment]
+        hlen = DATA_HDR_LEN if data.imm is None else DATA_IMM_HDR_LEN
+        if data.flags & _TRIMMED:
+            return hlen
+        return hlen + len(_byte_view(data.payload)) + trailer_len
+    if kind is AckPacket:
+        ack: AckPacket = pkt  # type: ignore[assignment]
+        return (NACK_HDR_LEN if ack.nack_reason else SACK_HDR_LEN) + trailer_len
+    try:
+        return _FIXED_HEADER_LEN[kind] + trailer_len
+    except KeyError:
+        raise WireUsageError(f"not an MRC packet: {kind.__name__}") from None
 
 
 def peek_qpn(data: BytesLike) -> int:

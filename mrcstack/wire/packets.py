@@ -14,6 +14,11 @@ public record is ambiguous.  Layout (all big-endian)::
     reliability probe  BTH 12 | PETH 16 | XETH 28                   (0xDE)
     every packet       ... | trailer: the RoCEv2 ICRC (4), or an AES-GCM tag (16)
 
+Packets are values: nothing changes one after it is built.  They are not declared frozen
+because a frozen dataclass sets each field through ``object.__setattr__``, which made
+building the two packets of every data exchange (a write, its ACK) cost more than the rest
+of handling them in the simulator; they still compare and hash by value.
+
 A switch that trims a write cuts it to its headers (64 or 68 bytes, no payload, no trailer)
 and sets ``DataFlags.TRIMMED`` (plus ``TRIM_LASTHOP`` on a port facing a host) in the XETH
 flags byte.  ``hdr_check`` (CRC32 of the headers with ``hdr_check`` zeroed and those two bits
@@ -154,7 +159,7 @@ class EndpointOp(enum.IntEnum):
     EV_PROBE = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class DataPacket:
     """One RDMA WRITE packet; carries a full RETH so it can be placed on arrival."""
 
@@ -177,7 +182,7 @@ class DataPacket:
         return bool(self.flags & DataFlags.TRIMMED)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AckPacket:
     """SACK (nack_reason == 0) or NACK: cumulative PSN, SACK bitmap, echoes, port state."""
 
@@ -201,7 +206,7 @@ class AckPacket:
     window: int = MAX_WINDOW  # SETH MPR x 128: the receiver's PSN window
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ProbePacket:
     """An EV probe (ERTH EV_PROBE): tests one path to the peer; answered by a reply."""
 
@@ -213,7 +218,7 @@ class ProbePacket:
     port_state: int = 0  # ERTH port status mask
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ProbeReplyPacket:
     """Answer to a probe (EETH), echoing its EV and timestamp; carries the port state."""
 
@@ -226,7 +231,7 @@ class ProbeReplyPacket:
     port_state: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class PortStatusPacket:
     """PORT_STATUS_UPDATE (ERTH op 0): which of the sender's NIC ports are up, sent over the
     fabric to a peer; no answer (it is repeated on every plane that is up)."""
@@ -239,7 +244,7 @@ class PortStatusPacket:
     ts_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ReliabilityProbePacket:
     """A reliability probe (PETH): asks the receiver for its acknowledgement state now; it
     answers with a SACK whose entropy and timestamp echo the probe's."""
