@@ -34,6 +34,9 @@ class Faults:
     # of a path: e.g. the reverse path that carries one end's ACKs)
     one_way: list[tuple[float, float, int, int]] = field(default_factory=list)
     ev_loss: dict[int, float] = field(default_factory=dict)
+    # (start, end, side): endpoint ``side`` is not scheduled (a stalled process): what
+    # arrives for it meanwhile waits in its socket and is read at ``end``
+    stalls: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 def make_evs(planes: int, per_plane: int) -> tuple[EvEntry, ...]:
@@ -122,6 +125,9 @@ class PairNet:
             copies = 2 if rng.random() < f.dup else 1
             for _ in range(copies):
                 at = self.now + f.delay + rng.random() * f.reorder
+                for start, end, who in f.stalls:
+                    if who == 1 - side and start <= at < end:
+                        at = end
                 self._tie += 1
                 heapq.heappush(self._heap, (at, self._tie, 1 - side, data, d.port, ecn))
 

@@ -11,7 +11,13 @@ import os
 
 import pytest
 
-from mrcstack.core.events import ConnectionFailed, EvState, SendCompleted, WcStatus
+from mrcstack.core.events import (
+    ConnectionFailed,
+    EvState,
+    EvStateChanged,
+    SendCompleted,
+    WcStatus,
+)
 from tests.pairnet import Faults, PairNet, make_evs
 
 PLANES = 4
@@ -119,3 +125,26 @@ def test_every_ev_assumed_bad_waits_for_probes_then_gives_up() -> None:
     failed = failures(never)
     assert len(failed) == 1 and "assumed bad or denied" in failed[0][1].reason
     assert [s.status for s in sends(never)] == [WcStatus.RETRY_EXCEEDED, WcStatus.FLUSHED]
+
+
+def test_paths_condemned_while_the_peer_stalled_come_back_when_its_acks_do() -> None:
+    """The receiver is not scheduled for a few RTOs (a busy host): every path goes silent,
+    the timeouts demote the EVs they fired on, and the packets were only waiting in the
+    receiver's sockets.  When the acknowledgement of the packet whose timeout condemned an
+    EV comes back, the EV is reinstated at once (not after rounds of probes), so the planes
+    have their paths again as soon as the peer answers."""
+    start, end = 100e-6, 900e-6
+    net = pair(34, Faults(stalls=[(start, end, 1)]))
+    dst, data = post(net, 400_000)
+    net.run(end)
+
+    def changed(reason: str) -> set[int]:
+        return {e.ev for e in net.events[0] if isinstance(e, EvStateChanged) and e.reason == reason}
+
+    condemned = changed("rto")
+    assert condemned, "the stall must outlast the RTO for this check"
+    net.run(end + 100e-6)  # the acks held up by the stall come back
+    assert changed("late_arrival") == condemned
+    assert [net.conns[0].evs.state(ev) for ev in condemned].count(EvState.ASSUMED_BAD) == 0
+    net.run(1.0, stop=lambda: len(sends(net)) == 2)
+    assert [s.status for s in sends(net)] == [WcStatus.SUCCESS] * 2 and dst[: len(data)] == data

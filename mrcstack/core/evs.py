@@ -170,6 +170,7 @@ class EvSlot:
     """Mutable per-EV record inside an :class:`EvTable` (never crosses the core boundary)."""
 
     __slots__ = (
+        "condemned_seq",
         "congested_until",
         "drop_count",
         "entry",
@@ -194,6 +195,9 @@ class EvSlot:
         self.last_evidence = -1.0  # last time a reply proved this path works
         self.silent_losses = 0  # time-detected losses since the last reply on this EV
         self.first_sent = -1.0  # when this connection first sent on this EV
+        # The packet whose silent loss (a timeout, RACK with no reply) demoted this EV: if
+        # it arrives after all, the demotion was wrong and is undone.
+        self.condemned_seq = -1
         # Packets sent on this path before this time met congestion (a trim or an ECN
         # mark came back): RACK leaves them to same-path evidence and the RTO.
         self.congested_until = -1.0

@@ -395,6 +395,8 @@ class Sender:
                 # packets get reordered more than the window allows (TCP's DSACK, RFC 8985
                 # 6.2).
                 self._spurious()
+        if echo_tx is None or echo_tx.lost:
+            self._late_arrival(ack.echo_ev, echo_seq, now)
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and rtt < 0:
             rtt = None  # an echo from the future (a bad peer): no sample for anyone
@@ -454,6 +456,18 @@ class Sender:
                 self._detect_losses(echo_tx, now)
             self.rack_due = True
         self._complete()
+
+    def _late_arrival(self, ev: int, seq: int, now: float) -> None:
+        """A transmission given up for lost arrived after all.  If its loss is what demoted
+        its EV, the path works (the peer or this host stalled, a queue outlasted the RTO):
+        the EV is reinstated at once, as enough probe replies would have done, instead of
+        waiting out the probes with the plane short of paths."""
+        slot = self.evs.slots.get(ev)
+        if slot is not None and slot.condemned_seq == seq:
+            slot.condemned_seq = -1
+            slot.last_evidence = now
+            slot.silent_losses = 0
+            self.evs.apply(ev, "probe_ok", "late_arrival", now)
 
     def _acked(
         self, seq: int, rtt: float | None, ecn: bool, now: float, echo_tx: Tx | None
@@ -590,7 +604,8 @@ class Sender:
                     slot.last_evidence >= 0 or now - slot.first_sent >= self.rto(0)
                 ):
                     slot.silent_losses = 0
-                    self.evs.apply(tx.ev, "loss", "rack_loss")
+                    if self.evs.apply(tx.ev, "loss", "rack_loss"):
+                        slot.condemned_seq = tx.seq
 
     def _on_nack(self, ack: AckPacket, seq: int, now: float) -> None:
         reason = ack.nack_reason
@@ -703,7 +718,8 @@ class Sender:
                 self._go_back(tx.seq, "timeout")
                 continue
             self._lose(tx, "timeout")
-            self.evs.apply(tx.ev, "timeout", "rto", now)
+            if self.evs.apply(tx.ev, "timeout", "rto", now):
+                tx.slot.condemned_seq = tx.seq
             # The path is black-holed: everything else in flight on it is gone too.
             for other in self.ev_fifo.pop(tx.ev, ()):
                 other.queued = False
