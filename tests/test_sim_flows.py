@@ -6,6 +6,8 @@ Each test runs the real core over the simulated fabric (deterministic for a seed
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from mrcstack.addrplan import ev_value
@@ -226,7 +228,15 @@ def test_nic_wake_ups_stay_a_few_per_packet_on_one_plane() -> None:
     """One plane, two packets of NIC room: a wake-up that rounding left a hair short of
     room for a packet would come back at the same instant again and again."""
     fabric = Fabric(planes=1, racks=2, hosts_per_rack=2, t1_per_plane=4)
-    r = run(SimConfig(fabric=fabric, pairs=((0, 2), (1, 3)), bytes_per_flow=4 * MIB, rate_bps=RATE))
+    cfg = SimConfig(fabric=fabric, pairs=((0, 2), (1, 3)), bytes_per_flow=4 * MIB, rate_bps=RATE)
+    # On its own thread: that loop never advances the virtual clock, so the run would hang
+    # the suite instead of failing this test.
+    out: list[SimResult] = []
+    worker = threading.Thread(target=lambda: out.append(run(cfg)), daemon=True)
+    worker.start()
+    worker.join(120.0)  # a safety limit, not a timing assertion (the run takes ~1 s)
+    assert out, "the simulation did not finish: NIC wake-ups at one instant forever?"
+    r = out[0]
     assert r.verified
     assert r.sim_events < 10 * r.packets_sent
 
