@@ -30,13 +30,10 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.evs import EvEntry, EvSlot, EvStatus, EvTable
 from mrcstack.core.memory import MemoryTable
-from mrcstack.core.psn import to_psn
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
-    DATA_HDR_LEN,
-    DATA_IMM_HDR_LEN,
     MPR_UNIT,
     NACK_HDR_LEN,
     SACK_HDR_LEN,
@@ -121,9 +118,11 @@ class Connection:
                 config.icrc_paths, ev_ports=config.ev_format is EvFormat.STEV
             )
             self.replay = None
-        self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
-        self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._trailer_len = self.integrity.trailer_len
+        self.sender = Sender(
+            config, self.evs, self.cc, self.stats, self._emit, trailer_len=self._trailer_len
+        )
+        self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._control: deque[Outgoing] = deque()
         self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
         self._pending_count = [0] * config.planes
@@ -525,37 +524,16 @@ class Connection:
         room = limit - len(out) if data_limit is None else min(limit - len(out), data_limit)
         if room <= 0:
             return out
-        specs = self.sender.next_packets(now, room)
-        if not specs:
-            return out
-        # 0 on the wire means "no timestamp" (no RTT sample from its ack): a packet sent at
-        # time 0, where a simulation starts, says 1 ns instead.
-        ts_ns = int(now * 1e9) & U64 or 1
-        qpn = self.cfg.remote_qpn
-        stats = self.stats
-        overhead = DATA_HDR_LEN + self._trailer_len  # a write's datagram beyond its payload
-        imm_overhead = DATA_IMM_HDR_LEN + self._trailer_len
-        for spec in specs:
-            self._tx_seq += 1
-            pkt = DataPacket(
-                qpn,
-                to_psn(spec.seq),
-                spec.va,
-                spec.rkey,
-                spec.payload,
-                spec.ev,
-                spec.port,
-                self._tx_seq,
-                ts_ns,
-                spec.flags,
-                spec.imm,
-                -1,
-                spec.msn,
-            )
-            size = len(spec.payload) + (overhead if spec.imm is None else imm_overhead)
-            stats.packets_sent[spec.port] += 1
-            stats.bytes_sent[spec.port] += size
-            out.append((pkt, size))
+        sent = self.sender.next_packets(now, room)
+        if sent:
+            tx_seq = self._tx_seq
+            for pkt, _ in sent:
+                tx_seq += 1
+                pkt.tx_seq = tx_seq
+            self._tx_seq = tx_seq
+            if not out:
+                return sent
+            out += sent
         return out
 
     # Timers ---------------------------------------------------------------------------

@@ -200,6 +200,7 @@ class _Packet:
         "dst",
         "ecn",
         "hop",
+        "hops",
         "is_data",
         "msg",
         "plane",
@@ -224,6 +225,7 @@ class _Packet:
         self.size = size  # bytes on the wire: the datagram and WIRE_OVERHEAD_BYTES
         self.sent_at = sent_at
         self.route = route
+        self.hops = len(route)
         self.dst = dst
         self.plane = plane
         self.doomed = doomed
@@ -265,6 +267,7 @@ class Network:
         self.engine = engine
         self.params = params = params or NetParams()
         self._rng = rng
+        self._random = rng.random
         self._router = router or _addrplan_router(fabric)
         self._trimmer = trimmer or trim_datagram
         self.queue_bytes, self.trim_threshold, self.ecn_kmin, self.ecn_kmax = params.thresholds(
@@ -490,7 +493,7 @@ class Network:
         link.tx_packets += 1
         link.tx_bytes += size
         loss = link.loss
-        if loss and self._rng.random() < loss:
+        if loss and self._random() < loss:
             link.drops_loss += 1
             return
         self._push(
@@ -498,7 +501,7 @@ class Network:
             (
                 depart + link.delay,
                 self._tiebreak(),
-                self._forward_cb if hop < len(route) else self._deliver_cb,
+                self._forward_cb if hop < pkt.hops else self._deliver_cb,
                 pkt,
             ),
         )
