@@ -249,7 +249,16 @@ class Sender:
 
     def next_deadline(self) -> float | None:
         """The earliest of the RTO, the reordering timer, the probe timer and the stall."""
-        deadline = self.rto_deadline()
+        heap = self.rto_heap  # rto_deadline(), inline: the adapter asks after every input
+        deadline: float | None
+        while heap:
+            deadline, _, tx = heap[0]
+            if tx.acked or tx.lost or deadline != tx.deadline:
+                heapq.heappop(heap)
+                continue
+            break
+        else:
+            deadline = None
         timer = self.rack_timer
         if timer is not None and (deadline is None or timer < deadline):
             deadline = timer
