@@ -63,6 +63,17 @@ class FlowContent:
         index, view = self._index, self._view
         n = into.nbytes
         pos = 0
+        if offset % BLOCK == 0:
+            # Whole blocks (a write starts on one, as the runner's always do): the header,
+            # then the body in one slice, without working out where each part starts.
+            pack = _HEADER.pack
+            body = BLOCK - _HEADER_SIZE
+            first = offset // BLOCK
+            for b in range(first, first + n // BLOCK):
+                into[pos : pos + _HEADER_SIZE] = pack(index, b * BLOCK)
+                start = b * _STRIDE % _FILLER
+                into[pos + _HEADER_SIZE : pos + BLOCK] = view[start : start + body]
+                pos += BLOCK
         while pos < n:
             b, within = divmod(offset + pos, BLOCK)
             end = min(BLOCK, within + n - pos)
