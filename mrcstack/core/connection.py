@@ -126,6 +126,7 @@ class Connection:
         )
         self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._control: deque[Outgoing] = deque()
+        self._coalesce = config.ack_coalesce > 1  # else every data packet is ACKed at once
         self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
         self._pending_count = [0] * config.planes
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
@@ -136,6 +137,8 @@ class Connection:
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
+        self._reverse_evs = config.reverse_evs_per_plane
+        self._remote_qpn = config.remote_qpn
         # The peer's port bitmap as last applied (EvTable.remote_port_up as bits): an ACK
         # carries it, and one that changes nothing costs no walk over the planes.
         self._peer_bits = self._port_bits
@@ -290,7 +293,7 @@ class Connection:
         except DecodeError as exc:
             stats.count(stats.rejected, exc.reason.name.lower())
             return
-        self._receive(pkt, len(data), now, port, ecn)
+        self._receive(pkt, len(data), now=now, port=port, ecn=ecn)
 
     def receive_packet(
         self, pkt: Packet, size: int, *, now: float, port: int, ecn: bool = False
@@ -300,13 +303,10 @@ class Connection:
         are read during the call only, as with ``receive_datagram``."""
         if self.failed is not None:
             return
-        if not 0 <= port < self.cfg.planes:
-            self.stats.count(self.stats.rejected, "port")
-            return
-        self._receive(pkt, size, now, port, ecn)
-
-    def _receive(self, pkt: Packet, size: int, now: float, port: int, ecn: bool) -> None:
         stats = self.stats
+        if not 0 <= port < self.cfg.planes:
+            stats.count(stats.rejected, "port")
+            return
         if pkt.qpn != self.cfg.local_qpn:
             stats.count(stats.rejected, "qpn")
             return
@@ -324,14 +324,21 @@ class Connection:
                 stats.ecn_received += 1
             fb = self.receiver.on_data(pkt, ecn)
             if fb is not None:
-                self._ack_or_coalesce(fb, port)
+                if self._coalesce:
+                    self._ack_or_coalesce(fb, port)
+                else:
+                    self._feedback(fb, port)
             if self._next_probe is None:
                 self._schedule_probes(now)
         elif type(pkt) is AckPacket:
-            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
-            self.sender.on_ack(pkt, now)
-            if self.sender.failed is not None:
-                self._fail(*self.sender.failed)
+            if pkt.tx_seq > self._ports_seq:  # _peer_ports_from, inline: once per ACK
+                self._ports_seq = pkt.tx_seq
+                if pkt.port_state != self._peer_bits:
+                    self._peer_ports(pkt.port_state)
+            sender = self.sender
+            sender.on_ack(pkt, now)
+            if sender.failed is not None:
+                self._fail(*sender.failed)
         elif type(pkt) is ProbePacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self._reply_probe(pkt, port)
@@ -348,6 +355,10 @@ class Connection:
                 self.evs.probe_result(
                     pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
                 )
+
+    # The datagram path's handling once decoded: the same as a packet's (a subclass that
+    # wraps receive_packet, as the benchmark's timing one does, is not entered twice).
+    _receive = receive_packet
 
     def _peer_ports_from(self, tx_seq: int, bits: int) -> None:
         """A bitmap the peer sent in packet ``tx_seq``: only one newer than the last applied
@@ -435,17 +446,23 @@ class Connection:
         self._pending_acks.clear()
 
     def _feedback(self, fb: Feedback, port: int) -> None:
-        slot = self._reverse_slot(port)
+        rr = self._reverse_rr  # _reverse_slot, inline: once per data packet received
+        rr[port] += 1
+        slot = self.evs.reverse_ev(port, rr[port], self._reverse_evs)
         if slot is None:
             self.stats.count(self.stats.rejected, "no_reverse_path")
             return
+        entry = slot.entry
+        out_port = entry.port
         self._tx_seq += 1
+        ecn = fb.ecn
+        nack = fb.nack_reason
         ack = AckPacket(  # positional: keywords cost a noticeable share, once per packet
-            self.cfg.remote_qpn,  # qpn
+            self._remote_qpn,  # qpn
             fb.cum_psn,
             fb.msn,
-            slot.entry.value,  # ev
-            slot.entry.port,  # port
+            entry.value,  # ev
+            out_port,  # port
             self._tx_seq,  # tx_seq
             fb.echo_ev,
             fb.echo_psn,
@@ -453,20 +470,20 @@ class Connection:
             fb.sack_base,
             fb.sack_bitmap,
             self._port_bits,  # port_state
-            (_ECN_ECHO if fb.ecn else 0) | (_DUPLICATE if fb.dup else 0),  # flags
-            fb.nack_reason,
+            (_ECN_ECHO if ecn else 0) | (_DUPLICATE if fb.dup else 0),  # flags
+            nack,
             # skip: an ECN-marked packet's path is busier than the others: skip it a while.
-            _SKIP_ONCE if fb.ecn else _SKIP_NONE,
+            _SKIP_ONCE if ecn else _SKIP_NONE,
             fb.ooo_count,
             fb.rcv_bytes,
             self._window,
         )
         # _queue, inline: one per data packet received.
-        size = (NACK_HDR_LEN if fb.nack_reason else SACK_HDR_LEN) + self._trailer_len
+        size = (NACK_HDR_LEN if nack else SACK_HDR_LEN) + self._trailer_len
         self._control.append((ack, size))
-        port = slot.entry.port
-        self.stats.packets_sent[port] += 1
-        self.stats.bytes_sent[port] += size
+        stats = self.stats
+        stats.packets_sent[out_port] += 1
+        stats.bytes_sent[out_port] += size
 
     def _reply_probe(self, probe: ProbePacket, port: int) -> None:
         slot = self._reverse_slot(port)

@@ -19,10 +19,11 @@ from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.evs import EvSlot, EvTable
-from mrcstack.core.psn import to_psn, unwrap
+from mrcstack.core.psn import HALF, to_psn, unwrap
 from mrcstack.wire.codec import DATA_HDR_LEN, DATA_IMM_HDR_LEN
 from mrcstack.wire.packets import (
     PSN_MASK,
+    PSN_MOD,
     AckPacket,
     DataFlags,
     DataPacket,
@@ -203,6 +204,7 @@ class Sender:
         self._overhead = DATA_HDR_LEN + trailer_len
         self._imm_overhead = DATA_IMM_HDR_LEN + trailer_len
         self._remote_qpn = config.remote_qpn
+        self._cc_on_ack = cc.on_ack
         # The base class's on_sent only checks its argument, which is always valid here:
         # a controller that does not override it is not called once per packet.
         self._on_sent = None if type(cc).on_sent is CongestionController.on_sent else cc.on_sent
@@ -441,12 +443,19 @@ class Sender:
 
     # Feedback -------------------------------------------------------------------------
     def on_ack(self, ack: AckPacket, now: float) -> None:
-        echo_seq = unwrap(ack.echo_psn, self.snd_una)
-        echo_tx = self.txs.get(echo_seq)
+        snd_una = self.snd_una
+        delta = (ack.echo_psn - snd_una) & PSN_MASK  # unwrap(), inline: once per ACK
+        if delta >= HALF:
+            delta -= PSN_MOD
+        echo_seq = snd_una + delta
+        txs = self.txs
+        echo_tx = txs.get(echo_seq)
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
             echo_tx = None  # the ack is for an earlier transmission of that packet
-        ecn = bool(ack.flags & _ECN_ECHO)
-        if ack.flags & _DUPLICATE:
+        flags = ack.flags
+        ecn = bool(flags & _ECN_ECHO)
+        nack = ack.nack_reason
+        if flags & _DUPLICATE:
             if self.tlp_sent == (echo_seq, ack.echo_ev):
                 # The probe found the tail already there: nothing was lost and nothing was
                 # misjudged (the probe fired for want of acks, not on a reordering guess).
@@ -460,15 +469,15 @@ class Sender:
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and rtt < 0:
             rtt = None  # an echo from the future (a bad peer): no sample for anyone
-        if rtt is not None and not ack.nack_reason:
+        if rtt is not None and not nack:
             self.rtt_sample(rtt)
         if echo_tx is not None:
             slot = self.evs.slots.get(echo_tx.ev)
             if slot is not None:
                 slot.last_evidence = now
                 slot.silent_losses = 0
-            if slot is not None and (ecn or ack.nack_reason in _TRIMS):
-                self._congested(slot, ack.nack_reason == NackReason.TRIMMED_LASTHOP, now)
+                if ecn or (nack and nack in _TRIMS):
+                    self._congested(slot, nack == NackReason.TRIMMED_LASTHOP, now)
             if ecn:
                 self.stats.ecn_echoes += 1
             skip = ack.skip
@@ -477,17 +486,24 @@ class Sender:
                 self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, reason)
             elif skip == _ALWAYS_SKIP:
                 self.evs.apply(echo_tx.ev, "always_skip", "always_skip", now)
-        cum = unwrap(ack.cum_psn, self.snd_una) + 1
+        delta = (ack.cum_psn - snd_una) & PSN_MASK  # unwrap(), inline
+        if delta >= HALF:
+            delta -= PSN_MOD
+        cum = snd_una + delta + 1
         if cum > self.next_seq:
             return  # acknowledges what we never sent: ignore
-        if ack.nack_reason:
+        if nack:
             self._on_nack(ack, echo_seq, now)
             if self.failed:
                 return
+        acked = self._acked
         while self.snd_una < cum:
-            hit = self.snd_una == echo_seq
-            self._acked(self.snd_una, rtt if hit else None, ecn and hit, now, echo_tx)
-            self.snd_una += 1
+            seq = self.snd_una
+            if seq == echo_seq:
+                acked(seq, rtt, ecn, now, echo_tx)
+            else:
+                acked(seq, None, False, now, echo_tx)
+            self.snd_una = seq + 1
         bitmap = ack.sack_bitmap
         if bitmap:
             base = unwrap(ack.sack_base, self.snd_una)
@@ -499,23 +515,30 @@ class Sender:
                 self._sack_base, self._sack_seen = base, sent
             else:  # an older ACK, reordered: skip what the newer one reported
                 bitmap &= ~(self._sack_seen << -shift)
-            txs = self.txs
             while bitmap:
                 low = bitmap & -bitmap
                 seq = base + low.bit_length() - 1
                 bitmap ^= low
                 if self.snd_una <= seq < self.next_seq and seq in txs:
-                    hit = seq == echo_seq
-                    self._acked(seq, rtt if hit else None, ecn and hit, now, echo_tx)
+                    if seq == echo_seq:
+                        acked(seq, rtt, ecn, now, echo_tx)
+                    else:
+                        acked(seq, None, False, now, echo_tx)
         if not self.roce:
             self.tlp_out = False
-            self._arm_tlp(now)
-            if echo_tx is not None and not ack.nack_reason:
+            # _arm_tlp(now), inline (no probe is out now)
+            if not txs:
+                self.tlp_deadline = None
+            elif self.srtt is not None:
+                self.tlp_deadline = now + TLP_RTTS * self.srtt
+            if echo_tx is not None and not nack:
                 # A NACK says nothing about the packets before it on that path: a trimmed
                 # header jumps the queue those packets still wait in.
                 self._detect_losses(echo_tx, now)
             self.rack_due = True
-        self._complete()
+        wrs = self.wrs
+        if wrs and wrs[0].acked >= wrs[0].npkts:
+            self._complete()
 
     def _acked(
         self, seq: int, rtt: float | None, ecn: bool, now: float, echo_tx: Tx | None
@@ -530,13 +553,15 @@ class Sender:
         # RFC 8985 6.2 step 2: an ack for a retransmitted packet may be for the original, so
         # its send time moves RACK only when the ack names this transmission (its EV echo).
         port = tx.slot.entry.port
-        if (not tx.retx or tx is echo_tx) and tx.order > self.rack_order[port]:
-            self.rack_order[port] = tx.order
+        order = tx.order
+        if (not tx.retx or tx is echo_tx) and order > self.rack_order[port]:
+            self.rack_order[port] = order
             self.rack_rtt[port] = now - tx.sent
+        size = tx.size
         if not tx.lost:
-            self.in_flight -= tx.size
+            self.in_flight -= size
         tx.wr.acked += 1
-        self.cc.on_ack(tx.size, rtt, ecn, now)
+        self._cc_on_ack(size, rtt, ecn, now)
 
     def _detect_losses(self, echo_tx: Tx, now: float) -> None:
         """Same-path evidence: packets sent on the echoed EV before the echoed one and

@@ -67,7 +67,7 @@ from mrcstack.sim.config import (
 )
 from mrcstack.sim.content import CheckingSink, FlowContent
 from mrcstack.sim.engine import Engine
-from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Network
+from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Link, Network
 from mrcstack.sim.result import (
     JSON_FLOAT_DIGITS,
     EvRecord,
@@ -267,6 +267,7 @@ class _Endpoint:
         self.spins = 0
         self.placed = 0
         self.nic_sent = False  # waiting for the NIC: had it sent something when it waited
+        self.uplinks: list[Link] = []  # its host's NIC ports, one link per plane (set later)
         self.sink = None if sender else flow.sink
         # Per-packet latency samples are the receiver's to take, when asked for.
         self.latency_every = 0 if sender else flow.latency_every
@@ -293,7 +294,8 @@ class _Endpoint:
             self.conn.receive_packet(msg, size, now=now, port=plane, ecn=ecn)
         sink = self.sink
         if sink is not None:
-            sink.check()  # the write this datagram placed, if any
+            if sink.pending is not None:
+                sink.check()  # the write this datagram placed
             if sim.series is not None:
                 placed = self.conn.stats.data_bytes_placed
                 if placed != self.placed:
@@ -319,7 +321,14 @@ class _Endpoint:
             self._pump_wire(now)
         elif self.sender:
             per_plane = self.flow.plane_bytes
-            room = sim.nic_room(host, now)
+            backlog = 0.0  # sim.nic_room(host, now), inline: once per sender pump
+            for link in self.uplinks:
+                busy = link.busy_until
+                if busy > now:
+                    backlog += (busy - now) * link.bytes_per_s
+            room = int((sim.nic_window - backlog) // sim.nic_packet)
+            if room < 0:
+                room = 0
             sent = 0
             for pkt, size in conn.packets_to_send(now, data_limit=room):
                 port = pkt.port
@@ -461,6 +470,9 @@ class _Simulation:
         full = cfg.mtu_payload + DATA_PACKET_OVERHEAD_BYTES + WIRE_OVERHEAD_BYTES
         self.nic_packet = full
         self.nic_window = NIC_PACKETS_PER_PORT * fabric.planes * full
+        for table in self.by_host.values():
+            for endpoint in table.values():
+                endpoint.uplinks = self.uplinks[endpoint.host]
         self.waiting: dict[int, list[_Endpoint]] = {host: [] for host in self.by_host}
         self.wake_at: dict[int, float] = {}
         self._schedule_faults()
