@@ -261,6 +261,7 @@ class _Endpoint:
         self.sender = sender
         self.side = "sender" if sender else "receiver"
         self.host, self.peer = (flow.src, flow.dst) if sender else (flow.dst, flow.src)
+        self.qpn = conn.cfg.local_qpn
         self.timer_at: float | None = None
         self.timer_gen = 0
         self.spin_at = -1.0
@@ -277,6 +278,9 @@ class _Endpoint:
 
     def receive(self, msg: Any, size: int, plane: int, ecn: bool) -> None:
         sim = self.sim
+        if not sim.wire and msg.qpn != self.qpn:
+            sim.unknown_qpn += 1  # (attached alone to its host: the host's table is not asked)
+            return
         now = sim.engine.now
         if self.latency_every:
             latency = sim.net.delivered_latency
@@ -529,6 +533,9 @@ class _Simulation:
             endpoint.pump()
 
     def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[Any, int, int, bool], None]:
+        if len(table) == 1 and not self.wire:
+            (endpoint,) = table.values()
+            return endpoint.receive  # it checks the QPN itself
         wire = self.wire
 
         def deliver(msg: Any, size: int, plane: int, ecn: bool) -> None:
