@@ -332,6 +332,11 @@ class Nscc(CongestionController):
 
     def __init__(self, params: CCParams, mtu_payload: int, now: float) -> None:
         super().__init__(params, mtu_payload, now)
+        # The profile's values that on_ack reads per packet (None: derived, as below).
+        self._target_delay = params.target_delay
+        self._qa_threshold_cfg = params.qa_threshold
+        self._adjust_period_cfg = params.adjust_period_threshold
+        self._adjust_bytes_n = self._adjust_bytes()
         self._cwnd = self._initial_window()
         self._avg_delay = 0.0
         # Batched increases.
@@ -389,20 +394,41 @@ class Nscc(CongestionController):
         self._cwnd = self._clamp(window)
 
     def on_ack(self, acked_bytes: int, rtt: float | None, ecn: bool, now: float) -> None:
-        self._check_ack(acked_bytes, rtt)
+        # This runs once per packet acknowledged: the checks and helpers it shares with the
+        # rest of the class (_check_ack, target_delay, _qa_threshold, _consume_stale, the
+        # adjust thresholds) are written out here, with the same arithmetic.
+        if type(acked_bytes) is not int or acked_bytes < 0:
+            _require_int("acked_bytes", acked_bytes, 0)
         if rtt is None:
             delay = self._avg_delay
         else:
-            delay = max(0.0, rtt - self._base_rtt)
+            if not 0 <= rtt < math.inf:  # false for NaN too
+                raise ValueError(f"rtt must be None or a finite number >= 0, got {rtt!r}")
+            if 0 < rtt < self._base_rtt:
+                self._base_rtt = rtt
+            delay = rtt - self._base_rtt
+            if not delay > 0.0:
+                delay = 0.0
             self._avg_delay += NSCC_DELAY_EWMA_GAIN * (delay - self._avg_delay)
-        cut = self._end_qa_epoch_if_due(now)
+        cut = now >= self._qa_epoch_end and self._end_qa_epoch_if_due(now)
         self._achieved += acked_bytes
-        stale = self._consume_stale(acked_bytes, now)
-        if delay > self._qa_threshold() and not stale:
+        if now >= self._stale_until:
+            self._stale_bytes = 0.0
+        if self._stale_bytes <= 0:
+            stale = False
+        else:
+            self._stale_bytes -= acked_bytes
+            stale = True
+        target = self._target_delay
+        if target is None:
+            target = TARGET_DELAY_BASE_RTT_RATIO * self._base_rtt
+        qa_threshold = self._qa_threshold_cfg
+        if qa_threshold is None:
+            qa_threshold = QA_THRESHOLD_TARGET_RATIO * target
+        if delay > qa_threshold and not stale:
             self._qa_armed = True
         if cut:
             return
-        target = self.target_delay
         if not ecn:
             self._increase(acked_bytes, delay, target)
         else:
@@ -410,9 +436,9 @@ class Nscc(CongestionController):
             if delay >= target and not stale:
                 self._decrease(now, target)
         self._bytes_since_adjust += acked_bytes
-        if (
-            self._bytes_since_adjust >= self._adjust_bytes()
-            or now - self._last_adjust >= self._adjust_period()
+        period = self._adjust_period_cfg
+        if self._bytes_since_adjust >= self._adjust_bytes_n or now - self._last_adjust >= (
+            self._base_rtt if period is None else period
         ):
             self._adjust(now)
 

@@ -30,13 +30,10 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.evs import EvEntry, EvSlot, EvStatus, EvTable
 from mrcstack.core.memory import MemoryTable
-from mrcstack.core.psn import to_psn
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
-    DATA_HDR_LEN,
-    DATA_IMM_HDR_LEN,
     MPR_UNIT,
     NACK_HDR_LEN,
     SACK_HDR_LEN,
@@ -97,7 +94,9 @@ class Connection:
         self.rng = rng
         self.memory = memory
         self.stats = ConnectionStats(planes=config.planes)
-        self._events: deque[Event] = deque()
+        # Events not yet taken by next_event: an adapter may test it for emptiness (cheaper
+        # than a call that returns None, after every input).
+        self.events: deque[Event] = deque()
         entries = config.evs[:1] if config.mode == "roce" else config.evs
         self.evs = EvTable(
             entries,
@@ -121,10 +120,13 @@ class Connection:
                 config.icrc_paths, ev_ports=config.ev_format is EvFormat.STEV
             )
             self.replay = None
-        self.sender = Sender(config, self.evs, self.cc, self.stats, self._emit)
-        self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._trailer_len = self.integrity.trailer_len
+        self.sender = Sender(
+            config, self.evs, self.cc, self.stats, self._emit, trailer_len=self._trailer_len
+        )
+        self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._control: deque[Outgoing] = deque()
+        self._coalesce = config.ack_coalesce > 1  # else every data packet is ACKed at once
         self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
         self._pending_count = [0] * config.planes
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
@@ -135,6 +137,8 @@ class Connection:
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
         self._port_bits = (1 << config.planes) - 1
+        self._reverse_evs = config.reverse_evs_per_plane
+        self._remote_qpn = config.remote_qpn
         # The peer's port bitmap as last applied (EvTable.remote_port_up as bits): an ACK
         # carries it, and one that changes nothing costs no walk over the planes.
         self._peer_bits = self._port_bits
@@ -265,7 +269,7 @@ class Connection:
         return self.cfg.retry_budget(self.sender.rto())
 
     def next_event(self) -> Event | None:
-        return self._events.popleft() if self._events else None
+        return self.events.popleft() if self.events else None
 
     @property
     def idle(self) -> bool:
@@ -289,7 +293,7 @@ class Connection:
         except DecodeError as exc:
             stats.count(stats.rejected, exc.reason.name.lower())
             return
-        self._receive(pkt, len(data), now, port, ecn)
+        self._receive(pkt, len(data), now=now, port=port, ecn=ecn)
 
     def receive_packet(
         self, pkt: Packet, size: int, *, now: float, port: int, ecn: bool = False
@@ -299,13 +303,10 @@ class Connection:
         are read during the call only, as with ``receive_datagram``."""
         if self.failed is not None:
             return
-        if not 0 <= port < self.cfg.planes:
-            self.stats.count(self.stats.rejected, "port")
-            return
-        self._receive(pkt, size, now, port, ecn)
-
-    def _receive(self, pkt: Packet, size: int, now: float, port: int, ecn: bool) -> None:
         stats = self.stats
+        if not 0 <= port < self.cfg.planes:
+            stats.count(stats.rejected, "port")
+            return
         if pkt.qpn != self.cfg.local_qpn:
             stats.count(stats.rejected, "qpn")
             return
@@ -323,14 +324,21 @@ class Connection:
                 stats.ecn_received += 1
             fb = self.receiver.on_data(pkt, ecn)
             if fb is not None:
-                self._ack_or_coalesce(fb, port)
+                if self._coalesce:
+                    self._ack_or_coalesce(fb, port)
+                else:
+                    self._feedback(fb, port)
             if self._next_probe is None:
                 self._schedule_probes(now)
         elif type(pkt) is AckPacket:
-            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
-            self.sender.on_ack(pkt, now)
-            if self.sender.failed is not None:
-                self._fail(*self.sender.failed)
+            if pkt.tx_seq > self._ports_seq:  # _peer_ports_from, inline: once per ACK
+                self._ports_seq = pkt.tx_seq
+                if pkt.port_state != self._peer_bits:
+                    self._peer_ports(pkt.port_state)
+            sender = self.sender
+            sender.on_ack(pkt, now)
+            if sender.failed is not None:
+                self._fail(*sender.failed)
         elif type(pkt) is ProbePacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self._reply_probe(pkt, port)
@@ -347,6 +355,10 @@ class Connection:
                 self.evs.probe_result(
                     pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
                 )
+
+    # The datagram path's handling once decoded: the same as a packet's (a subclass that
+    # wraps receive_packet, as the benchmark's timing one does, is not entered twice).
+    _receive = receive_packet
 
     def _peer_ports_from(self, tx_seq: int, bits: int) -> None:
         """A bitmap the peer sent in packet ``tx_seq``: only one newer than the last applied
@@ -434,17 +446,23 @@ class Connection:
         self._pending_acks.clear()
 
     def _feedback(self, fb: Feedback, port: int) -> None:
-        slot = self._reverse_slot(port)
+        rr = self._reverse_rr  # _reverse_slot, inline: once per data packet received
+        rr[port] += 1
+        slot = self.evs.reverse_ev(port, rr[port], self._reverse_evs)
         if slot is None:
             self.stats.count(self.stats.rejected, "no_reverse_path")
             return
+        entry = slot.entry
+        out_port = entry.port
         self._tx_seq += 1
+        ecn = fb.ecn
+        nack = fb.nack_reason
         ack = AckPacket(  # positional: keywords cost a noticeable share, once per packet
-            self.cfg.remote_qpn,  # qpn
+            self._remote_qpn,  # qpn
             fb.cum_psn,
             fb.msn,
-            slot.entry.value,  # ev
-            slot.entry.port,  # port
+            entry.value,  # ev
+            out_port,  # port
             self._tx_seq,  # tx_seq
             fb.echo_ev,
             fb.echo_psn,
@@ -452,20 +470,20 @@ class Connection:
             fb.sack_base,
             fb.sack_bitmap,
             self._port_bits,  # port_state
-            (_ECN_ECHO if fb.ecn else 0) | (_DUPLICATE if fb.dup else 0),  # flags
-            fb.nack_reason,
+            (_ECN_ECHO if ecn else 0) | (_DUPLICATE if fb.dup else 0),  # flags
+            nack,
             # skip: an ECN-marked packet's path is busier than the others: skip it a while.
-            _SKIP_ONCE if fb.ecn else _SKIP_NONE,
+            _SKIP_ONCE if ecn else _SKIP_NONE,
             fb.ooo_count,
             fb.rcv_bytes,
             self._window,
         )
         # _queue, inline: one per data packet received.
-        size = (NACK_HDR_LEN if fb.nack_reason else SACK_HDR_LEN) + self._trailer_len
+        size = (NACK_HDR_LEN if nack else SACK_HDR_LEN) + self._trailer_len
         self._control.append((ack, size))
-        port = slot.entry.port
-        self.stats.packets_sent[port] += 1
-        self.stats.bytes_sent[port] += size
+        stats = self.stats
+        stats.packets_sent[out_port] += 1
+        stats.bytes_sent[out_port] += size
 
     def _reply_probe(self, probe: ProbePacket, port: int) -> None:
         slot = self._reverse_slot(port)
@@ -513,7 +531,9 @@ class Connection:
         out: list[Outgoing] = []
         if self._pending_acks:
             self._flush_acks()
-        self.sender.run_rack(now)
+        sender = self.sender
+        if sender.rack_due:
+            sender.run_rack(now)
         control = self._control
         while control and len(out) < limit:
             out.append(control.popleft())
@@ -525,37 +545,16 @@ class Connection:
         room = limit - len(out) if data_limit is None else min(limit - len(out), data_limit)
         if room <= 0:
             return out
-        specs = self.sender.next_packets(now, room)
-        if not specs:
-            return out
-        # 0 on the wire means "no timestamp" (no RTT sample from its ack): a packet sent at
-        # time 0, where a simulation starts, says 1 ns instead.
-        ts_ns = int(now * 1e9) & U64 or 1
-        qpn = self.cfg.remote_qpn
-        stats = self.stats
-        overhead = DATA_HDR_LEN + self._trailer_len  # a write's datagram beyond its payload
-        imm_overhead = DATA_IMM_HDR_LEN + self._trailer_len
-        for spec in specs:
-            self._tx_seq += 1
-            pkt = DataPacket(
-                qpn,
-                to_psn(spec.seq),
-                spec.va,
-                spec.rkey,
-                spec.payload,
-                spec.ev,
-                spec.port,
-                self._tx_seq,
-                ts_ns,
-                spec.flags,
-                spec.imm,
-                -1,
-                spec.msn,
-            )
-            size = len(spec.payload) + (overhead if spec.imm is None else imm_overhead)
-            stats.packets_sent[spec.port] += 1
-            stats.bytes_sent[spec.port] += size
-            out.append((pkt, size))
+        sent = sender.next_packets(now, room)
+        if sent:
+            tx_seq = self._tx_seq
+            for pkt, _ in sent:
+                tx_seq += 1
+                pkt.tx_seq = tx_seq
+            self._tx_seq = tx_seq
+            if not out:
+                return sent
+            out += sent
         return out
 
     # Timers ---------------------------------------------------------------------------
@@ -630,7 +629,7 @@ class Connection:
     def _emit(self, event: Event) -> None:
         if type(event) is EvStateChanged:
             self.stats.ev_state_changes += 1
-        self._events.append(event)
+        self.events.append(event)
 
     def _fail(self, reason: str, status: WcStatus) -> None:
         if self.failed is not None:

@@ -464,6 +464,16 @@ class EvTable:
         if not planes:
             return None
         n = len(planes)
+        # The usual case first (once per packet sent): the plane's next EV is GOOD.
+        plane = planes[self._plane_rr % n]
+        slots = self._in_use[plane]
+        if slots:
+            start = self._ev_rr[plane]
+            slot = slots[start % len(slots)]
+            if slot.state is GOOD and slot.entry.value != avoid:
+                self._plane_rr += 1
+                self._ev_rr[plane] = start + 1
+                return slot
         for _ in range(n):
             plane = planes[self._plane_rr % n]
             self._plane_rr += 1

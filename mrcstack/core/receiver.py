@@ -124,7 +124,7 @@ class Receiver:
             self.ooo_bits |= 1 << delta
         else:
             self._advance(seq + 1, size)
-        return self._feedback(pkt, seq, ecn, 0)
+        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, 0, False)
 
     def _advance(self, new_nxt: int, size: int) -> None:
         """Move the cumulative point past ``new_nxt - 1`` and whatever it makes contiguous."""

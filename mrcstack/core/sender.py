@@ -14,14 +14,24 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.evs import EvSlot, EvTable
-from mrcstack.core.psn import to_psn, unwrap
-from mrcstack.wire.packets import AckPacket, DataFlags, FeedbackFlags, NackReason, SkipHint
+from mrcstack.core.psn import HALF, to_psn, unwrap
+from mrcstack.wire.codec import DATA_HDR_LEN, DATA_IMM_HDR_LEN
+from mrcstack.wire.packets import (
+    PSN_MASK,
+    PSN_MOD,
+    AckPacket,
+    DataFlags,
+    DataPacket,
+    FeedbackFlags,
+    NackReason,
+    Packet,
+    SkipHint,
+)
 
 #: RACK reordering window: a quarter of the smoothed RTT (RFC 8985 uses min_rtt/4), and
 #: never less than a microsecond so packets sent in one burst are never compared.
@@ -48,6 +58,7 @@ _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 #: RFC 6298 smoothing gains.
 RTT_ALPHA = 1 / 8
 RTT_BETA = 1 / 4
+U64 = (1 << 64) - 1
 
 
 class WorkRequest:
@@ -121,21 +132,8 @@ class Tx:
         self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
-@dataclass(slots=True)
-class DataSpec:
-    """What the connection must encode and send for one data packet.
-
-    Not frozen (one is built per packet sent: see ``Feedback``); nothing changes it."""
-
-    seq: int
-    va: int
-    rkey: int
-    payload: memoryview
-    ev: int
-    port: int
-    flags: int
-    imm: int | None
-    msn: int
+#: A packet to send and the length of its datagram once encoded.
+Outgoing = tuple[Packet, int]
 
 
 class Sender:
@@ -146,6 +144,7 @@ class Sender:
         cc: CongestionController,
         stats: ConnectionStats,
         emit: Callable[[Event], None],
+        trailer_len: int = 0,
     ) -> None:
         self.cfg = config
         self.evs = evs
@@ -200,6 +199,15 @@ class Sender:
         self.stall_since = 0.0
         self.on_rtt: Callable[[float], None] | None = None  # e.g. a metrics histogram
         self.posted = 0  # work requests posted: the next one's message sequence number
+        # What a data packet's datagram adds to its payload (``trailer_len``: the ICRC or
+        # the AEAD tag), with and without an immediate.
+        self._overhead = DATA_HDR_LEN + trailer_len
+        self._imm_overhead = DATA_IMM_HDR_LEN + trailer_len
+        self._remote_qpn = config.remote_qpn
+        self._cc_on_ack = cc.on_ack
+        # The base class's on_sent only checks its argument, which is always valid here:
+        # a controller that does not override it is not called once per packet.
+        self._on_sent = None if type(cc).on_sent is CongestionController.on_sent else cc.on_sent
 
     # Application side -----------------------------------------------------------------
     def post(self, wr_id: int, src: memoryview, va: int, rkey: int, imm: int | None) -> None:
@@ -243,7 +251,16 @@ class Sender:
 
     def next_deadline(self) -> float | None:
         """The earliest of the RTO, the reordering timer, the probe timer and the stall."""
-        deadline = self.rto_deadline()
+        heap = self.rto_heap  # rto_deadline(), inline: the adapter asks after every input
+        deadline: float | None
+        while heap:
+            deadline, _, tx = heap[0]
+            if tx.acked or tx.lost or deadline != tx.deadline:
+                heapq.heappop(heap)
+                continue
+            break
+        else:
+            deadline = None
         timer = self.rack_timer
         if timer is not None and (deadline is None or timer < deadline):
             deadline = timer
@@ -256,42 +273,62 @@ class Sender:
         return deadline
 
     # Transmission ---------------------------------------------------------------------
-    def next_packets(self, now: float, limit: int) -> list[DataSpec]:
-        """Retransmissions first, then new packets, as far as the window allows."""
-        out: list[DataSpec] = []
+    def next_packets(self, now: float, limit: int) -> list[Outgoing]:
+        """Retransmissions first, then new packets, as far as the window allows: each a
+        DataPacket with its datagram's length.  Their ``tx_seq`` is left 0: the connection
+        numbers them, as it numbers its control packets."""
+        out: list[Outgoing] = []
         cwnd = self.cc.cwnd
         if self.rto_rounds:
             # After a timeout with no progress since, one packet at a time probes the way.
             limit = 1 if self.in_flight <= 0 else 0
-        while self.retx and len(out) < limit:
-            tx, reason = self.retx[0]
+        if limit <= 0:
+            return out
+        # 0 on the wire means "no timestamp" (no RTT sample from its ack): a packet sent at
+        # time 0, where a simulation starts, says 1 ns instead.
+        ts_ns = int(now * 1e9) & U64 or 1
+        retx = self.retx
+        while retx and len(out) < limit:
+            tx, reason = retx[0]
             if tx.acked or self.txs.get(tx.seq) is not tx:
-                self.retx.popleft()
+                retx.popleft()
                 continue
             if self.in_flight + tx.size > cwnd and self.in_flight > 0:
                 return out
-            self.retx.popleft()
-            spec = self._send(tx.seq, tx.wr, now, avoid=tx.ev, retx=tx)
-            if spec is None:
-                self.retx.appendleft((tx, reason))
+            retx.popleft()
+            rto = self.rto(max(tx.timeouts, self.rto_rounds))
+            sent = self._send(tx.seq, tx.wr, now, ts_ns, rto, tx.ev, tx)
+            if sent is None:
+                retx.appendleft((tx, reason))
                 return out
             self.stats.count(self.stats.retransmissions, reason)  # counted when resent
             if reason == "tlp":
-                self.tlp_sent = (tx.seq, spec.ev)
-            out.append(spec)
-        max_seq = self.snd_una + self.cfg.max_window
-        while self.next_seq < self.end_seq and self.next_seq < max_seq and len(out) < limit:
-            wr = self.wrs[self.send_wr_index]
-            size = min(self.mtu, wr.length - (self.next_seq - wr.first) * self.mtu)
-            if self.in_flight + size > cwnd and self.in_flight > 0:
-                break
-            spec = self._send(self.next_seq, wr, now, avoid=None, retx=None)
-            if spec is None:
-                break
-            out.append(spec)
-            self.next_seq += 1
-            if self.next_seq == wr.first + wr.npkts:
-                self.send_wr_index += 1
+                self.tlp_sent = (tx.seq, sent[0].ev)
+            out.append(sent)
+        seq = self.next_seq
+        end = min(self.end_seq, self.snd_una + self.cfg.max_window)
+        if seq < end and len(out) < limit:
+            rto = self.rto(self.rto_rounds)  # the same for every new packet of this call
+            mtu = self.mtu
+            wrs = self.wrs
+            send = self._send
+            n = len(out)
+            while seq < end and n < limit:
+                wr = wrs[self.send_wr_index]
+                size = wr.length - (seq - wr.first) * mtu
+                if size > mtu:
+                    size = mtu
+                if self.in_flight + size > cwnd and self.in_flight > 0:
+                    break
+                sent = send(seq, wr, now, ts_ns, rto, None, None)
+                if sent is None:
+                    break
+                out.append(sent)
+                n += 1
+                seq += 1
+                self.next_seq = seq
+                if seq == wr.first + wr.npkts:
+                    self.send_wr_index += 1
         if out and not self.roce:
             self._arm_tlp(now)
         return out
@@ -319,26 +356,38 @@ class Sender:
         self._lose(newest, "tlp")
 
     def _send(
-        self, seq: int, wr: WorkRequest, now: float, avoid: int | None, retx: Tx | None
-    ) -> DataSpec | None:
-        slot = self.evs.next_ev(avoid=avoid)
+        self,
+        seq: int,
+        wr: WorkRequest,
+        now: float,
+        ts_ns: int,
+        rto: float,
+        avoid: int | None,
+        retx: Tx | None,
+    ) -> Outgoing | None:
+        """Send packet ``seq`` of ``wr`` on the next EV, its timeout ``rto`` from now."""
+        slot = self.evs.next_ev(avoid)
         if slot is None:
             self._no_path(now, retx.timeouts if retx is not None else 0)
             return None
         if self.stall_deadline is not None:
             self._end_stall()
-        ev = slot.entry.value
+        entry = slot.entry
+        ev = entry.value
+        port = entry.port
         if slot.first_sent < 0:
             slot.first_sent = now
         offset = (seq - wr.first) * self.mtu
-        size = min(self.mtu, wr.length - offset)
+        size = wr.length - offset
+        if size > self.mtu:
+            size = self.mtu
         self._tx_order += 1
         tx = Tx(seq, wr, size, slot, now, self._tx_order)
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
             tx.retx = True
-            flags |= _RETX
+            flags = _RETX
         last = seq == wr.first + wr.npkts - 1
         if last:
             flags |= _LAST
@@ -352,22 +401,37 @@ class Sender:
             fifo.append(tx)
             tx.queued = True
             self.sent_fifo.append(tx)
-        tx.deadline = now + self.rto(max(tx.timeouts, self.rto_rounds))
+        tx.deadline = deadline = now + rto
         self._heap_tie += 1
-        heapq.heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
+        heapq.heappush(self.rto_heap, (deadline, self._heap_tie, tx))
         self.in_flight += size
-        self.cc.on_sent(size, now)
-        return DataSpec(
-            seq,
+        if self._on_sent is not None:
+            self._on_sent(size, now)
+        if last:
+            imm = wr.imm
+            length = size + (self._overhead if imm is None else self._imm_overhead)
+        else:
+            imm = None
+            length = size + self._overhead
+        stats = self.stats
+        stats.packets_sent[port] += 1
+        stats.bytes_sent[port] += length
+        pkt = DataPacket(
+            self._remote_qpn,
+            seq & PSN_MASK,
             wr.va + offset,
             wr.rkey,
             wr.src[offset : offset + size],
             ev,
-            slot.entry.port,
+            port,
+            0,  # tx_seq: numbered by the connection
+            ts_ns,
             flags,
-            wr.imm if last else None,
+            imm,
+            -1,
             wr.msn,
         )
+        return pkt, length
 
     def _lose(self, tx: Tx, reason: str) -> None:
         """Declare a transmission lost and queue its packet for retransmission."""
@@ -379,12 +443,19 @@ class Sender:
 
     # Feedback -------------------------------------------------------------------------
     def on_ack(self, ack: AckPacket, now: float) -> None:
-        echo_seq = unwrap(ack.echo_psn, self.snd_una)
-        echo_tx = self.txs.get(echo_seq)
+        snd_una = self.snd_una
+        delta = (ack.echo_psn - snd_una) & PSN_MASK  # unwrap(), inline: once per ACK
+        if delta >= HALF:
+            delta -= PSN_MOD
+        echo_seq = snd_una + delta
+        txs = self.txs
+        echo_tx = txs.get(echo_seq)
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
             echo_tx = None  # the ack is for an earlier transmission of that packet
-        ecn = bool(ack.flags & _ECN_ECHO)
-        if ack.flags & _DUPLICATE:
+        flags = ack.flags
+        ecn = bool(flags & _ECN_ECHO)
+        nack = ack.nack_reason
+        if flags & _DUPLICATE:
             if self.tlp_sent == (echo_seq, ack.echo_ev):
                 # The probe found the tail already there: nothing was lost and nothing was
                 # misjudged (the probe fired for want of acks, not on a reordering guess).
@@ -400,15 +471,15 @@ class Sender:
         rtt = now - ack.echo_ts_ns / 1e9 if ack.echo_ts_ns else None
         if rtt is not None and rtt < 0:
             rtt = None  # an echo from the future (a bad peer): no sample for anyone
-        if rtt is not None and not ack.nack_reason:
+        if rtt is not None and not nack:
             self.rtt_sample(rtt)
         if echo_tx is not None:
             slot = self.evs.slots.get(echo_tx.ev)
             if slot is not None:
                 slot.last_evidence = now
                 slot.silent_losses = 0
-            if slot is not None and (ecn or ack.nack_reason in _TRIMS):
-                self._congested(slot, ack.nack_reason == NackReason.TRIMMED_LASTHOP, now)
+                if ecn or (nack and nack in _TRIMS):
+                    self._congested(slot, nack == NackReason.TRIMMED_LASTHOP, now)
             if ecn:
                 self.stats.ecn_echoes += 1
             skip = ack.skip
@@ -417,17 +488,24 @@ class Sender:
                 self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, reason)
             elif skip == _ALWAYS_SKIP:
                 self.evs.apply(echo_tx.ev, "always_skip", "always_skip", now)
-        cum = unwrap(ack.cum_psn, self.snd_una) + 1
+        delta = (ack.cum_psn - snd_una) & PSN_MASK  # unwrap(), inline
+        if delta >= HALF:
+            delta -= PSN_MOD
+        cum = snd_una + delta + 1
         if cum > self.next_seq:
             return  # acknowledges what we never sent: ignore
-        if ack.nack_reason:
+        if nack:
             self._on_nack(ack, echo_seq, now)
             if self.failed:
                 return
+        acked = self._acked
         while self.snd_una < cum:
-            hit = self.snd_una == echo_seq
-            self._acked(self.snd_una, rtt if hit else None, ecn and hit, now, echo_tx)
-            self.snd_una += 1
+            seq = self.snd_una
+            if seq == echo_seq:
+                acked(seq, rtt, ecn, now, echo_tx)
+            else:
+                acked(seq, None, False, now, echo_tx)
+            self.snd_una = seq + 1
         bitmap = ack.sack_bitmap
         if bitmap:
             base = unwrap(ack.sack_base, self.snd_una)
@@ -439,23 +517,30 @@ class Sender:
                 self._sack_base, self._sack_seen = base, sent
             else:  # an older ACK, reordered: skip what the newer one reported
                 bitmap &= ~(self._sack_seen << -shift)
-            txs = self.txs
             while bitmap:
                 low = bitmap & -bitmap
                 seq = base + low.bit_length() - 1
                 bitmap ^= low
                 if self.snd_una <= seq < self.next_seq and seq in txs:
-                    hit = seq == echo_seq
-                    self._acked(seq, rtt if hit else None, ecn and hit, now, echo_tx)
+                    if seq == echo_seq:
+                        acked(seq, rtt, ecn, now, echo_tx)
+                    else:
+                        acked(seq, None, False, now, echo_tx)
         if not self.roce:
             self.tlp_out = False
-            self._arm_tlp(now)
-            if echo_tx is not None and not ack.nack_reason:
+            # _arm_tlp(now), inline (no probe is out now)
+            if not txs:
+                self.tlp_deadline = None
+            elif self.srtt is not None:
+                self.tlp_deadline = now + TLP_RTTS * self.srtt
+            if echo_tx is not None and not nack:
                 # A NACK says nothing about the packets before it on that path: a trimmed
                 # header jumps the queue those packets still wait in.
                 self._detect_losses(echo_tx, now)
             self.rack_due = True
-        self._complete()
+        wrs = self.wrs
+        if wrs and wrs[0].acked >= wrs[0].npkts:
+            self._complete()
 
     def _late_arrival(self, ev: int, seq: int, now: float) -> None:
         """A transmission given up for lost arrived after all.  If its loss is what demoted
@@ -482,13 +567,15 @@ class Sender:
         # RFC 8985 6.2 step 2: an ack for a retransmitted packet may be for the original, so
         # its send time moves RACK only when the ack names this transmission (its EV echo).
         port = tx.slot.entry.port
-        if (not tx.retx or tx is echo_tx) and tx.order > self.rack_order[port]:
-            self.rack_order[port] = tx.order
+        order = tx.order
+        if (not tx.retx or tx is echo_tx) and order > self.rack_order[port]:
+            self.rack_order[port] = order
             self.rack_rtt[port] = now - tx.sent
+        size = tx.size
         if not tx.lost:
-            self.in_flight -= tx.size
+            self.in_flight -= size
         tx.wr.acked += 1
-        self.cc.on_ack(tx.size, rtt, ecn, now)
+        self._cc_on_ack(size, rtt, ecn, now)
 
     def _detect_losses(self, echo_tx: Tx, now: float) -> None:
         """Same-path evidence: packets sent on the echoed EV before the echoed one and

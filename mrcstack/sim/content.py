@@ -63,6 +63,17 @@ class FlowContent:
         index, view = self._index, self._view
         n = into.nbytes
         pos = 0
+        if offset % BLOCK == 0:
+            # Whole blocks (a write starts on one, as the runner's always do): the header,
+            # then the body in one slice, without working out where each part starts.
+            pack = _HEADER.pack
+            body = BLOCK - _HEADER_SIZE
+            first = offset // BLOCK
+            for b in range(first, first + n // BLOCK):
+                into[pos : pos + _HEADER_SIZE] = pack(index, b * BLOCK)
+                start = b * _STRIDE % _FILLER
+                into[pos + _HEADER_SIZE : pos + BLOCK] = view[start : start + body]
+                pos += BLOCK
         while pos < n:
             b, within = divmod(offset + pos, BLOCK)
             end = min(BLOCK, within + n - pos)
@@ -117,13 +128,15 @@ class CheckingSink(MemoryTable):
         self.va = VA_BASE
         self.rkey = SINK_RKEY
         self._scratch = bytearray(max_write)
-        self._pending: tuple[int, int] | None = None  # (offset, length) not checked yet
+        # (offset, length) of the write not checked yet: an adapter calls check() when set.
+        self.pending: tuple[int, int] | None = None
         self.frontier = 0  # every byte below this offset was written, once, correctly
         self._ahead: dict[int, int] = {}  # start -> end of writes placed beyond the frontier
         self.bad_writes = 0  # wrong content, or bytes written twice
 
     def target(self, rkey: int, va: int, length: int) -> memoryview:
-        self.check()
+        if self.pending is not None:
+            self.check()
         if rkey != self.rkey:
             raise AccessError(f"unknown rkey {rkey:#x}")
         offset = va - self.va
@@ -131,15 +144,15 @@ class CheckingSink(MemoryTable):
             raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
         if length > len(self._scratch):
             self._scratch = bytearray(length)
-        self._pending = (offset, length)
+        self.pending = (offset, length)
         return memoryview(self._scratch)[:length]
 
     def check(self) -> None:
         """Check the write :meth:`target` handed out last, if any."""
-        if self._pending is None:
+        if self.pending is None:
             return
-        offset, length = self._pending
-        self._pending = None
+        offset, length = self.pending
+        self.pending = None
         if not self.content.matches(self._scratch, offset, length):
             self.bad_writes += 1
         end = offset + length

@@ -68,13 +68,15 @@ class Engine:
         count = 0
         try:
             while heap:
-                if heap[0][0] > until:
+                entry = pop(heap)
+                time = entry[0]
+                if time > until:
+                    heapq.heappush(heap, entry)  # (time, seq) keys are unique: same order
                     self.now = max(self.now, until)
                     break
-                time, _, callback, arg = pop(heap)
                 self.now = time
                 count += 1
-                callback(arg)
+                entry[2](entry[3])
                 if self._stopped:
                     return True
             return False

@@ -36,10 +36,11 @@ looks inside, to cut a data packet to its headers.
 
 from __future__ import annotations
 
-import heapq
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Any
 
 from mrcstack import addrplan
@@ -130,18 +131,21 @@ class Link:
         "bytes_per_s",
         "delay",
         "down",
+        "drop_at",
         "drops_down",
         "drops_loss",
         "drops_queue",
         "ecn_marks",
         "last_hop",
         "loss",
+        "mark_at",
         "max_queue",
         "name",
         "physical",
         "plane",
         "rate_bps",
         "switch_egress",
+        "trim_at",
         "trims",
         "tx_bytes",
         "tx_packets",
@@ -178,6 +182,11 @@ class Link:
         self.drops_loss = 0
         self.drops_down = 0
         self.max_queue = 0.0
+        # A switch egress's thresholds in queued bytes (set by the network; infinite: never):
+        # a data packet that would take the queue past ``trim_at`` is trimmed, past
+        # ``drop_at`` dropped (control too), and one that finds more than ``mark_at``
+        # queued may be ECN-marked.
+        self.trim_at = self.drop_at = self.mark_at = math.inf
 
     def counters(self) -> dict[str, int]:
         return {
@@ -200,6 +209,7 @@ class _Packet:
         "dst",
         "ecn",
         "hop",
+        "hops",
         "is_data",
         "msg",
         "plane",
@@ -224,6 +234,7 @@ class _Packet:
         self.size = size  # bytes on the wire: the datagram and WIRE_OVERHEAD_BYTES
         self.sent_at = sent_at
         self.route = route
+        self.hops = len(route)
         self.dst = dst
         self.plane = plane
         self.doomed = doomed
@@ -265,6 +276,7 @@ class Network:
         self.engine = engine
         self.params = params = params or NetParams()
         self._rng = rng
+        self._random = rng.random
         self._router = router or _addrplan_router(fabric)
         self._trimmer = trimmer or trim_datagram
         self.queue_bytes, self.trim_threshold, self.ecn_kmin, self.ecn_kmax = params.thresholds(
@@ -280,6 +292,13 @@ class Network:
         for name, p in params.link_loss:
             for link in self.physical[self.canonical(name)]:
                 link.loss = p
+        for link in self.links.values():
+            if link.switch_egress:
+                link.drop_at = self.queue_bytes
+                if params.trim:
+                    link.trim_at = self.trim_threshold
+                if params.ecn_last_hop or not link.last_hop:
+                    link.mark_at = self.ecn_kmin
         self._ev_loss = dict(params.ev_loss)
         self._ev_loss_pairs = None if ev_loss_pairs is None else frozenset(ev_loss_pairs)
         self._handlers: dict[int, Handler] = {}
@@ -287,11 +306,8 @@ class Network:
         # The per-hop path pushes onto the engine's heap itself (see Engine.queue).
         self._engine = engine
         self._heap, self._tiebreak = engine.queue()
-        self._push = heapq.heappush
-        self._trim = params.trim
         self._forward_cb = self._forward
         self._deliver_cb = self._deliver
-        self._mark_last_hop = params.ecn_last_hop
         self.packets_sent = 0
         self.packets_delivered = 0
         self.drops_ev_loss = 0
@@ -450,8 +466,7 @@ class Network:
         """
         now = self._engine.now
         hop = pkt.hop
-        route = pkt.route
-        link = route[hop]
+        link = pkt.route[hop]
         pkt.hop = hop = hop + 1
         if link.down:
             link.drops_down += 1
@@ -465,22 +480,24 @@ class Network:
             if queued > link.max_queue:
                 link.max_queue = queued
             if pkt.priority:
-                if not pkt.is_data and queued + size > self.queue_bytes:
+                if not pkt.is_data and queued + size > link.drop_at:
                     link.drops_queue += 1  # control shares the port's buffer
                     return
-            elif self._trim and queued + size > self.trim_threshold:
-                pkt.msg, length = self._trimmer(pkt.msg, link.last_hop)
-                pkt.priority = True
-                link.trims += 1
-                size = pkt.size = length + WIRE_OVERHEAD_BYTES
-            elif queued + size > self.queue_bytes:
-                link.drops_queue += 1
-                return
-            elif queued > self.ecn_kmin and (self._mark_last_hop or not link.last_hop):
-                excess = queued - self.ecn_kmin
-                if excess >= self._ecn_span or self._rng.random() * self._ecn_span < excess:
-                    pkt.ecn = True
-                    link.ecn_marks += 1
+            else:
+                total = queued + size
+                if total > link.trim_at:
+                    pkt.msg, length = self._trimmer(pkt.msg, link.last_hop)
+                    pkt.priority = True
+                    link.trims += 1
+                    size = pkt.size = length + WIRE_OVERHEAD_BYTES
+                elif total > link.drop_at:
+                    link.drops_queue += 1
+                    return
+                elif queued > link.mark_at:
+                    excess = queued - link.mark_at
+                    if excess >= self._ecn_span or self._random() * self._ecn_span < excess:
+                        pkt.ecn = True
+                        link.ecn_marks += 1
         if pkt.priority:
             serialization = size * link.byte_time
             link.busy_until = busy + serialization
@@ -490,15 +507,15 @@ class Network:
         link.tx_packets += 1
         link.tx_bytes += size
         loss = link.loss
-        if loss and self._rng.random() < loss:
+        if loss and self._random() < loss:
             link.drops_loss += 1
             return
-        self._push(
+        heappush(
             self._heap,
             (
                 depart + link.delay,
                 self._tiebreak(),
-                self._forward_cb if hop < len(route) else self._deliver_cb,
+                self._forward_cb if hop < pkt.hops else self._deliver_cb,
                 pkt,
             ),
         )

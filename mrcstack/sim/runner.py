@@ -67,7 +67,7 @@ from mrcstack.sim.config import (
 )
 from mrcstack.sim.content import CheckingSink, FlowContent
 from mrcstack.sim.engine import Engine
-from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Network
+from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Link, Network
 from mrcstack.sim.result import (
     JSON_FLOAT_DIGITS,
     EvRecord,
@@ -261,40 +261,50 @@ class _Endpoint:
         self.sender = sender
         self.side = "sender" if sender else "receiver"
         self.host, self.peer = (flow.src, flow.dst) if sender else (flow.dst, flow.src)
+        self.qpn = conn.cfg.local_qpn
         self.timer_at: float | None = None
         self.timer_gen = 0
         self.spin_at = -1.0
         self.spins = 0
         self.placed = 0
         self.nic_sent = False  # waiting for the NIC: had it sent something when it waited
+        self.uplinks: list[Link] = []  # its host's NIC ports, one link per plane (set later)
         self.sink = None if sender else flow.sink
+        # Per-packet latency samples are the receiver's to take, when asked for.
+        self.latency_every = 0 if sender else flow.latency_every
         self._on_timer_cb = self._on_timer
         while conn.next_event() is not None:
             pass  # connection setup (the initial EV activations) is not a state change
 
     def receive(self, msg: Any, size: int, plane: int, ecn: bool) -> None:
-        now = self.sim.engine.now
-        flow = self.flow
-        if flow.latency_every and not self.sender:
-            latency = self.sim.net.delivered_latency
+        sim = self.sim
+        if not sim.wire and msg.qpn != self.qpn:
+            sim.unknown_qpn += 1  # (attached alone to its host: the host's table is not asked)
+            return
+        now = sim.engine.now
+        if self.latency_every:
+            latency = sim.net.delivered_latency
             if latency is not None:
+                flow = self.flow
                 flow.latency_count += 1
                 if (
                     flow.latency_count % flow.latency_every == 0
                     and len(flow.packet_latency) < MAX_LATENCY_SAMPLES
                 ):
                     flow.packet_latency.append(latency)
-        if self.sim.wire:
+        if sim.wire:
             self.conn.receive_datagram(msg, now=now, port=plane, ecn=ecn)
         else:
             self.conn.receive_packet(msg, size, now=now, port=plane, ecn=ecn)
-        if self.sink is not None:
-            self.sink.check()  # the write this datagram placed, if any
-        if self.sim.series is not None and not self.sender:
-            placed = self.conn.stats.data_bytes_placed
-            if placed != self.placed:
-                self.sim.series_add(self.flow.index, now, placed - self.placed)
-                self.placed = placed
+        sink = self.sink
+        if sink is not None:
+            if sink.pending is not None:
+                sink.check()  # the write this datagram placed
+            if sim.series is not None:
+                placed = self.conn.stats.data_bytes_placed
+                if placed != self.placed:
+                    sim.series_add(self.flow.index, now, placed - self.placed)
+                    self.placed = placed
         self.pump()
 
     def pump(self) -> None:
@@ -306,9 +316,51 @@ class _Endpoint:
         sim = self.sim
         now = sim.engine.now
         conn = self.conn
-        self._drain(now)
+        events = conn.events
+        if events:
+            self._drain(now)
         send = sim.net.send_packet
-        wire = sim.wire
+        host, peer = self.host, self.peer
+        if sim.wire:
+            self._pump_wire(now)
+        elif self.sender:
+            per_plane = self.flow.plane_bytes
+            backlog = 0.0  # sim.nic_room(host, now), inline: once per sender pump
+            for link in self.uplinks:
+                busy = link.busy_until
+                if busy > now:
+                    backlog += (busy - now) * link.bytes_per_s
+            room = int((sim.nic_window - backlog) // sim.nic_packet)
+            if room < 0:
+                room = 0
+            sent = 0
+            for pkt, size in conn.packets_to_send(now, data_limit=room):
+                port = pkt.port
+                per_plane[port] += size
+                if type(pkt) is DataPacket:
+                    sent += 1
+                    send(host, peer, port, pkt.ev, pkt, size, True)
+                else:
+                    send(host, peer, port, pkt.ev, pkt, size, False)
+            if sent >= room:  # the NIC, not the window, stopped it
+                sim.nic_wait(self, now, sent > 0)
+        else:  # a receiver sends control only: no NIC room to work out
+            for pkt, size in conn.packets_to_send(now, data_limit=0):
+                send(host, peer, pkt.port, pkt.ev, pkt, size, False)
+        if events:
+            self._drain(now)
+        deadline = conn.get_timer()
+        if deadline != self.timer_at:
+            self.timer_gen += 1  # any armed timer event is now stale
+            self.timer_at = deadline
+            if deadline is not None:
+                sim.engine.at(deadline, self._on_timer_cb, self.timer_gen)
+
+    def _pump_wire(self, now: float) -> None:
+        """:meth:`pump`'s transmit step when packets travel encoded (``run(wire=True)``)."""
+        sim = self.sim
+        conn = self.conn
+        send = sim.net.send_packet
         if self.sender:
             per_plane = self.flow.plane_bytes
             room = sim.nic_room(self.host, now)
@@ -318,21 +370,14 @@ class _Endpoint:
                 is_data = type(pkt) is DataPacket
                 if is_data:
                     sent += 1
-                msg = encode(pkt, conn.integrity) if wire else pkt
-                send(self.host, self.peer, pkt.port, pkt.ev, msg, size, is_data)
-            if sent >= room:  # the NIC, not the window, stopped it
+                data = encode(pkt, conn.integrity)
+                send(self.host, self.peer, pkt.port, pkt.ev, data, size, is_data)
+            if sent >= room:
                 sim.nic_wait(self, now, sent > 0)
-        else:  # a receiver sends control only: no NIC room to work out
+        else:
             for pkt, size in conn.packets_to_send(now, data_limit=0):
-                msg = encode(pkt, conn.integrity) if wire else pkt
-                send(self.host, self.peer, pkt.port, pkt.ev, msg, size, False)
-        self._drain(now)
-        deadline = conn.get_timer()
-        if deadline != self.timer_at:
-            self.timer_gen += 1  # any armed timer event is now stale
-            self.timer_at = deadline
-            if deadline is not None:
-                sim.engine.at(deadline, self._on_timer_cb, self.timer_gen)
+                data = encode(pkt, conn.integrity)
+                send(self.host, self.peer, pkt.port, pkt.ev, data, size, False)
 
     def _on_timer(self, gen: int) -> None:
         if gen != self.timer_gen:
@@ -349,8 +394,10 @@ class _Endpoint:
         self.pump()
 
     def _drain(self, now: float) -> None:
-        while (event := self.conn.next_event()) is not None:
-            self.sim.on_event(self, event, now)
+        events = self.conn.events
+        on_event = self.sim.on_event
+        while events:
+            on_event(self, events.popleft(), now)
 
 
 def _trim_packet(pkt: DataPacket, lasthop: bool) -> tuple[DataPacket, int]:
@@ -427,6 +474,9 @@ class _Simulation:
         full = cfg.mtu_payload + DATA_PACKET_OVERHEAD_BYTES + WIRE_OVERHEAD_BYTES
         self.nic_packet = full
         self.nic_window = NIC_PACKETS_PER_PORT * fabric.planes * full
+        for table in self.by_host.values():
+            for endpoint in table.values():
+                endpoint.uplinks = self.uplinks[endpoint.host]
         self.waiting: dict[int, list[_Endpoint]] = {host: [] for host in self.by_host}
         self.wake_at: dict[int, float] = {}
         self._schedule_faults()
@@ -483,6 +533,9 @@ class _Simulation:
             endpoint.pump()
 
     def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[Any, int, int, bool], None]:
+        if len(table) == 1 and not self.wire:
+            (endpoint,) = table.values()
+            return endpoint.receive  # it checks the QPN itself
         wire = self.wire
 
         def deliver(msg: Any, size: int, plane: int, ecn: bool) -> None:
