@@ -663,13 +663,14 @@ def fig14(profile: str, seed: int) -> Outcome:
             "paper one flow moves entirely; here both shed part of the shared path.",
             f"In this run the switches marked {marks['MRC, ECN']} packets in the ECN case, "
             f"and the senders demoted {demoted['MRC, ECN']} EV(s) (ECN case) and "
-            f"{demoted['MRC, no ECN marks']} (no marks) to ASSUMED_BAD. No packet was "
-            "dropped, so every demotion is a false loss: at the start RACK took packets "
-            "queued on the shared path for lost (packets of the same plane on the idle "
-            "path arrived first, beyond its reordering window of a quarter RTT), and the "
-            "backup EV that replaced the demoted one runs over the flow's own path. Where "
-            "that happened, it spread the flows before any ECN mark could, and the two "
-            "cases end alike: the reproduction's ECN claim then fails, as it should.",
+            f"{demoted['MRC, no ECN marks']} (no marks) to ASSUMED_BAD. No packet is "
+            "dropped, so a demotion would be a false loss: at the start RACK takes a few "
+            "packets queued on the shared path for lost (packets of the same plane on the "
+            "idle paths come back first) and resends them (the spurious column), but an EV "
+            "that has not yet had an RTO to answer is not condemned for it. A demotion "
+            "would swap in a backup EV over the flow's own path and spread the flows "
+            "before any ECN mark could; the two cases would end alike and the ECN claim "
+            "fail, as it should.",
         ],
     )
 
