@@ -136,6 +136,12 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
     kinds: Counter[str] = Counter()
     for row in rows:
         wire = bytes.fromhex(row["udp.payload"])
+        if wire[0] in (Opcode.ENDPOINT_REQUEST, Opcode.ENDPOINT_RESPONSE):
+            # EV probes and replies are sealed with the daemons' probe keys (AES-GCM), which
+            # this test does not hold; they appear when a path is probed (an EV demoted by
+            # a timeout while the machine is busy).
+            kinds["sealed EV probes"] += 1
+            continue
         arriving = row["ipv6.src"] in from_src
         pkt = decode(wire, view(DST, SRC) if arriving else view(SRC, DST))  # ICRC verified
         assert tshark_fields.mismatches(row, tshark_fields.expected(pkt, wire)) == [], pkt
