@@ -305,7 +305,7 @@ class Network:
         self._routes: dict[tuple[int, int, int, int], tuple[Link, ...]] = {}
         # The per-hop path pushes onto the engine's heap itself (see Engine.queue).
         self._engine = engine
-        self._heap, self._tiebreak = engine.queue()
+        self._slots, self._times, self._tiebreak = engine.queue()
         self._forward_cb = self._forward
         self._deliver_cb = self._deliver
         self.packets_sent = 0
@@ -510,15 +510,12 @@ class Network:
         if loss and self._random() < loss:
             link.drops_loss += 1
             return
-        heappush(
-            self._heap,
-            (
-                depart + link.delay,
-                self._tiebreak(),
-                self._forward_cb if hop < pkt.hops else self._deliver_cb,
-                pkt,
-            ),
-        )
+        arrive = depart + link.delay
+        entry = (self._tiebreak(), self._forward_cb if hop < pkt.hops else self._deliver_cb, pkt)
+        if self._slots.setdefault(arrive, entry) is entry:  # Engine.queue: the usual case
+            heappush(self._times, arrive)
+        else:  # another event at that very instant
+            self._engine.add(arrive, entry)
 
     def _deliver(self, pkt: _Packet) -> None:
         if pkt.doomed:

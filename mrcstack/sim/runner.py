@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from heapq import heappush
 from typing import Any
 
 from mrcstack.core.config import ConnectionConfig
@@ -406,7 +405,7 @@ class _Endpoint:
         now = sim.engine.now
         if deadline > now:  # it moved later since: arm it now, under the key it got then
             self.armed_at = deadline
-            heappush(sim.heap, (deadline, self.timer_key, self._on_timer_cb, gen))
+            sim.engine.add(deadline, (self.timer_key, self._on_timer_cb, gen))
             return
         if now == self.spin_at:
             self.spins += 1
@@ -437,7 +436,7 @@ class _Simulation:
         self.wire = wire
         master = random.Random(cfg.seed)
         self.engine = Engine()
-        self.heap, self.tiebreak = self.engine.queue()
+        _, _, self.tiebreak = self.engine.queue()
         pairs = cfg.flows()
         net_rng = random.Random(master.getrandbits(64))
         self.net = Network(
