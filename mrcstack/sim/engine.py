@@ -10,7 +10,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 #: A callback receives the single argument it was scheduled with.
 Callback = Callable[[Any], None]
@@ -38,7 +38,9 @@ class Engine:
         self.now = 0.0
         self.events_run = 0
         self.times: list[float] = []  # a heap of the distinct pending times
-        self.slots: dict[float, Entry | list[Entry]] = {}
+        # time -> its Entry, or a list of Entries (Any: the hot paths tell them apart by
+        # ``type(...) is tuple``, which a checker cannot narrow on)
+        self.slots: dict[float, Any] = {}
         self._seq = itertools.count(1)
         self._stopped = False
 
@@ -49,17 +51,22 @@ class Engine:
                 raise ValueError("event time is NaN")
             time = self.now
         entry = (next(self._seq), callback, arg)
-        if self.slots.setdefault(time, entry) is entry:
+        current = self.slots.setdefault(time, entry)
+        if current is entry:
             heapq.heappush(self.times, time)
+        elif type(current) is tuple:  # a fresh sequence number is the newest: it goes last
+            self.slots[time] = [current, entry]
         else:
-            self.add(time, entry)
+            current.append(entry)
 
-    def queue(self) -> tuple[dict[float, Entry | list[Entry]], list[float], Callable[[], int]]:
+    def queue(self) -> tuple[dict[float, Any], list[float], Callable[[], int]]:
         """The time -> event map, the heap of times and the tie-break counter, for a caller
         that schedules ``entry = (tiebreak(), callback, arg)`` at ``time >= now`` itself
         (the network does, once per packet per hop, where a method call is a noticeable
-        share of the cost): ``if slots.setdefault(time, entry) is entry:
-        heappush(times, time)``, else :meth:`add`."""
+        share of the cost), as :meth:`at` does: ``current = slots.setdefault(time,
+        entry)``; if that is ``entry``, ``heappush(times, time)``; else the instant has
+        events already, and ``entry``, the newest, goes after them (:meth:`add` places an
+        older key)."""
         return self.slots, self.times, self._seq.__next__
 
     def add(self, time: float, entry: Entry) -> None:
@@ -119,12 +126,11 @@ class Engine:
                     continue
                 # Several at one instant.  One scheduled at this instant while they run
                 # gets a later sequence number: it goes into a new entry for this time.
-                several = cast(list[Entry], entry)
-                for index, (_, callback, arg) in enumerate(several):
+                for each in entry:
                     count += 1
-                    callback(arg)
+                    each[1](each[2])
                     if self._stopped:
-                        for rest in several[index + 1 :]:
+                        for rest in entry[entry.index(each) + 1 :]:
                             self.add(time, rest)
                         return True
             return False

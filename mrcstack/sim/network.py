@@ -512,10 +512,13 @@ class Network:
             return
         arrive = depart + link.delay
         entry = (self._tiebreak(), self._forward_cb if hop < pkt.hops else self._deliver_cb, pkt)
-        if self._slots.setdefault(arrive, entry) is entry:  # Engine.queue: the usual case
+        current = self._slots.setdefault(arrive, entry)  # see Engine.queue
+        if current is entry:
             heappush(self._times, arrive)
-        else:  # another event at that very instant
-            self._engine.add(arrive, entry)
+        elif type(current) is tuple:  # other events at that very instant: after them
+            self._slots[arrive] = [current, entry]
+        else:
+            current.append(entry)
 
     def _deliver(self, pkt: _Packet) -> None:
         if pkt.doomed:
