@@ -132,6 +132,8 @@ class Tx:
         self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
+_new_tx = object.__new__
+
 #: A packet to send and the length of its datagram once encoded.
 Outgoing = tuple[Packet, int]
 
@@ -382,12 +384,25 @@ class Sender:
         if size > self.mtu:
             size = self.mtu
         self._tx_order += 1
-        tx = Tx(seq, wr, size, slot, now, self._tx_order)
+        # Tx(seq, wr, size, slot, now, order), written out: once per data packet, and a
+        # constructor call costs more than its stores.
+        tx = _new_tx(Tx)
+        tx.seq = seq
+        tx.order = self._tx_order
+        tx.slot = slot
+        tx.wr = wr
+        tx.size = size
+        tx.ev = ev
+        tx.sent = now
+        tx.acked = tx.lost = tx.queued = tx.trimmed = False
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
             tx.retx = True
             flags = _RETX
+        else:
+            tx.timeouts = 0
+            tx.retx = False
         last = seq == wr.first + wr.npkts - 1
         if last:
             flags |= _LAST

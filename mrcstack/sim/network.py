@@ -246,6 +246,9 @@ class _Packet:
         self.priority = not is_data
 
 
+_new_packet = object.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class NetStats:
     """Counters summed over all links, plus per-link detail for links that saw traffic."""
@@ -444,18 +447,21 @@ class Network:
             if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
                 doomed = self._rng.random() < p
         self.packets_sent += 1
-        self._forward(
-            _Packet(
-                msg,
-                length + WIRE_OVERHEAD_BYTES,
-                is_data,
-                route,
-                dst,
-                plane,
-                doomed,
-                self._engine.now,
-            )
-        )
+        # _Packet(...), written out: a constructor call costs more than its stores.
+        pkt = _new_packet(_Packet)
+        pkt.msg = msg
+        pkt.size = length + WIRE_OVERHEAD_BYTES
+        pkt.sent_at = self._engine.now
+        pkt.route = route
+        pkt.hops = len(route)
+        pkt.dst = dst
+        pkt.plane = plane
+        pkt.doomed = doomed
+        pkt.hop = 0
+        pkt.ecn = False
+        pkt.is_data = is_data
+        pkt.priority = not is_data
+        self._forward(pkt)
 
     def _forward(self, pkt: _Packet) -> None:
         """The packet is at the node before ``route[hop]``: enqueue it there.
