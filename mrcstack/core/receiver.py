@@ -201,7 +201,7 @@ class Receiver:
                 ecn,
                 reason,
                 dup,
-                min(len(self.ooo), _OOO_MAX),
+                len(self.ooo) if len(self.ooo) < _OOO_MAX else _OOO_MAX,
                 self.stats.data_bytes_placed & _BYTES_MASK,
             )
             return None

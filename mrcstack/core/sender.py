@@ -310,7 +310,23 @@ class Sender:
         seq = self.next_seq
         end = min(self.end_seq, self.snd_una + self.cfg.max_window)
         if seq < end and len(out) < limit:
-            rto = self.rto(self.rto_rounds)  # the same for every new packet of this call
+            # The same for every new packet of this call: rto(rto_rounds), written out for
+            # the usual case (no timeout since the last progress).
+            if self.rto_rounds:
+                rto = self.rto(self.rto_rounds)
+            else:
+                cfg = self.cfg
+                srtt = self.srtt
+                if srtt is not None:
+                    rto = srtt + 4 * self.rttvar
+                    if rto < cfg.timeout:
+                        rto = cfg.timeout
+                elif cfg.initial_rto is not None:
+                    rto = cfg.initial_rto
+                else:
+                    rto = cfg.timeout
+                if rto > cfg.max_rto:  # (no back-off: linear_cnt >= 0)
+                    rto = cfg.max_rto
             mtu = self.mtu
             wrs = self.wrs
             send = self._send

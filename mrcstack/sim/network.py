@@ -314,9 +314,7 @@ class Network:
         self.packets_sent = 0
         self.packets_delivered = 0
         self.drops_ev_loss = 0
-        #: While a handler runs: the one-way latency of the full data packet it was given
-        #: (send to arrival), or None for anything else (control, trimmed headers).
-        self.delivered_latency: float | None = None
+        self._delivering: _Packet | None = None  # the packet a handler is given
 
     # Topology -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -534,10 +532,17 @@ class Network:
         if handler is None:
             raise ValueError(f"no endpoint attached at host {pkt.dst}")
         self.packets_delivered += 1
-        self.delivered_latency = (
-            self._engine.now - pkt.sent_at if pkt.is_data and not pkt.priority else None
-        )
+        self._delivering = pkt
         handler(pkt.msg, pkt.size - WIRE_OVERHEAD_BYTES, pkt.plane, pkt.ecn)
+
+    @property
+    def delivered_latency(self) -> float | None:
+        """While a handler runs: the one-way latency of the full data packet it was given
+        (send to arrival), or None for anything else (control, trimmed headers)."""
+        pkt = self._delivering
+        if pkt is None or not pkt.is_data or pkt.priority:
+            return None
+        return self._engine.now - pkt.sent_at
 
     # Counters -------------------------------------------------------------------------
     def stats(self) -> NetStats:
