@@ -65,6 +65,8 @@ _SKIP_NONE = int(SkipHint.NONE)
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
 U64 = (1 << 64) - 1
+#: ``object.__new__``: a slotted record made without its constructor (stores follow).
+_new = object.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,27 +495,28 @@ class Connection:
         entry = slot.entry
         out_port = entry.port
         self._tx_seq += 1
-        ack = AckPacket(  # positional: keywords cost a noticeable share, once per packet
-            self._remote_qpn,  # qpn
-            cum_psn,
-            msn,
-            entry.value,  # ev
-            out_port,  # port
-            self._tx_seq,  # tx_seq
-            echo_ev,
-            echo_psn,
-            echo_ts_ns,
-            sack_base,
-            sack_bitmap,
-            self._port_bits,  # port_state
-            (_ECN_ECHO if ecn else 0) | (_DUPLICATE if dup else 0),  # flags
-            nack,
-            # skip: an ECN-marked packet's path is busier than the others: skip it a while.
-            _SKIP_ONCE if ecn else _SKIP_NONE,
-            ooo_count,
-            rcv_bytes,
-            self._window,
-        )
+        # AckPacket(...), its fields stored one by one: a dataclass's constructor call
+        # costs more than its stores, once per data packet received.
+        ack = _new(AckPacket)
+        ack.qpn = self._remote_qpn
+        ack.cum_psn = cum_psn
+        ack.msn = msn
+        ack.ev = entry.value
+        ack.port = out_port
+        ack.tx_seq = self._tx_seq
+        ack.echo_ev = echo_ev
+        ack.echo_psn = echo_psn
+        ack.echo_ts_ns = echo_ts_ns
+        ack.sack_base = sack_base
+        ack.sack_bitmap = sack_bitmap
+        ack.port_state = self._port_bits
+        ack.flags = (_ECN_ECHO if ecn else 0) | (_DUPLICATE if dup else 0)
+        ack.nack_reason = nack
+        # skip: an ECN-marked packet's path is busier than the others: skip it a while.
+        ack.skip = _SKIP_ONCE if ecn else _SKIP_NONE
+        ack.ooo_count = ooo_count
+        ack.rcv_bytes = rcv_bytes
+        ack.window = self._window
         # _queue, inline: one per data packet received.
         size = (NACK_HDR_LEN if nack else SACK_HDR_LEN) + self._trailer_len
         self._control.append((ack, size))

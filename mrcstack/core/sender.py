@@ -132,6 +132,7 @@ class Tx:
         self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
+#: ``object.__new__``: a slotted record made without its constructor (stores follow).
 _new_tx = object.__new__
 
 #: A packet to send and the length of its datagram once encoded.
@@ -447,21 +448,22 @@ class Sender:
         stats = self.stats
         stats.packets_sent[port] += 1
         stats.bytes_sent[port] += length
-        pkt = DataPacket(
-            self._remote_qpn,
-            seq & PSN_MASK,
-            wr.va + offset,
-            wr.rkey,
-            wr.src[offset : offset + size],
-            ev,
-            port,
-            0,  # tx_seq: numbered by the connection
-            ts_ns,
-            flags,
-            imm,
-            -1,
-            wr.msn,
-        )
+        # DataPacket(...), its fields stored one by one: a dataclass's constructor call
+        # costs more than its stores, once per data packet.
+        pkt = _new_tx(DataPacket)
+        pkt.qpn = self._remote_qpn
+        pkt.psn = seq & PSN_MASK
+        pkt.va = wr.va + offset
+        pkt.rkey = wr.rkey
+        pkt.payload = wr.src[offset : offset + size]
+        pkt.ev = ev
+        pkt.port = port
+        pkt.tx_seq = 0  # numbered by the connection
+        pkt.ts_ns = ts_ns
+        pkt.flags = flags
+        pkt.imm = imm
+        pkt.dma_len = -1
+        pkt.msn = wr.msn
         return pkt, length
 
     def _lose(self, tx: Tx, reason: str) -> None:
