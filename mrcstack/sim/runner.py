@@ -31,6 +31,7 @@ types and their JSON form in :mod:`.result`; both are re-exported here.
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -542,10 +543,16 @@ class _Simulation:
         endpoint.nic_sent = sent
         # A byte past half, so that rounding cannot leave the wake-up one hair short of
         # room for a packet (and wake it again and again at the same instant).
-        drained = now + max(0.0, self.nic_backlog(host, now) - self.nic_window / 2 + 1) / (
-            self.uplinks[host][0].bytes_per_s * len(self.uplinks[host])
+        uplinks = self.uplinks[host]
+        backlog = 0.0  # nic_backlog(host, now), inline
+        for link in uplinks:
+            busy = link.busy_until
+            if busy > now:
+                backlog += (busy - now) * link.bytes_per_s
+        drained = now + max(0.0, backlog - self.nic_window / 2 + 1) / (
+            uplinks[0].bytes_per_s * len(uplinks)
         )
-        if self.wake_at.get(host, float("inf")) > drained:
+        if self.wake_at.get(host, math.inf) > drained:
             self.wake_at[host] = drained
             self.engine.at(drained, self._nic_wake, host)
 
