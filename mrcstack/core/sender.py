@@ -486,7 +486,7 @@ class Sender:
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
             echo_tx = None  # the ack is for an earlier transmission of that packet
         flags = ack.flags
-        ecn = bool(flags & _ECN_ECHO)
+        ecn = flags & _ECN_ECHO != 0
         nack = ack.nack_reason
         if flags & _DUPLICATE:
             if self.tlp_sent == (echo_seq, ack.echo_ev):
@@ -539,7 +539,11 @@ class Sender:
             self.snd_una = seq + 1
         bitmap = ack.sack_bitmap
         if bitmap:
-            base = unwrap(ack.sack_base, self.snd_una)
+            una = self.snd_una  # base = unwrap(ack.sack_base, una), inline
+            delta = (ack.sack_base - una) & PSN_MASK
+            if delta >= HALF:
+                delta -= PSN_MOD
+            base = una + delta
             shift = base - self._sack_base
             if shift >= 0:  # the usual case: this ACK is at least as new as the last one
                 bitmap &= ~(self._sack_seen >> shift)
