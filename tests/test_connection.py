@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +25,7 @@ from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     WRITE_OPCODES,
     AckPacket,
+    DataPacket,
     ReliabilityProbePacket,
     decode,
     encode,
@@ -484,3 +486,17 @@ def test_a_pacing_adapter_takes_data_only_as_its_nic_has_room() -> None:
     assert sum(sender.stats.packets_sent) == 3
     rest = sender.datagrams_to_send(1e-6)  # no data limit: as far as the window allows
     assert len(rest) > 3 and sum(sender.stats.packets_sent) == 3 + len(rest)
+
+
+def test_data_and_ack_packets_have_every_field_set() -> None:
+    """The sender and the ACK path fill their packets field by field (no constructor call):
+    each must come out as the dataclass's own constructor would build it."""
+    net = PairNet(1, Faults())
+    _, va, rkey = region(net, 1, 4096)
+    net.conns[0].post_write(3, b"\x07" * 3000, va, rkey, imm=9, now=0.0)
+    data = next(p for p, _ in net.conns[0].packets_to_send(0.0) if type(p) is DataPacket)
+    rebuilt = DataPacket(**{f.name: getattr(data, f.name) for f in fields(DataPacket)})
+    assert rebuilt == data
+    net.conns[1].receive_packet(data, 3100, now=1e-6, port=data.port)
+    ack = next(p for p, _ in net.conns[1].packets_to_send(1e-6) if type(p) is AckPacket)
+    assert AckPacket(**{f.name: getattr(ack, f.name) for f in fields(AckPacket)}) == ack

@@ -65,6 +65,8 @@ _SKIP_NONE = int(SkipHint.NONE)
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
 U64 = (1 << 64) - 1
+#: ``object.__new__``: a slotted record made without its constructor (stores follow).
+_new = object.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,8 @@ class Connection:
         self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._control: deque[Outgoing] = deque()
         self._coalesce = config.ack_coalesce > 1  # else every data packet is ACKed at once
+        if not self._coalesce:
+            self.receiver.direct = self._ack  # no Feedback object per data packet
         self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
         self._pending_count = [0] * config.planes
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
@@ -322,8 +326,8 @@ class Connection:
             self._last_data_rx = now
             if ecn:
                 stats.ecn_received += 1
-            fb = self.receiver.on_data(pkt, ecn)
-            if fb is not None:
+            fb = self.receiver.on_data(pkt, ecn, port)
+            if fb is not None:  # (None too when the receiver ACKed through _ack itself)
                 if self._coalesce:
                     self._ack_or_coalesce(fb, port)
                 else:
@@ -346,7 +350,9 @@ class Connection:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
         elif type(pkt) is ReliabilityProbePacket:
             stats.reliability_probes += 1
-            self._feedback(self.receiver.state_feedback(pkt.ev, pkt.ts_ns), port)
+            fb = self.receiver.state_feedback(pkt.ev, pkt.ts_ns, port)
+            if fb is not None:
+                self._feedback(fb, port)
         elif type(pkt) is ProbeReplyPacket:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             if self._probes.pop(pkt.echo_ev, None) is not None:
@@ -446,6 +452,40 @@ class Connection:
         self._pending_acks.clear()
 
     def _feedback(self, fb: Feedback, port: int) -> None:
+        self._ack(
+            port,
+            fb.cum_psn,
+            fb.msn,
+            fb.echo_ev,
+            fb.echo_psn,
+            fb.echo_ts_ns,
+            fb.sack_base,
+            fb.sack_bitmap,
+            fb.ecn,
+            fb.nack_reason,
+            fb.dup,
+            fb.ooo_count,
+            fb.rcv_bytes,
+        )
+
+    def _ack(
+        self,
+        port: int,
+        cum_psn: int,
+        msn: int,
+        echo_ev: int,
+        echo_psn: int,
+        echo_ts_ns: int,
+        sack_base: int,
+        sack_bitmap: int,
+        ecn: bool,
+        nack: int,
+        dup: bool,
+        ooo_count: int,
+        rcv_bytes: int,
+    ) -> None:
+        """Queue the ACK (or NACK) for data that arrived on ``port``: its feedback's fields,
+        from a Feedback or, ACKing every packet at once, straight from the receiver."""
         rr = self._reverse_rr  # _reverse_slot, inline: once per data packet received
         rr[port] += 1
         slot = self.evs.reverse_ev(port, rr[port], self._reverse_evs)
@@ -455,29 +495,28 @@ class Connection:
         entry = slot.entry
         out_port = entry.port
         self._tx_seq += 1
-        ecn = fb.ecn
-        nack = fb.nack_reason
-        ack = AckPacket(  # positional: keywords cost a noticeable share, once per packet
-            self._remote_qpn,  # qpn
-            fb.cum_psn,
-            fb.msn,
-            entry.value,  # ev
-            out_port,  # port
-            self._tx_seq,  # tx_seq
-            fb.echo_ev,
-            fb.echo_psn,
-            fb.echo_ts_ns,
-            fb.sack_base,
-            fb.sack_bitmap,
-            self._port_bits,  # port_state
-            (_ECN_ECHO if ecn else 0) | (_DUPLICATE if fb.dup else 0),  # flags
-            nack,
-            # skip: an ECN-marked packet's path is busier than the others: skip it a while.
-            _SKIP_ONCE if ecn else _SKIP_NONE,
-            fb.ooo_count,
-            fb.rcv_bytes,
-            self._window,
-        )
+        # AckPacket(...), its fields stored one by one: a dataclass's constructor call
+        # costs more than its stores, once per data packet received.
+        ack = _new(AckPacket)
+        ack.qpn = self._remote_qpn
+        ack.cum_psn = cum_psn
+        ack.msn = msn
+        ack.ev = entry.value
+        ack.port = out_port
+        ack.tx_seq = self._tx_seq
+        ack.echo_ev = echo_ev
+        ack.echo_psn = echo_psn
+        ack.echo_ts_ns = echo_ts_ns
+        ack.sack_base = sack_base
+        ack.sack_bitmap = sack_bitmap
+        ack.port_state = self._port_bits
+        ack.flags = (_ECN_ECHO if ecn else 0) | (_DUPLICATE if dup else 0)
+        ack.nack_reason = nack
+        # skip: an ECN-marked packet's path is busier than the others: skip it a while.
+        ack.skip = _SKIP_ONCE if ecn else _SKIP_NONE
+        ack.ooo_count = ooo_count
+        ack.rcv_bytes = rcv_bytes
+        ack.window = self._window
         # _queue, inline: one per data packet received.
         size = (NACK_HDR_LEN if nack else SACK_HDR_LEN) + self._trailer_len
         self._control.append((ack, size))

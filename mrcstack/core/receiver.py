@@ -78,8 +78,15 @@ class Receiver:
         self.msn = 0  # messages (writes) completed, mod 2**24
         self.msg_bytes = 0  # bytes of the write being completed (since the last write's end)
         self.nak_sent_at: int | None = None  # roce mode: one NAK per gap
+        # Set by a connection that ACKs every data packet at once: the feedback goes
+        # straight to it as the fields of its ACK (``direct(port, cum_psn, msn, echo_ev,
+        # echo_psn, echo_ts_ns, sack_base, sack_bitmap, ecn, nack_reason, dup, ooo_count,
+        # rcv_bytes)``), with no Feedback in between, and on_data returns None.
+        self.direct: Callable[..., None] | None = None
 
-    def on_data(self, pkt: DataPacket, ecn: bool) -> Feedback | None:
+    def on_data(self, pkt: DataPacket, ecn: bool, port: int = 0) -> Feedback | None:
+        """Place a data packet that arrived on NIC ``port``; the feedback to send for it
+        (None: none, or it went to :attr:`direct`)."""
         nxt = self.rcv_nxt
         delta = (pkt.psn - nxt) & PSN_MASK  # unwrap(), inline: this runs per packet
         if delta >= HALF:
@@ -92,29 +99,29 @@ class Receiver:
             if delta < 0 or seq in ooo:
                 if delta < -OLD_DUPLICATE:
                     return None
-                return self._feedback(pkt, seq, ecn, 0)  # already have it: a plain ACK
+                return self._feedback(pkt, seq, ecn, 0, port)  # already have it: a plain ACK
             reason = NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
-            return self._feedback(pkt, seq, ecn, reason)
+            return self._feedback(pkt, seq, ecn, reason, port)
         if delta < 0 or seq in ooo:
             self.stats.duplicates += 1
             if delta < -OLD_DUPLICATE:
                 return None
-            return self._feedback(pkt, seq, ecn, 0, dup=True)
+            return self._feedback(pkt, seq, ecn, 0, port, dup=True)
         if delta >= self.cfg.max_window:
             self.stats.count(self.stats.rejected, "psn_window")
-            return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW)
+            return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW, port)
         if self.roce and delta:
             if self.nak_sent_at == nxt:
                 return None
             self.nak_sent_at = nxt
-            return self._feedback(pkt, seq, ecn, NackReason.SEQ_ERROR)
+            return self._feedback(pkt, seq, ecn, NackReason.SEQ_ERROR, port)
         payload = pkt.payload
         size = len(payload)
         try:
             target = self.memory.target(pkt.rkey, pkt.va, size)
         except AccessError:
             self.stats.count(self.stats.rejected, "rkey")
-            return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS)
+            return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS, port)
         target[:] = payload
         self.stats.data_bytes_placed += size
         if flags & _LAST:
@@ -124,7 +131,7 @@ class Receiver:
             self.ooo_bits |= 1 << delta
         else:
             self._advance(seq + 1, size)
-        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, 0, False)
+        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, 0, False, port)
 
     def _advance(self, new_nxt: int, size: int) -> None:
         """Move the cumulative point past ``new_nxt - 1`` and whatever it makes contiguous."""
@@ -150,20 +157,29 @@ class Receiver:
         self.rcv_nxt = seq
         self.nak_sent_at = None
 
-    def state_feedback(self, ev: int, ts_ns: int) -> Feedback:
-        """The SACK answering a reliability probe: the cumulative and selective state now,
-        echoing the probe's EV and timestamp (its PSN echo is the cumulative PSN)."""
+    def state_feedback(self, ev: int, ts_ns: int, port: int = 0) -> Feedback | None:
+        """The SACK answering a reliability probe (from ``port``): the cumulative and
+        selective state now, echoing the probe's EV and timestamp (its PSN echo is the
+        cumulative PSN).  None when it went to :attr:`direct`."""
         cum = self.rcv_nxt - 1
-        return self._build(ev, cum & PSN_MASK, ts_ns, cum, False, 0, False)
+        return self._build(ev, cum & PSN_MASK, ts_ns, cum, False, 0, False, port)
 
     def _feedback(
-        self, pkt: DataPacket, seq: int, ecn: bool, reason: int, dup: bool = False
-    ) -> Feedback:
-        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, reason, dup)
+        self, pkt: DataPacket, seq: int, ecn: bool, reason: int, port: int, dup: bool = False
+    ) -> Feedback | None:
+        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, reason, dup, port)
 
     def _build(
-        self, ev: int, psn: int, ts_ns: int, seq: int, ecn: bool, reason: int, dup: bool
-    ) -> Feedback:
+        self,
+        ev: int,
+        psn: int,
+        ts_ns: int,
+        seq: int,
+        ecn: bool,
+        reason: int,
+        dup: bool,
+        port: int,
+    ) -> Feedback | None:
         """Feedback echoing packet ``seq`` (``ev``, ``psn``, ``ts_ns``): the cumulative PSN
         and the 64-bit SACK window that ends at ``seq`` (or starts at the cumulative point)."""
         nxt = self.rcv_nxt
@@ -171,6 +187,24 @@ class Receiver:
         if base < nxt:
             base = nxt
         bits = self.ooo_bits
+        direct = self.direct
+        if direct is not None:
+            direct(
+                port,
+                (nxt - 1) & PSN_MASK,
+                self.msn,
+                ev,
+                psn,
+                ts_ns,
+                base & PSN_MASK,
+                bits >> (base - nxt) & _SACK_MASK if bits else 0,
+                ecn,
+                reason,
+                dup,
+                len(self.ooo) if len(self.ooo) < _OOO_MAX else _OOO_MAX,
+                self.stats.data_bytes_placed & _BYTES_MASK,
+            )
+            return None
         return Feedback(
             (nxt - 1) & PSN_MASK,
             self.msn,

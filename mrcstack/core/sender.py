@@ -132,6 +132,9 @@ class Tx:
         self.trimmed = False  # a switch trimmed it: congestion, not a broken path
 
 
+#: ``object.__new__``: a slotted record made without its constructor (stores follow).
+_new_tx = object.__new__
+
 #: A packet to send and the length of its datagram once encoded.
 Outgoing = tuple[Packet, int]
 
@@ -308,7 +311,23 @@ class Sender:
         seq = self.next_seq
         end = min(self.end_seq, self.snd_una + self.cfg.max_window)
         if seq < end and len(out) < limit:
-            rto = self.rto(self.rto_rounds)  # the same for every new packet of this call
+            # The same for every new packet of this call: rto(rto_rounds), written out for
+            # the usual case (no timeout since the last progress).
+            if self.rto_rounds:
+                rto = self.rto(self.rto_rounds)
+            else:
+                cfg = self.cfg
+                srtt = self.srtt
+                if srtt is not None:
+                    rto = srtt + 4 * self.rttvar
+                    if rto < cfg.timeout:
+                        rto = cfg.timeout
+                elif cfg.initial_rto is not None:
+                    rto = cfg.initial_rto
+                else:
+                    rto = cfg.timeout
+                if rto > cfg.max_rto:  # (no back-off: linear_cnt >= 0)
+                    rto = cfg.max_rto
             mtu = self.mtu
             wrs = self.wrs
             send = self._send
@@ -382,12 +401,25 @@ class Sender:
         if size > self.mtu:
             size = self.mtu
         self._tx_order += 1
-        tx = Tx(seq, wr, size, slot, now, self._tx_order)
+        # Tx(seq, wr, size, slot, now, order), written out: once per data packet, and a
+        # constructor call costs more than its stores.
+        tx = _new_tx(Tx)
+        tx.seq = seq
+        tx.order = self._tx_order
+        tx.slot = slot
+        tx.wr = wr
+        tx.size = size
+        tx.ev = ev
+        tx.sent = now
+        tx.acked = tx.lost = tx.queued = tx.trimmed = False
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
             tx.retx = True
             flags = _RETX
+        else:
+            tx.timeouts = 0
+            tx.retx = False
         last = seq == wr.first + wr.npkts - 1
         if last:
             flags |= _LAST
@@ -416,21 +448,22 @@ class Sender:
         stats = self.stats
         stats.packets_sent[port] += 1
         stats.bytes_sent[port] += length
-        pkt = DataPacket(
-            self._remote_qpn,
-            seq & PSN_MASK,
-            wr.va + offset,
-            wr.rkey,
-            wr.src[offset : offset + size],
-            ev,
-            port,
-            0,  # tx_seq: numbered by the connection
-            ts_ns,
-            flags,
-            imm,
-            -1,
-            wr.msn,
-        )
+        # DataPacket(...), its fields stored one by one: a dataclass's constructor call
+        # costs more than its stores, once per data packet.
+        pkt = _new_tx(DataPacket)
+        pkt.qpn = self._remote_qpn
+        pkt.psn = seq & PSN_MASK
+        pkt.va = wr.va + offset
+        pkt.rkey = wr.rkey
+        pkt.payload = wr.src[offset : offset + size]
+        pkt.ev = ev
+        pkt.port = port
+        pkt.tx_seq = 0  # numbered by the connection
+        pkt.ts_ns = ts_ns
+        pkt.flags = flags
+        pkt.imm = imm
+        pkt.dma_len = -1
+        pkt.msn = wr.msn
         return pkt, length
 
     def _lose(self, tx: Tx, reason: str) -> None:
@@ -453,7 +486,7 @@ class Sender:
         if echo_tx is not None and echo_tx.ev != ack.echo_ev:
             echo_tx = None  # the ack is for an earlier transmission of that packet
         flags = ack.flags
-        ecn = bool(flags & _ECN_ECHO)
+        ecn = flags & _ECN_ECHO != 0
         nack = ack.nack_reason
         if flags & _DUPLICATE:
             if self.tlp_sent == (echo_seq, ack.echo_ev):
@@ -508,7 +541,11 @@ class Sender:
             self.snd_una = seq + 1
         bitmap = ack.sack_bitmap
         if bitmap:
-            base = unwrap(ack.sack_base, self.snd_una)
+            una = self.snd_una  # base = unwrap(ack.sack_base, una), inline
+            delta = (ack.sack_base - una) & PSN_MASK
+            if delta >= HALF:
+                delta -= PSN_MOD
+            base = una + delta
             shift = base - self._sack_base
             if shift >= 0:  # the usual case: this ACK is at least as new as the last one
                 bitmap &= ~(self._sack_seen >> shift)

@@ -95,6 +95,12 @@ class FlowContent:
         if n > len(data):
             return False
         index, view = self._index, self._view
+        if n == BLOCK and offset % BLOCK == 0:
+            # One whole block (a packet of a 4 KiB MTU): its header, then its body.
+            start = offset // BLOCK * _STRIDE % _FILLER
+            return data.startswith(_HEADER.pack(index, offset)) and data.startswith(
+                view[start : start + BLOCK - _HEADER_SIZE], _HEADER_SIZE
+            )
         pos = 0
         while pos < n:
             b, within = divmod(offset + pos, BLOCK)
@@ -128,6 +134,7 @@ class CheckingSink(MemoryTable):
         self.va = VA_BASE
         self.rkey = SINK_RKEY
         self._scratch = bytearray(max_write)
+        self._whole = memoryview(self._scratch)  # the scratch buffer, for a full-size write
         # (offset, length) of the write not checked yet: an adapter calls check() when set.
         self.pending: tuple[int, int] | None = None
         self.frontier = 0  # every byte below this offset was written, once, correctly
@@ -142,10 +149,15 @@ class CheckingSink(MemoryTable):
         offset = va - self.va
         if length < 0 or offset < 0 or offset + length > self.size:
             raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
-        if length > len(self._scratch):
-            self._scratch = bytearray(length)
         self.pending = (offset, length)
-        return memoryview(self._scratch)[:length]
+        whole = self._whole
+        if length == whole.nbytes:
+            return whole
+        if length > whole.nbytes:
+            self._scratch = bytearray(length)
+            self._whole = whole = memoryview(self._scratch)
+            return whole
+        return whole[:length]
 
     def check(self) -> None:
         """Check the write :meth:`target` handed out last, if any."""

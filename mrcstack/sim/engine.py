@@ -14,6 +14,8 @@ from typing import Any
 
 #: A callback receives the single argument it was scheduled with.
 Callback = Callable[[Any], None]
+#: One scheduled event: its sequence number (the tie-break), callback and argument.
+Entry = tuple[int, Callback, Any]
 
 
 class Engine:
@@ -21,14 +23,24 @@ class Engine:
 
     Kept deliberately tiny: the network schedules one event per packet per hop, so the cost
     of :meth:`at` and of the :meth:`run` loop bounds the simulator's speed.
+
+    The heap holds event *times* only (floats compare several times faster than
+    ``(time, sequence, ...)`` tuples, and a heap operation makes about ``log2(n)``
+    comparisons); ``slots`` maps each pending time to its event, or to the list of its
+    events in sequence order when several fall on the same instant (rare: times are sums
+    of serialization and propagation delays).  The order is exactly that of a heap of
+    ``(time, sequence)`` keys.
     """
 
-    __slots__ = ("_heap", "_seq", "_stopped", "events_run", "now")
+    __slots__ = ("_seq", "_stopped", "events_run", "now", "slots", "times")
 
     def __init__(self) -> None:
         self.now = 0.0
         self.events_run = 0
-        self._heap: list[tuple[float, int, Callback, Any]] = []
+        self.times: list[float] = []  # a heap of the distinct pending times
+        # time -> its Entry, or a list of Entries (Any: the hot paths tell them apart by
+        # ``type(...) is tuple``, which a checker cannot narrow on)
+        self.slots: dict[float, Any] = {}
         self._seq = itertools.count(1)
         self._stopped = False
 
@@ -38,13 +50,43 @@ class Engine:
             if math.isnan(time):
                 raise ValueError("event time is NaN")
             time = self.now
-        heapq.heappush(self._heap, (time, next(self._seq), callback, arg))
+        entry = (next(self._seq), callback, arg)
+        current = self.slots.setdefault(time, entry)
+        if current is entry:
+            heapq.heappush(self.times, time)
+        elif type(current) is tuple:  # a fresh sequence number is the newest: it goes last
+            self.slots[time] = [current, entry]
+        else:
+            current.append(entry)
 
-    def queue(self) -> tuple[list[tuple[float, int, Callback, Any]], Callable[[], int]]:
-        """The heap and its tie-break counter, for a caller that pushes
-        ``(time, tiebreak(), callback, arg)`` itself with ``time >= now``: the network does,
-        once per packet per hop, where a method call is a noticeable share of the cost."""
-        return self._heap, self._seq.__next__
+    def queue(self) -> tuple[dict[float, Any], list[float], Callable[[], int]]:
+        """The time -> event map, the heap of times and the tie-break counter, for a caller
+        that schedules ``entry = (tiebreak(), callback, arg)`` at ``time >= now`` itself
+        (the network does, once per packet per hop, where a method call is a noticeable
+        share of the cost), as :meth:`at` does: ``current = slots.setdefault(time,
+        entry)``; if that is ``entry``, ``heappush(times, time)``; else the instant has
+        events already, and ``entry``, the newest, goes after them (:meth:`add` places an
+        older key)."""
+        return self.slots, self.times, self._seq.__next__
+
+    def add(self, time: float, entry: Entry) -> None:
+        """Schedule ``entry`` (a sequence number from the tie-break counter, a callback,
+        its argument) at ``time >= now``, in sequence order among that instant's events."""
+        slots = self.slots
+        current = slots.get(time)
+        if current is None:
+            slots[time] = entry
+            heapq.heappush(self.times, time)
+        elif current is entry:
+            return
+        elif isinstance(current, tuple):
+            slots[time] = [current, entry] if current[0] < entry[0] else [entry, current]
+        else:
+            seq = entry[0]
+            index = len(current)
+            while index and current[index - 1][0] > seq:
+                index -= 1  # an older key (a deferred timer): before the newer ones
+            current.insert(index, entry)
 
     def stop(self) -> None:
         """End :meth:`run` after the current event (e.g. every flow has finished)."""
@@ -52,7 +94,7 @@ class Engine:
 
     @property
     def pending(self) -> int:
-        return len(self._heap)
+        return sum(1 if type(e) is tuple else len(e) for e in self.slots.values())
 
     def run(self, until: float) -> bool:
         """Run events up to virtual time ``until``; return True if stopped by :meth:`stop`.
@@ -62,23 +104,35 @@ class Engine:
         """
         if math.isnan(until):
             raise ValueError("until is NaN")
-        heap = self._heap
+        times = self.times
+        slots = self.slots
         pop = heapq.heappop
         self._stopped = False
         count = 0
         try:
-            while heap:
-                entry = pop(heap)
-                time = entry[0]
+            while times:
+                time = times[0]
                 if time > until:
-                    heapq.heappush(heap, entry)  # (time, seq) keys are unique: same order
                     self.now = max(self.now, until)
                     break
+                pop(times)
+                entry = slots.pop(time)
                 self.now = time
-                count += 1
-                entry[2](entry[3])
-                if self._stopped:
-                    return True
+                if type(entry) is tuple:
+                    count += 1
+                    entry[1](entry[2])
+                    if self._stopped:
+                        return True
+                    continue
+                # Several at one instant.  One scheduled at this instant while they run
+                # gets a later sequence number: it goes into a new entry for this time.
+                for each in entry:
+                    count += 1
+                    each[1](each[2])
+                    if self._stopped:
+                        for rest in entry[entry.index(each) + 1 :]:
+                            self.add(time, rest)
+                        return True
             return False
         finally:
             self.events_run += count

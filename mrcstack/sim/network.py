@@ -246,6 +246,9 @@ class _Packet:
         self.priority = not is_data
 
 
+_new_packet = object.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class NetStats:
     """Counters summed over all links, plus per-link detail for links that saw traffic."""
@@ -305,15 +308,13 @@ class Network:
         self._routes: dict[tuple[int, int, int, int], tuple[Link, ...]] = {}
         # The per-hop path pushes onto the engine's heap itself (see Engine.queue).
         self._engine = engine
-        self._heap, self._tiebreak = engine.queue()
+        self._slots, self._times, self._tiebreak = engine.queue()
         self._forward_cb = self._forward
         self._deliver_cb = self._deliver
         self.packets_sent = 0
         self.packets_delivered = 0
         self.drops_ev_loss = 0
-        #: While a handler runs: the one-way latency of the full data packet it was given
-        #: (send to arrival), or None for anything else (control, trimmed headers).
-        self.delivered_latency: float | None = None
+        self._delivering: _Packet | None = None  # the packet a handler is given
 
     # Topology -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -444,18 +445,21 @@ class Network:
             if p and (self._ev_loss_pairs is None or (src, dst) in self._ev_loss_pairs):
                 doomed = self._rng.random() < p
         self.packets_sent += 1
-        self._forward(
-            _Packet(
-                msg,
-                length + WIRE_OVERHEAD_BYTES,
-                is_data,
-                route,
-                dst,
-                plane,
-                doomed,
-                self._engine.now,
-            )
-        )
+        # _Packet(...), written out: a constructor call costs more than its stores.
+        pkt = _new_packet(_Packet)
+        pkt.msg = msg
+        pkt.size = length + WIRE_OVERHEAD_BYTES
+        pkt.sent_at = self._engine.now
+        pkt.route = route
+        pkt.hops = len(route)
+        pkt.dst = dst
+        pkt.plane = plane
+        pkt.doomed = doomed
+        pkt.hop = 0
+        pkt.ecn = False
+        pkt.is_data = is_data
+        pkt.priority = not is_data
+        self._forward(pkt)
 
     def _forward(self, pkt: _Packet) -> None:
         """The packet is at the node before ``route[hop]``: enqueue it there.
@@ -510,15 +514,15 @@ class Network:
         if loss and self._random() < loss:
             link.drops_loss += 1
             return
-        heappush(
-            self._heap,
-            (
-                depart + link.delay,
-                self._tiebreak(),
-                self._forward_cb if hop < pkt.hops else self._deliver_cb,
-                pkt,
-            ),
-        )
+        arrive = depart + link.delay
+        entry = (self._tiebreak(), self._forward_cb if hop < pkt.hops else self._deliver_cb, pkt)
+        current = self._slots.setdefault(arrive, entry)  # see Engine.queue
+        if current is entry:
+            heappush(self._times, arrive)
+        elif type(current) is tuple:  # other events at that very instant: after them
+            self._slots[arrive] = [current, entry]
+        else:
+            current.append(entry)
 
     def _deliver(self, pkt: _Packet) -> None:
         if pkt.doomed:
@@ -528,10 +532,17 @@ class Network:
         if handler is None:
             raise ValueError(f"no endpoint attached at host {pkt.dst}")
         self.packets_delivered += 1
-        self.delivered_latency = (
-            self._engine.now - pkt.sent_at if pkt.is_data and not pkt.priority else None
-        )
+        self._delivering = pkt
         handler(pkt.msg, pkt.size - WIRE_OVERHEAD_BYTES, pkt.plane, pkt.ecn)
+
+    @property
+    def delivered_latency(self) -> float | None:
+        """While a handler runs: the one-way latency of the full data packet it was given
+        (send to arrival), or None for anything else (control, trimmed headers)."""
+        pkt = self._delivering
+        if pkt is None or not pkt.is_data or pkt.priority:
+            return None
+        return self._engine.now - pkt.sent_at
 
     # Counters -------------------------------------------------------------------------
     def stats(self) -> NetStats:

@@ -31,6 +31,7 @@ types and their JSON form in :mod:`.result`; both are re-exported here.
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -262,7 +263,17 @@ class _Endpoint:
         self.side = "sender" if sender else "receiver"
         self.host, self.peer = (flow.src, flow.dst) if sender else (flow.dst, flow.src)
         self.qpn = conn.cfg.local_qpn
+        # The connection's deadline as last read (None: no timer), and the heap event
+        # standing for it: ``armed_at``, the time of the one live timer event (None: none
+        # pending), which is never later than ``timer_at``.  A deadline that moves later
+        # (the tail-loss probe's does on every ACK) is not pushed at once: the armed event
+        # pushes it when it fires, under the key ``timer_key`` it was given when it moved,
+        # so every event runs in exactly the order it would if each move were pushed (and
+        # the heap does not fill with timer events that would fire only to find
+        # themselves stale).
         self.timer_at: float | None = None
+        self.timer_key = 0
+        self.armed_at: float | None = None
         self.timer_gen = 0
         self.spin_at = -1.0
         self.spins = 0
@@ -351,10 +362,15 @@ class _Endpoint:
             self._drain(now)
         deadline = conn.get_timer()
         if deadline != self.timer_at:
-            self.timer_gen += 1  # any armed timer event is now stale
             self.timer_at = deadline
             if deadline is not None:
-                sim.engine.at(deadline, self._on_timer_cb, self.timer_gen)
+                armed = self.armed_at
+                if armed is None or deadline <= armed:
+                    self.timer_gen += 1  # an armed later event is now stale
+                    self.armed_at = deadline if deadline > now else now
+                    sim.engine.at(deadline, self._on_timer_cb, self.timer_gen)
+                else:  # later than the armed event: that one pushes it, with this key
+                    self.timer_key = sim.tiebreak()
 
     def _pump_wire(self, now: float) -> None:
         """:meth:`pump`'s transmit step when packets travel encoded (``run(wire=True)``)."""
@@ -382,7 +398,16 @@ class _Endpoint:
     def _on_timer(self, gen: int) -> None:
         if gen != self.timer_gen:
             return
-        now = self.sim.engine.now
+        self.armed_at = None
+        deadline = self.timer_at
+        if deadline is None:
+            return  # the timer was cleared since this was armed
+        sim = self.sim
+        now = sim.engine.now
+        if deadline > now:  # it moved later since: arm it now, under the key it got then
+            self.armed_at = deadline
+            sim.engine.add(deadline, (self.timer_key, self._on_timer_cb, gen))
+            return
         if now == self.spin_at:
             self.spins += 1
             if self.spins > MAX_TIMER_SPINS:
@@ -412,6 +437,7 @@ class _Simulation:
         self.wire = wire
         master = random.Random(cfg.seed)
         self.engine = Engine()
+        _, _, self.tiebreak = self.engine.queue()
         pairs = cfg.flows()
         net_rng = random.Random(master.getrandbits(64))
         self.net = Network(
@@ -517,10 +543,16 @@ class _Simulation:
         endpoint.nic_sent = sent
         # A byte past half, so that rounding cannot leave the wake-up one hair short of
         # room for a packet (and wake it again and again at the same instant).
-        drained = now + max(0.0, self.nic_backlog(host, now) - self.nic_window / 2 + 1) / (
-            self.uplinks[host][0].bytes_per_s * len(self.uplinks[host])
+        uplinks = self.uplinks[host]
+        backlog = 0.0  # nic_backlog(host, now), inline
+        for link in uplinks:
+            busy = link.busy_until
+            if busy > now:
+                backlog += (busy - now) * link.bytes_per_s
+        drained = now + max(0.0, backlog - self.nic_window / 2 + 1) / (
+            uplinks[0].bytes_per_s * len(uplinks)
         )
-        if self.wake_at.get(host, float("inf")) > drained:
+        if self.wake_at.get(host, math.inf) > drained:
             self.wake_at[host] = drained
             self.engine.at(drained, self._nic_wake, host)
 
