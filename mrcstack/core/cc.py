@@ -429,7 +429,7 @@ class Nscc(CongestionController):
             self._qa_armed = True
         if cut:
             return
-        if not ecn:  # _increase(acked_bytes, delay, target), written out
+        if not ecn:  # increase, batched until the next adjustment (inline: once per ACK)
             per_window = acked_bytes / self._cwnd
             if delay < target:
                 headroom = (target - delay) / target
@@ -489,23 +489,6 @@ class Nscc(CongestionController):
         step = min(float(self._mtu_payload), self._trim_budget)
         self._trim_budget -= step
         self._set_cwnd(self._cwnd - step)
-
-    def _increase(self, acked_bytes: int, delay: float, target: float) -> None:
-        per_window = acked_bytes / self._cwnd
-        if delay < target:
-            headroom = (target - delay) / target
-            gain = NSCC_PROPORTIONAL_INCREASE * self._max_cwnd * headroom
-            self._pending_increase += gain * per_window
-            if delay <= NSCC_FAST_INCREASE_DELAY_RATIO * target:
-                self._clean_streak += acked_bytes
-                if self._clean_streak >= self._cwnd:
-                    self._pending_increase += NSCC_FAST_INCREASE_GAIN * acked_bytes
-            else:
-                self._clean_streak = 0
-        else:
-            self._clean_streak = 0
-            fair = NSCC_FAIR_INCREASE_PACKETS * self._mtu_payload
-            self._pending_increase += fair * per_window
 
     def _decrease(self, now: float, target: float) -> None:
         avg = self._avg_delay
