@@ -21,6 +21,7 @@ from mrcstack.core.events import (
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
+from mrcstack.core.sender import Tx
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     WRITE_OPCODES,
@@ -500,3 +501,22 @@ def test_data_and_ack_packets_have_every_field_set() -> None:
     net.conns[1].receive_packet(data, 3100, now=1e-6, port=data.port)
     ack = next(p for p, _ in net.conns[1].packets_to_send(1e-6) if type(p) is AckPacket)
     assert AckPacket(**{f.name: getattr(ack, f.name) for f in fields(AckPacket)}) == ack
+
+
+def test_transmission_records_have_every_slot_set() -> None:
+    """The sender fills each transmission record field by field (no constructor call): a
+    record must come out as ``Tx``'s constructor would build it, but for what the send
+    itself decides after (the deadline, and a retransmission's counts)."""
+    net = PairNet(1, Faults())
+    _, va, rkey = region(net, 1, 4096)
+    net.conns[0].post_write(3, b"\x07" * 3000, va, rkey, imm=9, now=0.0)
+    net.conns[0].packets_to_send(0.0)
+    txs = list(net.conns[0].sender.txs.values())
+    assert txs
+    for tx in txs:
+        ref = Tx(tx.seq, tx.wr, tx.size, tx.slot, tx.sent, tx.order)
+        decided = ("deadline", "queued")  # set by the send after the record is made
+        for name in Tx.__slots__:
+            if name not in decided:
+                assert getattr(tx, name) == getattr(ref, name), name
+        assert tx.deadline > tx.sent and tx.queued

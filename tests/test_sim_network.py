@@ -15,7 +15,14 @@ import pytest
 from mrcstack import addrplan, wire
 from mrcstack.fabric import Fabric, letters
 from mrcstack.sim.engine import Engine
-from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Handler, NetParams, Network, Router
+from mrcstack.sim.network import (
+    WIRE_OVERHEAD_BYTES,
+    Handler,
+    NetParams,
+    Network,
+    Router,
+    _Packet,
+)
 
 RATE = 100e9
 DELAY = 1e-6
@@ -469,3 +476,26 @@ def test_real_trimmer_marks_lasthop_only_on_host_ports() -> None:
     cut = [p for p in decoded if isinstance(p, wire.DataPacket) and p.trimmed]
     assert len(decoded) == 120 and cut
     assert all(p.flags & wire.DataFlags.TRIM_LASTHOP for p in cut)
+
+
+def test_a_packet_sent_is_what_its_constructor_would_make(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``send`` fills each packet field by field (no constructor call): it must come out as
+    ``_Packet``'s own constructor would build it."""
+    rig = Rig()
+    first: list[dict[str, object]] = []
+    forward = rig.net._forward
+
+    def capture(pkt: _Packet) -> None:
+        first.append({name: getattr(pkt, name) for name in _Packet.__slots__})
+        forward(pkt)
+
+    monkeypatch.setattr(rig.net, "_forward", capture)
+    rig.engine.at(1e-6, lambda _: rig.net.send(0, 3, 0, 0, packet(0, 0)))
+    rig.run()
+    got = first[0]
+    args = ("msg", "size", "is_data", "route", "dst", "plane", "doomed", "sent_at")
+    ref = _Packet(*(got[name] for name in args))
+    assert {name: getattr(ref, name) for name in _Packet.__slots__} == got
+    assert got["sent_at"] == 1e-6 and got["hop"] == 0
