@@ -23,6 +23,8 @@ time.  The stream baselines run as their own processes inside the hosts' namespa
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 from mrcstack.api import (
     Controller,
@@ -49,7 +52,7 @@ from mrcstack.netns import testbed
 from mrcstack.netns.faults import Faults
 from mrcstack.netns.run import call_in_netns, ip
 from mrcstack.netns.state import TestbedState, load
-from mrcstack.progress import Impact, analyze
+from mrcstack.progress import Impact, analyze, row_horizon
 
 SRC, DST = 0, 3
 WRITE = 256 << 10
@@ -79,6 +82,9 @@ class FaultCase:
     #: Target (ms) for mrcd's median progress lost on the unshaped fabric (the benchmark).
     lost_target_ms: float = 0.0
     later: tuple[tuple[float, Action], ...] = ()
+    #: Count progress lost to this time after the fault (a fault that stays, such as loss:
+    #: its cost over a set time); None: from the runs' recovery time.
+    horizon_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,12 @@ class Run:
     first_ev_ms: float | None  # mrcd only: fault -> first EV state change
     command_ms: float  # how long the fault's first command took
 
-    def impact(self, pre_s: float = PRE_S, window_s: float = WINDOW_S) -> Impact:
-        return analyze(self.samples, self.fault_at, pre_s=pre_s, window_s=window_s)
+    def impact(
+        self, pre_s: float = PRE_S, window_s: float = WINDOW_S, horizon_s: float | None = None
+    ) -> Impact:
+        return analyze(
+            self.samples, self.fault_at, pre_s=pre_s, window_s=window_s, horizon_s=horizon_s
+        )
 
     def timeline(self, bin_s: float, start_s: float, end_s: float) -> list[float]:
         """Goodput (bit/s) per ``bin_s`` from ``start_s`` to ``end_s`` around the fault."""
@@ -107,18 +117,28 @@ class Run:
 
 
 def impacts(
-    runs: Sequence[Run], pre_s: float = PRE_S, window_s: float = WINDOW_S
+    runs: Sequence[Run],
+    pre_s: float = PRE_S,
+    window_s: float = WINDOW_S,
+    horizon_s: float | None = None,
 ) -> tuple[list[Impact], int]:
-    """The runs' impacts, and how many runs moved nothing before the fault (no pre-fault
-    rate to measure against: MPTCP, now and then, stalls at its start).  Those are left
-    out, and counted for the caller to report."""
-    out, failed = [], 0
+    """The runs' impacts, progress lost counted to one horizon for all of them (``horizon_s``,
+    or from their median recovery: :func:`mrcstack.progress.row_horizon`), and how many
+    runs moved
+    nothing before the fault (no pre-fault rate to measure against: MPTCP, now and then,
+    stalls at its start).  Those are left out, and counted for the caller to report."""
+    first, ok = [], []
     for r in runs:
         try:
-            out.append(r.impact(pre_s, window_s))
+            first.append(r.impact(pre_s, window_s))
         except ValueError:
-            failed += 1
-    return out, failed
+            continue
+        ok.append(r)
+    failed = len(runs) - len(ok)
+    if not ok:
+        return [], failed
+    horizon = horizon_s or row_horizon([i.recovery_ms for i in first], window_s)
+    return [r.impact(pre_s, window_s, horizon) for r in ok], failed
 
 
 # The testbed -------------------------------------------------------------------------------
@@ -207,37 +227,78 @@ def _quiet(line: str) -> None:
 
 
 class _Injector:
-    """Applies a case's steps beside the transfer: a fault command takes 6-30 ms (ip, nft,
-    tc in a namespace), and a loop that waited for it would stamp its own pause as progress
-    lost."""
+    """Applies a case's steps from a process of its own, forked before the transfer starts.
+
+    A fault command is milliseconds of Python (the fault records, an ioctl in a namespace,
+    nft) and the fault time is when it starts.  Run in a thread of the measuring process it
+    competed for the interpreter with the threads that post and stamp the writes, and the
+    harness's own cost showed as progress lost: an idle host's NIC taken down cost the
+    transfer 5-10 ms.  A real fault comes with no such command, and a separate process
+    leaves the measuring one alone.  The fork happens before any thread of the run exists.
+    """
 
     def __init__(self, faults: Faults, case: FaultCase) -> None:
-        self.faults, self.case = faults, case
-        self.applied: list[float] = []
+        self.case = case
         self.fault_at = 0.0
-        self._thread: threading.Thread | None = None
+        self._started = False
+        self._joined: float | None = None
+        go_r, self._go = os.pipe()
+        self._result, result_w = os.pipe()
+        self._pid = os.fork()
+        if self._pid == 0:  # the child: never returns
+            os.close(self._go)
+            os.close(self._result)
+            self._child(faults, go_r, result_w)
+        os.close(go_r)
+        os.close(result_w)
+
+    def _child(self, faults: Faults, go: int, result: int) -> NoReturn:
+        code = 0
+        try:
+            with os.fdopen(go, "rb") as reader:
+                start = reader.read()
+            if start:  # empty: the run ended before the fault time
+                fault_at = float(start)
+                self.case.apply(faults)
+                doc: dict[str, object] = {"applied": time.time()}
+                for offset, action in self.case.later:
+                    time.sleep(max(0.0, fault_at + offset - time.time()))
+                    action(faults)
+                os.write(result, json.dumps(doc).encode())
+        except BaseException as exc:  # reported by the parent's join
+            os.write(result, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            code = 1
+        finally:
+            os._exit(code)
 
     def start(self) -> None:
         self.fault_at = time.time()
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
+        self._started = True
+        os.write(self._go, repr(self.fault_at).encode())
+        os.close(self._go)
 
     @property
     def started(self) -> bool:
-        return self._thread is not None
-
-    def _run(self) -> None:
-        self.case.apply(self.faults)
-        self.applied.append(time.time())
-        for offset, action in self.case.later:
-            time.sleep(max(0.0, self.fault_at + offset - time.time()))
-            action(self.faults)
+        return self._started
 
     def join(self) -> float:
-        """Wait for every step; how long the first command took (ms)."""
-        if self._thread is not None:
-            self._thread.join()
-        return (self.applied[0] - self.fault_at) * 1e3 if self.applied else float("nan")
+        """Wait for every step; how long the first command took (ms; nan if the fault never
+        started).  RuntimeError if a step failed."""
+        if self._joined is not None:
+            return self._joined
+        if not self._started:
+            os.close(self._go)  # the child reads nothing and leaves
+        with os.fdopen(self._result, "rb") as reader:
+            data = reader.read()
+        os.waitpid(self._pid, 0)
+        self._joined = math.nan
+        if not data:
+            return self._joined
+        doc = json.loads(data)
+        if "error" in doc:
+            raise RuntimeError(f"fault {self.case.name}: {doc['error']}")
+        self._joined = (float(doc["applied"]) - self.fault_at) * 1e3
+        return self._joined
 
 
 class _Poster:
