@@ -15,7 +15,8 @@ The operations:
   held down by other faults.
 - ``settle``: wait until both ends of the links brought back are operational, then flush
   their neighbour entries.
-- ``nft``/``nft_delete``: load or delete one fault's nftables table in a namespace.
+- ``nft``/``nft_delete``: load or delete one fault's nftables table in a namespace (through
+  libnftables in this process, :mod:`.nftlib`; the ``nft`` program where it is missing).
 - ``shape``/``unshape``/``trim_attach``/``trim_detach``: a port's root qdisc (the
   testbed's tbf, or the trim program with its htb); undoing either puts back the testbed's
   own shaping of that tier, if the fabric has one.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrcstack.netns import ifctl, netem, testbed, trim
+from mrcstack.netns import ifctl, netem, nftlib, testbed, trim
 from mrcstack.netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
 from mrcstack.netns.run import TestbedError, ip, ip_batch, net_exec, one_line
 from mrcstack.netns.state import LinkRecord, TestbedState
@@ -60,12 +61,12 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
     elif kind == "settle":
         settle(state, [(str(n), str(i)) for n, i in op["ports"]], log)
     elif kind == "nft":
-        net_exec(netns, ["nft", "-f", "-"], input=op["script"])
+        if nftlib.available():
+            nftlib.run(netns, op["script"])
+        else:
+            net_exec(netns, ["nft", "-f", "-"], input=op["script"])
     elif kind == "nft_delete":
-        result = net_exec(netns, ["nft", "delete", "table", "inet", op["table"]], check=False)
-        if result.returncode and "No such file" not in result.stderr:
-            raise FaultError(f"nft delete table {op['table']} in {netns}: "
-                             f"{one_line(result.stderr)}")  # fmt: skip
+        _nft_delete(netns, op["table"])
     elif kind in PORT_OPS:
         port_operation(state, op)
     elif kind == "netem_attach":
@@ -74,6 +75,20 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
         netem.detach(netns, op["ifname"])
     else:
         raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
+
+
+def _nft_delete(netns: str, table: str) -> None:
+    """Delete one fault's table; one that is already gone is not an error."""
+    if nftlib.available():
+        try:
+            nftlib.run(netns, f"delete table inet {table}")
+        except TestbedError as exc:
+            if "No such file" not in str(exc):
+                raise FaultError(f"nft delete table {table} in {netns}: {exc}") from None
+        return
+    result = net_exec(netns, ["nft", "delete", "table", "inet", table], check=False)
+    if result.returncode and "No such file" not in result.stderr:
+        raise FaultError(f"nft delete table {table} in {netns}: {one_line(result.stderr)}")
 
 
 def summary(ops: Sequence[dict[str, Any]]) -> str:

@@ -28,7 +28,7 @@ from mrcstack.addrplan import Path as FabricPath
 from mrcstack.addrplan import paths, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
 from mrcstack.netns import cli as testbed_cli
-from mrcstack.netns import fault_cli, faultops, ifctl, testbed, traffic, trim
+from mrcstack.netns import fault_cli, faultops, ifctl, nftlib, testbed, traffic, trim
 from mrcstack.netns.faultplan import (
     Fault,
     FaultError,
@@ -824,6 +824,36 @@ def test_live_port_state_and_addresses_read_and_set_in_process(clean_after: Live
         subprocess.run(["ip", "-n", ns, "link", "del", "tcx0"], check=True)
     with pytest.raises(TestbedError, match="nosuchport"):
         ifctl.set_link(ns, "nosuchport", up=False)
+
+
+def test_live_nftables_rule_sets_loaded_in_process(clean_after: Live) -> None:
+    """The harness loads a fault's nftables table through libnftables from a thread in the
+    namespace: ``nft`` itself sees it there, and only there; errors name the namespace."""
+    if not nftlib.available():
+        pytest.skip("libnftables cannot be loaded here: faults run the nft program instead")
+    ns = clean_after.ns("p1-t1a")
+    other = clean_after.ns("p1-t1b")
+
+    def tables(netns: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "tables"],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+
+    nftlib.run(ns, "table inet mrc_nftlib_test {\n chain c { type filter hook forward "
+                   "priority 0; policy accept; }\n}\n")  # fmt: skip
+    try:
+        assert "mrc_nftlib_test" in tables(ns)
+        assert "mrc_nftlib_test" not in tables(other) and "mrc_nftlib_test" not in tables_root()
+    finally:
+        faultops._nft_delete(ns, "mrc_nftlib_test")
+    assert "mrc_nftlib_test" not in tables(ns)
+    faultops._nft_delete(ns, "mrc_nftlib_test")  # already gone: not an error
+    with pytest.raises(TestbedError, match=rf"nft in {ns}: .*syntax"):
+        nftlib.run(ns, "this is not nftables")
+
+
+def tables_root() -> str:
+    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
 
 
 def test_live_overlapping_link_faults_on_one_switch_restore_one_at_a_time(
