@@ -458,7 +458,10 @@ def stream_run(
              "--seconds", str(total), "--timeout", wait],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
-        time.sleep(WARMUP_S + pre_s)
+        assert send.stdout is not None
+        if '"connected"' not in send.stdout.readline():
+            raise RuntimeError(f"{proto} sender did not connect")
+        time.sleep(WARMUP_S + pre_s)  # from its connection, not its spawn
         injector.start()
         send.communicate(timeout=total + 30)
         out, _ = recv.communicate(timeout=60)

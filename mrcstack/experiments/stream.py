@@ -2,7 +2,10 @@
 
 ``python -m mrcstack.experiments.stream --role recv|send --proto tcp|mptcp ...`` prints one
 JSON line: the receiver, the bytes it read per millisecond of wall clock (until the sender
-closes); the sender, nothing.  Nothing in the experiments package imports this module, so
+closes); the sender, ``{"connected": true}`` once connected (its ``--seconds`` count from
+there: starting the interpreter in a namespace takes up to a second on a busy machine, and
+a caller that started its clock at the spawn measured a transfer that had barely begun),
+then nothing.  Nothing in the experiments package imports this module, so
 ``-m`` runs it once, cleanly.
 """
 
@@ -43,6 +46,7 @@ def role_send(args: argparse.Namespace) -> dict[str, Any]:
     sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
     sock.settimeout(args.timeout)
     sock.connect((args.to, PORT))
+    print(json.dumps({"connected": True}), flush=True)
     data = b"\x5a" * (256 << 10)
     end = time.time() + args.seconds
     while time.time() < end:
