@@ -45,6 +45,9 @@ RACK_MIN_REO = 1e-6
 #: smoothed RTTs, the newest one is sent again on another EV, so that a lost tail is found
 #: by the ack of the probe (and RACK) within about two RTTs instead of an RTO.
 TLP_RTTS = 2.0
+#: Packets declared lost by the RTO that are remembered, to tell their duplicate reports from
+#: those of RACK's misjudgments (the oldest are forgotten first).
+RTO_MEMORY = 4096
 #: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
 RACK_LOSSES_TO_BLAME = 2
 # Plain ints: IntFlag arithmetic costs a method call per packet.
@@ -185,6 +188,9 @@ class Sender:
         self.tlp_sent: tuple[int, int] | None = None
         self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
         self._reo_acks = 0
+        # Packets the RTO declared lost (insertion-ordered, oldest dropped past RTO_MEMORY):
+        # a duplicate report for one of them is spurious, but says nothing of reordering.
+        self._rto_lost: dict[int, None] = {}
         self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
         self.last_progress = -1.0  # when an ack last acknowledged a packet
         # Retransmission timeouts without progress, counted once per backed-off RTO: the
@@ -473,6 +479,11 @@ class Sender:
         tx.lost = True
         self.in_flight -= tx.size
         self.retx.append((tx, reason))
+        if reason == "timeout":
+            rto_lost = self._rto_lost
+            rto_lost[tx.seq] = None
+            if len(rto_lost) > RTO_MEMORY:
+                del rto_lost[next(iter(rto_lost))]
 
     # Feedback -------------------------------------------------------------------------
     def on_ack(self, ack: AckPacket, now: float) -> None:
@@ -494,6 +505,12 @@ class Sender:
                 # misjudged (the probe fired for want of acks, not on a reordering guess).
                 self.tlp_sent = None
                 self.stats.tlp_unneeded += 1
+            elif echo_seq in self._rto_lost:
+                # The RTO resent a packet that had arrived: a stalled host or peer (every
+                # packet in flight times out at once), not reordering, so the window stays;
+                # doubling it per duplicate of such a storm left RACK finding every loss
+                # for the next half second two RTTs late.
+                self.stats.spurious_retransmissions += 1
             else:
                 # The receiver already had that packet: our retransmission was spurious, so
                 # packets get reordered more than the window allows (TCP's DSACK, RFC 8985
