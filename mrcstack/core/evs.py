@@ -451,9 +451,6 @@ class EvTable:
             for s in plane
         )
 
-    def plane_usable(self, port: int) -> bool:
-        return port in self.up_planes
-
     def next_ev(self, avoid: int | None = None) -> EvSlot | None:
         """The next EV to spray on: round robin over planes, then over the plane's EVs.
 
