@@ -27,6 +27,14 @@ def test_the_fault_runs_in_another_process_with_its_later_steps(tmp_path: Path) 
     injector = _Injector(NO_FAULTS, case)
     assert not injector.started and not marks.exists()  # waits for the fault time
     injector.start()
+    deadline = time.monotonic() + 10
+    while "later" not in (marks.read_text() if marks.exists() else ""):
+        assert time.monotonic() < deadline, "the fault's steps did not run"
+        time.sleep(0.01)
+    time.sleep(0.05)
+    # Done, it waits to be joined: its exit (tearing down a copy of this process) must not
+    # fall inside the measured window.
+    assert os.waitpid(injector._pid, os.WNOHANG) == (0, 0)
     command_ms = injector.join()
     lines = [line.split() for line in marks.read_text().splitlines()]
     assert [w for w, _, _ in lines] == ["apply", "later"]

@@ -256,15 +256,19 @@ class _Injector:
         code = 0
         try:
             with os.fdopen(go, "rb") as reader:
-                start = reader.read()
-            if start:  # empty: the run ended before the fault time
-                fault_at = float(start)
-                self.case.apply(faults)
-                doc: dict[str, object] = {"applied": time.time()}
-                for offset, action in self.case.later:
-                    time.sleep(max(0.0, fault_at + offset - time.time()))
-                    action(faults)
-                os.write(result, json.dumps(doc).encode())
+                start = reader.readline()
+                if start:  # empty: the run ended before the fault time
+                    fault_at = float(start)
+                    self.case.apply(faults)
+                    doc: dict[str, object] = {"applied": time.time()}
+                    for offset, action in self.case.later:
+                        time.sleep(max(0.0, fault_at + offset - time.time()))
+                        action(faults)
+                    os.write(result, json.dumps(doc).encode())
+                    # Leave only when the parent joins, after its window: tearing down a
+                    # copy of the parent's address space is milliseconds of CPU, and at the
+                    # fault time it cost the transfer about as much as the fault.
+                    reader.read()
         except BaseException as exc:  # reported by the parent's join
             os.write(result, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             code = 1
@@ -274,8 +278,7 @@ class _Injector:
     def start(self) -> None:
         self.fault_at = time.time()
         self._started = True
-        os.write(self._go, repr(self.fault_at).encode())
-        os.close(self._go)
+        os.write(self._go, f"{self.fault_at!r}\n".encode())
 
     @property
     def started(self) -> bool:
@@ -286,8 +289,7 @@ class _Injector:
         started).  RuntimeError if a step failed."""
         if self._joined is not None:
             return self._joined
-        if not self._started:
-            os.close(self._go)  # the child reads nothing and leaves
+        os.close(self._go)  # the child leaves (before the fault time: without applying it)
         with os.fdopen(self._result, "rb") as reader:
             data = reader.read()
         os.waitpid(self._pid, 0)
