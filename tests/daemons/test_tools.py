@@ -855,6 +855,9 @@ def test_demo_short_run_with_prometheus() -> None:
         [PY, "-m", "mrcstack", "demo", "--duration", "3", "--name", DEMO_BED,
          "--prometheus", "--prometheus-port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A suite started as a background job (`make test &`) passes SIGINT on ignored, and
+        # the Ctrl-C below would then be lost: the demo gets it as a terminal would send it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (takes no lock)
     )  # fmt: skip
     report: list[str] = []
     config = ""
