@@ -124,9 +124,8 @@ def impacts(
 ) -> tuple[list[Impact], int]:
     """The runs' impacts, progress lost counted to one horizon for all of them (``horizon_s``,
     or from their median recovery: :func:`mrcstack.progress.row_horizon`), and how many
-    runs moved
-    nothing before the fault (no pre-fault rate to measure against: MPTCP, now and then,
-    stalls at its start).  Those are left out, and counted for the caller to report."""
+    runs moved nothing before the fault (no pre-fault rate to measure against).  Those are
+    left out, and counted for the caller to report."""
     first, ok = [], []
     for r in runs:
         try:
