@@ -108,7 +108,9 @@ def analyze(
         recovery_ms = 0.0
     else:
         back = next((i for i in range(dip + 1, nbins) if min(bins[i], ahead[i]) >= floor), None)
-        recovery_ms = math.inf if back is None else back * bin_s * 1e3
+        # Rounded: a bin count times a float width leaves residue (70 x 0.01 s is
+        # 700.0000000000001 ms), and a figure must not fail a claim at its threshold.
+        recovery_ms = math.inf if back is None else round(back * bin_s * 1e3, 6)
     if horizon_s is None:
         horizon_s = horizon_for(recovery_ms, window_s, smooth_s)
     horizon_s = min(max(horizon_s, EDGE_S), window_s - EDGE_S)

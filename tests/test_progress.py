@@ -113,6 +113,13 @@ def test_a_row_is_measured_to_one_horizon() -> None:
         row_horizon([], 1.0)
 
 
+def test_recovery_times_are_whole_bins_without_float_residue() -> None:
+    """70 bins of 0.01 s are 700.0000000000001 ms in floats; a claim "back within 100 ms
+    after the ports return at 600 ms" failed on that residue."""
+    impact = analyze(series(1.0, 1.7), 1.0, pre_s=1.0, window_s=1.5)
+    assert impact.recovery_ms == 700.0
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="no pre-fault rate"):
         analyze([(2.0, 100)], 1.0, pre_s=0.5, window_s=1.0)
