@@ -187,38 +187,17 @@ class Receiver:
         if base < nxt:
             base = nxt
         bits = self.ooo_bits
+        # The fields both hand-offs carry, computed once.
+        cum = (nxt - 1) & PSN_MASK
+        sack_bitmap = bits >> (base - nxt) & _SACK_MASK if bits else 0
+        held = len(self.ooo)
+        if held > _OOO_MAX:
+            held = _OOO_MAX
+        placed = self.stats.data_bytes_placed & _BYTES_MASK
         direct = self.direct
         if direct is not None:
-            direct(
-                port,
-                (nxt - 1) & PSN_MASK,
-                self.msn,
-                ev,
-                psn,
-                ts_ns,
-                base & PSN_MASK,
-                bits >> (base - nxt) & _SACK_MASK if bits else 0,
-                ecn,
-                reason,
-                dup,
-                len(self.ooo) if len(self.ooo) < _OOO_MAX else _OOO_MAX,
-                self.stats.data_bytes_placed & _BYTES_MASK,
-            )
+            direct(port, cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,
+                   reason, dup, held, placed)  # fmt: skip
             return None
-        return Feedback(
-            (nxt - 1) & PSN_MASK,
-            self.msn,
-            ev,
-            psn,
-            ts_ns,
-            base & PSN_MASK,
-            bits >> (base - nxt) & _SACK_MASK if bits else 0,
-            ecn,
-            reason,
-            dup,
-            seq,
-            base,
-            nxt,
-            min(len(self.ooo), _OOO_MAX),
-            self.stats.data_bytes_placed & _BYTES_MASK,
-        )
+        return Feedback(cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,
+                        reason, dup, seq, base, nxt, held, placed)  # fmt: skip
