@@ -61,10 +61,7 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
     elif kind == "settle":
         settle(state, [(str(n), str(i)) for n, i in op["ports"]], log)
     elif kind == "nft":
-        if nftlib.available():
-            nftlib.run(netns, op["script"])
-        else:
-            net_exec(netns, ["nft", "-f", "-"], input=op["script"])
+        _nft(netns, op["script"])
     elif kind == "nft_delete":
         _nft_delete(netns, op["table"])
     elif kind in PORT_OPS:
@@ -77,18 +74,24 @@ def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> 
         raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
 
 
+def _nft(netns: str, script: str) -> None:
+    """Run an nftables script in ``netns``: through libnftables in this process, or the
+    ``nft`` program where the library is missing (TestbedError with nft's message)."""
+    if nftlib.available():
+        nftlib.run(netns, script)
+        return
+    result = net_exec(netns, ["nft", "-f", "-"], input=script, check=False)
+    if result.returncode:
+        raise TestbedError(f"nft in {netns}: {one_line(result.stderr)}")
+
+
 def _nft_delete(netns: str, table: str) -> None:
     """Delete one fault's table; one that is already gone is not an error."""
-    if nftlib.available():
-        try:
-            nftlib.run(netns, f"delete table inet {table}")
-        except TestbedError as exc:
-            if "No such file" not in str(exc):
-                raise FaultError(f"nft delete table {table} in {netns}: {exc}") from None
-        return
-    result = net_exec(netns, ["nft", "delete", "table", "inet", table], check=False)
-    if result.returncode and "No such file" not in result.stderr:
-        raise FaultError(f"nft delete table {table} in {netns}: {one_line(result.stderr)}")
+    try:
+        _nft(netns, f"delete table inet {table}")
+    except TestbedError as exc:
+        if "No such file" not in str(exc):
+            raise FaultError(f"nft delete table {table} in {netns}: {exc}") from None
 
 
 def summary(ops: Sequence[dict[str, Any]]) -> str:
