@@ -40,7 +40,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
 
 from mrcstack.addrplan import parse_node
@@ -64,11 +64,11 @@ from mrcstack.netns.faultplan import (
     trim_settings,
 )
 from mrcstack.netns.netem import NetemSpec
-from mrcstack.netns.run import TestbedError
+from mrcstack.netns.run import TestbedError, resident_netns
 from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
 
 FAULTS_VERSION = 1
-__all__ = ["Fault", "FaultError", "Faults", "load_records", "locked_records"]
+__all__ = ["Armed", "Fault", "FaultError", "Faults", "load_records", "locked_records"]
 
 
 def load_records(name: str) -> Records:
@@ -168,6 +168,7 @@ class Faults:
         self._log = stderr_log if log is None else log
         self.log_path = faults_log_path(state.name)
         self._trim_checked = False  # the kernel probe for trim runs once per harness
+        self._arming: list[Fault] | None = None  # faults recorded by ``arm``, not applied
 
     # Logging --------------------------------------------------------------------------
     def log(self, message: str) -> str:
@@ -452,6 +453,36 @@ class Faults:
             self.log("restore_all: no active faults")
         return undone
 
+    # Armed faults ---------------------------------------------------------------------
+    def arm(self, action: Callable[[Faults], object]) -> Armed:
+        """Plan and record what ``action`` (calls of this harness's fault methods) would do,
+        without doing it yet: :meth:`Armed.fire` then applies it in one step.
+
+        For measuring what a fault costs a running transfer.  Planning a fault (reading the
+        ports' addresses, writing the record under the lock) is milliseconds of CPU that a
+        real fault costs nobody; armed, only the kernel calls are left for the fault time,
+        from threads already in the namespaces.  The record exists from now on, so
+        ``restore_all`` and ``down`` undo an armed fault like any other (undoing one that
+        never fired is harmless: a port set up again, a table already gone)."""
+        if self._arming is not None:
+            raise FaultError("arm: this harness is already arming a fault")
+        self._arming = []
+        try:
+            action(self)
+        except BaseException:
+            self._forget(self._arming)
+            raise
+        finally:
+            recorded, self._arming = self._arming, None
+        return Armed(self, recorded)
+
+    def _forget(self, faults: Sequence[Fault]) -> None:
+        """Drop the records of faults that were never applied (nothing to undo)."""
+        ids = {f.id for f in faults}
+        if ids:
+            with locked_records(self.state.name) as records:
+                records.faults = [f for f in records.faults if f.id not in ids]
+
     # Machinery ------------------------------------------------------------------------
     def _undo_keys(
         self, keys: Sequence[str], missing: str, ports: Sequence[str] = ()
@@ -471,6 +502,8 @@ class Faults:
     def _undo(self, records: Records, fault: Fault) -> None:
         """Run a fault's undo operations, then forget it (even if one failed: the error
         says what is left)."""
+        if self._arming is not None:
+            raise FaultError("arm: only faults being applied can be armed, not an undo")
         failures: list[str] = []
         for op in fault.undo:
             try:
@@ -489,6 +522,9 @@ class Faults:
                       fault.undo, now_iso(), fault.apply)  # fmt: skip
         records.faults.append(fault)
         save_records(records)
+        if self._arming is not None:
+            self._arming.append(fault)  # applied by Armed.fire
+            return fault
         try:
             for op in fault.apply:
                 faultops.execute(self.state, op, fault, self.log)
@@ -585,3 +621,49 @@ class Faults:
                           apply=tuple(apply_ops))  # fmt: skip
             records.next_id += 1
             return [self._commit(records, fault)]
+
+
+class Armed:
+    """Faults recorded by :meth:`Faults.arm`, applied by :meth:`fire` (once) or dropped by
+    :meth:`cancel`; either releases the namespace threads kept for them."""
+
+    def __init__(self, harness: Faults, faults: Sequence[Fault]) -> None:
+        self.harness = harness
+        self.faults = tuple(faults)
+        self._done = False
+        self._threads = ExitStack()
+        namespaces = [op["netns"] for f in self.faults for op in f.apply if op.get("netns")]
+        try:
+            self._threads.enter_context(resident_netns(namespaces))
+        except BaseException:
+            harness._forget(self.faults)
+            raise
+
+    def fire(self) -> list[Fault]:
+        """Apply every armed fault now, in order.  If one fails, it is undone and forgotten
+        with those not applied yet, and the error is raised (the ones before it stay)."""
+        if self._done:
+            raise FaultError("armed faults fire once: these were fired or cancelled")
+        self._done = True
+        harness = self.harness
+        try:
+            for index, fault in enumerate(self.faults):
+                try:
+                    for op in fault.apply:
+                        faultops.execute(harness.state, op, fault, harness.log)
+                except BaseException:
+                    with suppress(TestbedError), locked_records(harness.state.name) as records:
+                        harness._undo(records, fault)  # the original failure is the one to report
+                    harness._forget(self.faults[index + 1 :])
+                    raise
+                harness.log(f"apply {fault.describe()}: {faultops.summary(fault.apply)}")
+        finally:
+            self._threads.close()
+        return list(self.faults)
+
+    def cancel(self) -> None:
+        """Forget faults that were never fired (nothing was applied); a no-op after fire."""
+        if not self._done:
+            self._done = True
+            self._threads.close()
+            self.harness._forget(self.faults)

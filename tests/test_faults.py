@@ -46,7 +46,7 @@ from mrcstack.netns.faultplan import (
     trim_settings,
 )
 from mrcstack.netns.faults import Faults, locked_records
-from mrcstack.netns.run import TestbedError
+from mrcstack.netns.run import TestbedError, call_in_netns, resident_netns
 from mrcstack.netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
 from mrcstack.netns.state import (
     LinkEnd,
@@ -873,6 +873,91 @@ def test_live_overlapping_link_faults_on_one_switch_restore_one_at_a_time(
     assert tables(t0) == before
     check_paths(live, "h1", "h2", all_alive)
     check_paths(live, "h0", "h3", all_alive)
+
+
+def _link_flags(ns: str, ifname: str) -> list[str]:
+    out = subprocess.run(["ip", "-n", ns, "-j", "link", "show", "dev", ifname],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    flags: list[str] = json.loads(out)[0]["flags"]
+    return flags
+
+
+def test_live_armed_fault_is_recorded_at_once_and_applied_only_by_fire(clean_after: Live) -> None:
+    """``arm`` plans and records a fault without touching the fabric; ``fire`` applies it
+    (once); restore undoes it as any other, with every route and address back."""
+    live, link = clean_after, "p0:t0a-t1b"
+    ends = [live.ns("p0-t0a"), live.ns("p0-t1b")]
+    before = {ns: tables(ns) for ns in ends}
+    armed = live.faults.arm(lambda f: f.link_down(link))
+    [fault] = armed.faults
+    assert [f.id for f in live.faults.active()] == [fault.id]
+    assert "UP" in _link_flags(ends[0], "t1b") and "UP" in _link_flags(ends[1], "t0a")
+    with pytest.raises(FaultError, match="already down"):  # the record holds the link
+        live.faults.link_down(link)
+    assert armed.fire() == [fault]
+    assert "UP" not in _link_flags(ends[0], "t1b") and "UP" not in _link_flags(ends[1], "t0a")
+    check_paths(live, "h0", "h2", through_link(link))
+    with pytest.raises(FaultError, match="fire once"):
+        armed.fire()
+    armed.cancel()  # after fire: nothing to forget, the fault stays
+    assert [f.id for f in live.faults.active()] == [fault.id]
+    live.faults.link_up(link)
+    assert {ns: tables(ns) for ns in ends} == before
+    assert any("apply #" in line and f"link_down {link}" in line for line in live.log)
+
+
+def test_live_armed_faults_that_never_fire_leave_nothing(clean_after: Live) -> None:
+    """A cancelled arm forgets its records; one left armed is undone harmlessly by
+    restore_all; an arm that fails records nothing."""
+    live = clean_after
+    ns = live.ns("h1")
+    before = tables(ns)
+    armed = live.faults.arm(lambda f: f.nic_down("h1", 1))
+    assert len(live.faults.active()) == 1
+    armed.cancel()
+    assert live.faults.active() == [] and tables(ns) == before
+    with pytest.raises(FaultError, match="fire once"):
+        armed.fire()
+    live.faults.arm(lambda f: (f.nic_down("h1", 1), f.switch_blackhole("p1-t1b")))
+    assert len(live.faults.active()) == 2
+    live.faults.restore_all()  # nothing applied: a port set up again, a table already gone
+    assert live.faults.active() == [] and tables(ns) == before
+    check_paths(live, "h1", "h2", all_alive)
+
+    def fails(f: Faults) -> None:
+        f.nic_down("h1", 1)
+        f.nic_down("h1", 1)  # the first one's record holds the port
+
+    with pytest.raises(FaultError, match="already down"):
+        live.faults.arm(fails)
+    assert live.faults.active() == []
+    live.faults.nic_down("h1", 1)
+    with pytest.raises(FaultError, match="not an undo"):  # it would act at once
+        live.faults.arm(lambda f: f.nic_up("h1", 1))
+    assert len(live.faults.active()) == 1  # still down
+    live.faults.nic_up("h1", 1)
+    assert tables(ns) == before
+
+
+def test_resident_namespace_threads_serve_calls_until_closed(clean_after: Live) -> None:
+    """Inside ``resident_netns`` every call for a namespace runs on one thread that joined
+    it beforehand (in that namespace: its own ports); outside, each call has a new thread."""
+    ns, other = clean_after.ns("p0-t1a"), clean_after.ns("p0-t1b")
+
+    def where() -> tuple[int, str]:
+        return threading.get_ident(), Path("/proc/thread-self/net/dev").read_text()
+
+    with resident_netns([ns, ns]):
+        (one, dev), (two, _) = call_in_netns(ns, where), call_in_netns(ns, where)
+        assert one == two and "t0a:" in dev and "h0:" not in dev
+        _, other_dev = call_in_netns(other, where)  # not resident: still in its namespace
+        assert "t0a:" in other_dev
+        with pytest.raises(ZeroDivisionError):
+            call_in_netns(ns, lambda: 1 // 0)  # errors reach the caller; the thread stays
+        assert call_in_netns(ns, where)[0] == one
+    assert call_in_netns(ns, where)[0] != one
+    with pytest.raises(TestbedError, match="does not exist"), resident_netns(["nosuchns-x"]):
+        pass
 
 
 def test_live_switch_fail_and_restore(clean_after: Live) -> None:

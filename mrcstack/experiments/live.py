@@ -233,7 +233,9 @@ class _Injector:
     competed for the interpreter with the threads that post and stamp the writes, and the
     harness's own cost showed as progress lost: an idle host's NIC taken down cost the
     transfer 5-10 ms.  A real fault comes with no such command, and a separate process
-    leaves the measuring one alone.  The fork happens before any thread of the run exists.
+    leaves the measuring one alone.  The fork happens before any thread of the run exists,
+    and the child arms the first step (:meth:`Faults.arm`: planned and recorded) before the
+    constructor returns, so at the fault time only the kernel calls are left to make.
     """
 
     def __init__(self, faults: Faults, case: FaultCase) -> None:
@@ -242,23 +244,32 @@ class _Injector:
         self._started = False
         self._joined: float | None = None
         go_r, self._go = os.pipe()
-        self._result, result_w = os.pipe()
+        result_r, result_w = os.pipe()
         self._pid = os.fork()
         if self._pid == 0:  # the child: never returns
             os.close(self._go)
-            os.close(self._result)
+            os.close(result_r)
             self._child(faults, go_r, result_w)
         os.close(go_r)
         os.close(result_w)
+        self._result = os.fdopen(result_r, "rb")
+        first = self._result.readline()
+        if first != b"armed\n":  # it failed to arm, and has left
+            self.join()
+            error = json.loads(first).get("error", "?") if first else "ended before arming"
+            raise RuntimeError(f"fault {case.name}: {error}")
 
     def _child(self, faults: Faults, go: int, result: int) -> NoReturn:
         code = 0
+        armed = None
         try:
+            armed = faults.arm(self.case.apply)
+            os.write(result, b"armed\n")
             with os.fdopen(go, "rb") as reader:
                 start = reader.readline()
                 if start:  # empty: the run ended before the fault time
                     fault_at = float(start)
-                    self.case.apply(faults)
+                    armed.fire()
                     doc: dict[str, object] = {"applied": time.time()}
                     for offset, action in self.case.later:
                         time.sleep(max(0.0, fault_at + offset - time.time()))
@@ -272,7 +283,11 @@ class _Injector:
             os.write(result, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             code = 1
         finally:
-            os._exit(code)
+            try:
+                if armed is not None:
+                    armed.cancel()  # a no-op once fired
+            finally:
+                os._exit(code)
 
     def start(self) -> None:
         self.fault_at = time.time()
@@ -289,7 +304,7 @@ class _Injector:
         if self._joined is not None:
             return self._joined
         os.close(self._go)  # the child leaves (before the fault time: without applying it)
-        with os.fdopen(self._result, "rb") as reader:
+        with self._result as reader:
             data = reader.read()
         os.waitpid(self._pid, 0)
         self._joined = math.nan
