@@ -944,18 +944,18 @@ def test_resident_namespace_threads_serve_calls_until_closed(clean_after: Live) 
     it beforehand (in that namespace: its own ports); outside, each call has a new thread."""
     ns, other = clean_after.ns("p0-t1a"), clean_after.ns("p0-t1b")
 
-    def where() -> tuple[int, str]:
-        return threading.get_ident(), Path("/proc/thread-self/net/dev").read_text()
+    def where() -> tuple[threading.Thread, str]:  # the object: a thread id can be reused
+        return threading.current_thread(), Path("/proc/thread-self/net/dev").read_text()
 
     with resident_netns([ns, ns]):
         (one, dev), (two, _) = call_in_netns(ns, where), call_in_netns(ns, where)
-        assert one == two and "t0a:" in dev and "h0:" not in dev
+        assert one is two and "t0a:" in dev and "h0:" not in dev
         _, other_dev = call_in_netns(other, where)  # not resident: still in its namespace
         assert "t0a:" in other_dev
         with pytest.raises(ZeroDivisionError):
             call_in_netns(ns, lambda: 1 // 0)  # errors reach the caller; the thread stays
-        assert call_in_netns(ns, where)[0] == one
-    assert call_in_netns(ns, where)[0] != one
+        assert call_in_netns(ns, where)[0] is one
+    assert call_in_netns(ns, where)[0] is not one
     with pytest.raises(TestbedError, match="does not exist"), resident_netns(["nosuchns-x"]):
         pass
 
