@@ -137,13 +137,16 @@ def horizon_for(recovery_ms: float, window_s: float, smooth_s: float = SMOOTH_S)
     return min(end, window_s - EDGE_S)
 
 
-def row_horizon(recoveries_ms: Sequence[float], window_s: float) -> float:
+def row_horizon(
+    recoveries_ms: Sequence[float], window_s: float, smooth_s: float = SMOOTH_S
+) -> float:
     """One horizon for a set of runs of the same fault: from their median recovery time, so
     that a run whose noise happened to dip is not measured further out than one that did
-    not (counting to the end of a run's own dip would favour losses)."""
+    not (counting to the end of a run's own dip would favour losses).  ``smooth_s`` as
+    given to :func:`analyze` for those runs."""
     if not recoveries_ms:
         raise ValueError("no runs")
-    return horizon_for(statistics.median(recoveries_ms), window_s)
+    return horizon_for(statistics.median(recoveries_ms), window_s, smooth_s)
 
 
 def _completed_before(data: Sequence[tuple[float, int]]) -> Callable[[float], int]:

@@ -107,6 +107,7 @@ def test_noise_alone_loses_nothing_on_average() -> None:
 def test_a_row_is_measured_to_one_horizon() -> None:
     assert row_horizon([0.0, 20.0, 40.0], 1.0) == pytest.approx(0.070)
     assert row_horizon([0.0, math.inf, math.inf], 1.0) == pytest.approx(0.99)
+    assert row_horizon([0.0, 20.0, 40.0], 1.0, smooth_s=0.1) == pytest.approx(0.120)
     impact = analyze(series(1.0, 1.020), 1.0, pre_s=1.0, window_s=1.0, horizon_s=0.5)
     assert impact.horizon_s == 0.5 and impact.lost_ms == pytest.approx(20, abs=1.5)
     with pytest.raises(ValueError):
