@@ -15,7 +15,10 @@ fault to the first EV state change in the sender's EV event stream.  Medians and
 ratio to MPTCP.
 
 ``python -m bench.failover_bench [--runs N] [--faults a,b] [--unshaped-only] [--check]``
-runs it alone; ``--check`` exits 1 when a median exceeds twice its target.
+runs it alone; ``--check`` exits 1 when the runs show a median over twice its target with
+90% confidence (:func:`median_lower_bound`): one run scatters by 10-20 ms on a busy 2-core
+machine, so a median of 9 runs near the target would cross twice the target by chance
+about one time in six.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from mrcstack.fabric import Fabric, format_rate
 
 UNSHAPED, SHAPED = "fou", "fos"
 CONTROL = "control"
+#: The check fails a row only when its runs put the median over twice the target with
+#: this confidence.
+CONFIDENCE = 0.90
 
 
 FAULTS: tuple[FaultCase, ...] = (
@@ -60,6 +66,23 @@ FAULTS: tuple[FaultCase, ...] = (
 
 def runs() -> int:
     return int(os.environ.get("MRC_FAILOVER_RUNS", "9"))
+
+
+def median_lower_bound(values: Sequence[float], confidence: float = CONFIDENCE) -> float:
+    """A lower bound of the median at ``confidence``, whatever the distribution: the k-th
+    smallest value, k the largest for which fewer than k of n values fall below the median
+    with probability at most ``1 - confidence`` (binomial, n and 1/2: the 3rd smallest of
+    9, the 5th of 15).  With too few values for that (under 4 at 90%), the smallest."""
+    vals = sorted(values)
+    if not vals:
+        return math.nan
+    n, k, cdf = len(vals), 0, 0.0
+    while k < n:
+        cdf += math.comb(n, k) / 2**n  # P(at most k values below the median)
+        if cdf > 1 - confidence:
+            break
+        k += 1  # the k-th smallest is below the median with at least that confidence
+    return vals[max(k, 1) - 1]
 
 
 # Tables ---------------------------------------------------------------------------------------
@@ -109,9 +132,15 @@ def report(rows: list[Row], title: str, check: bool) -> bool:
         for r in result["mrcd"]:
             for k, v in r.retx.items():
                 retx[k] = retx.get(k, 0.0) + v
-        ratio = lost[0] / plost[0] if plost[0] > 0 else float("nan")
-        over = case.name != CONTROL and not lost[0] <= 2 * case.lost_target_ms  # nan: failed
+        # A median at or below zero is a loss within the noise: 0 against MPTCP's, and no
+        # ratio where MPTCP's is (its hash put no subflow on the failed element).
+        ratio = max(lost[0], 0.0) / plost[0] if plost[0] > 0 else float("nan")
+        limit = 2 * case.lost_target_ms
+        bound = median_lower_bound([i.lost_ms for i in mi])
+        over = case.name != CONTROL and not bound <= limit  # nan: no run to judge
         mark = " OVER 2x TARGET" if over else ""
+        if case.name != CONTROL and not over and lost[0] > limit:
+            mark = f" median over 2x target, by chance at {CONFIDENCE:.0%} ({len(mi)} runs)"
         target = (f"(target < {case.lost_target_ms:g} ms)" if case.name != CONTROL
                   else "(no fault on the path: the harness and noise)")  # fmt: skip
         ok = ok and not (check and over)

@@ -60,3 +60,41 @@ def test_a_run_that_moved_nothing_before_the_fault_is_counted_not_fatal(
     # every mrcd run without a pre-fault rate: nothing to report, and the check fails
     dead = {"mrcd": runs("mrcd", 0, 2, before=False), "mptcp": runs("mptcp", 300)}
     assert not fb.report([(case("y"), dead)], "t", check=True)
+
+
+def test_the_median_lower_bound_is_the_binomial_order_statistic() -> None:
+    values = [float(v) for v in range(9, 0, -1)]  # 9 .. 1, unsorted
+    assert fb.median_lower_bound(values) == 3.0  # P(Bin(9, 1/2) <= 2) = 46/512 <= 0.1
+    assert fb.median_lower_bound([float(v) for v in range(15)]) == 4.0  # the 5th smallest
+    assert fb.median_lower_bound([7.0, 5.0, 6.0]) == 5.0  # too few for 90%: the smallest
+    assert fb.median_lower_bound([1.0, 2.0, 3.0], confidence=0.8) == 1.0
+    assert fb.median_lower_bound([]) != fb.median_lower_bound([])  # nan
+
+
+def test_a_median_over_twice_the_target_by_chance_is_named_but_does_not_fail(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Nine runs, five of them over 2x the target (median 12 ms, target 5): a busy machine
+    scatters runs that much, and five of nine over the limit do not put the median there
+    with 90% confidence.  Seven of nine do."""
+    gaps = [0, 0, 0, 2, 12, 12, 14, 30, 40]
+    noisy = [Run("mrcd", series(g), FAULT_AT, {}, 1.0, 3.0) for g in gaps]
+    row = (case("noisy"), {"mrcd": noisy, "mptcp": runs("mptcp", 300)})
+    assert fb.report([row], "t", check=True)
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "OVER" not in line and "by chance at 90% (9 runs)" in line
+    worse = [Run("mrcd", series(g), FAULT_AT, {}, 1.0, 3.0) for g in [0, 2] + [15] * 7]
+    assert not fb.report([(case("worse"), {"mrcd": worse, "mptcp": runs("mptcp", 300)})],
+                         "t", check=True)  # fmt: skip
+
+
+def test_a_loss_within_the_noise_of_zero_is_a_ratio_of_zero_to_mptcp(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A median below zero (the runs moved more after the fault than before) is no loss:
+    its ratio to MPTCP's loss is 0, not negative."""
+    extra = tuple((FAULT_AT + 0.0005 + i * STEP, 1) for i in range(20))  # 20 ms ahead
+    ahead = [Run("mrcd", tuple(sorted(series(0) + extra)), FAULT_AT, {}, 1.0, 3.0)] * 3
+    assert fb.report([(case("ahead"), {"mrcd": ahead, "mptcp": runs("mptcp", 300)})], "t", True)
+    fields = capsys.readouterr().out.splitlines()[-1].split()
+    assert float(fields[1]) == pytest.approx(-20, abs=1.5) and fields[12] == "0.000"
