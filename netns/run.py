@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 from mrcstack.errors import LocalError
@@ -164,7 +164,8 @@ def call_in_netns(netns: str, fn: Callable[[], T]) -> T:
     ``fn`` is that namespace's.  This replaces an ``ip netns exec`` process per call."""
     resident = _RESIDENT.get(netns)
     if resident is not None:
-        return resident.call(fn)
+        with suppress(_ClosedError):  # closed meanwhile by its owner: a fresh thread as usual
+            return resident.call(fn)
     result: list[T] = []
     error: list[BaseException] = []
 
@@ -183,11 +184,17 @@ def call_in_netns(netns: str, fn: Callable[[], T]) -> T:
     return result[0]
 
 
+class _ClosedError(Exception):
+    """A resident thread was closed before a call could be queued."""
+
+
 class _Resident:
     """A thread that joined a namespace once and runs calls there until closed."""
 
     def __init__(self, netns: str) -> None:
         self.netns = netns
+        self._lock = threading.Lock()  # a call is queued before the closing sentinel, or not
+        self._open = True
         self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         joined: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
@@ -210,6 +217,8 @@ class _Resident:
             job()
 
     def call(self, fn: Callable[[], T]) -> T:
+        if threading.current_thread() is self._thread:
+            return fn()  # a call from one of its own calls: already there
         out: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
 
         def job() -> None:
@@ -218,7 +227,10 @@ class _Resident:
             except BaseException as exc:  # re-raised in the caller's thread
                 out.put((False, exc))
 
-        self._calls.put(job)
+        with self._lock:
+            if not self._open:
+                raise _ClosedError
+            self._calls.put(job)
         ok, value = out.get()
         if not ok:
             raise value
@@ -226,7 +238,9 @@ class _Resident:
         return result
 
     def close(self) -> None:
-        self._calls.put(None)
+        with self._lock:
+            self._open = False
+            self._calls.put(None)
         self._thread.join()
 
 

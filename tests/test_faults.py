@@ -29,6 +29,7 @@ from mrcstack.addrplan import paths, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
 from mrcstack.netns import cli as testbed_cli
 from mrcstack.netns import fault_cli, faultops, ifctl, nftlib, testbed, traffic, trim
+from mrcstack.netns import run as run_module
 from mrcstack.netns.faultplan import (
     Fault,
     FaultError,
@@ -955,9 +956,14 @@ def test_resident_namespace_threads_serve_calls_until_closed(clean_after: Live) 
         with pytest.raises(ZeroDivisionError):
             call_in_netns(ns, lambda: 1 // 0)  # errors reach the caller; the thread stays
         assert call_in_netns(ns, where)[0] is one
+        assert call_in_netns(ns, lambda: call_in_netns(ns, where))[0] is one  # no deadlock
     assert call_in_netns(ns, where)[0] is not one
     with pytest.raises(TestbedError, match="does not exist"), resident_netns(["nosuchns-x"]):
         pass
+    closed = run_module._Resident(ns)
+    closed.close()
+    with pytest.raises(run_module._ClosedError):  # call_in_netns then starts a fresh thread
+        closed.call(where)
 
 
 def test_live_switch_fail_and_restore(clean_after: Live) -> None:

@@ -385,9 +385,10 @@ def mrcd_run(
     a = Device.open(cluster.daemons[SRC].api_socket).create_context()
     b = Device.open(cluster.daemons[DST].api_socket).create_context()
     faults = Faults(state, log=_quiet)
-    injector = _Injector(faults, case)
+    injector: _Injector | None = None
     samples: list[tuple[float, int]] = []
     try:
+        injector = _Injector(faults, case)  # before the run's threads: it forks
         acq, bcq = a.create_cq(4096), b.create_cq(4096)
         qa, qb = a.create_qp(acq), b.create_qp(bcq)
         amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
@@ -434,7 +435,8 @@ def mrcd_run(
             command_ms,
         )
     finally:
-        injector.join()
+        if injector is not None:
+            injector.join()
         faults.restore_all()
         a.close()
         b.close()
