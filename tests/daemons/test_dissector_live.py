@@ -1,12 +1,15 @@
 """The shipped Wireshark dissector on a live capture of ``mrc-write-bw`` between racks.
 
 mrcd on a two-rack testbed with ``packet_auth = false`` (OCP MRC 1.0's plain ICRC instead of
-mrcstack's AES-GCM extension), tshark capturing in the receiving host's namespace.  Every
-captured packet must decode with the codec, its ICRC verified against the real addresses
-(with SRv6 uSID, the final destination), and tshark with ``wireshark/mrc.lua`` must print
-every field the codec reads; writes travel in the trimmable traffic class (DSCP 4), the
-rest in the control class (DSCP 46).  Scapy recomputes the ICRC of each arriving packet from the
-captured IPv6 header as a third, independent check.
+mrcstack's AES-GCM extension), tshark capturing in the receiving host's namespace; between
+two runs the sender probes a path of each plane through the controller API (EV probes on
+QPN 0, sealed with the pair's probe key, which the test derives from the cluster key as the
+daemons do).  Every captured packet must decode with the codec, its ICRC verified against
+the real addresses (with SRv6 uSID, the final destination; a probe's AES-GCM tag), and
+tshark with ``wireshark/mrc.lua`` must print every field the codec reads; writes travel in
+the trimmable traffic class (DSCP 4), the rest in the control class (DSCP 46).  Scapy
+recomputes the ICRC of each arriving packet that has one from the captured IPv6 header as
+a third, independent check.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from mrcstack.addrplan import nic_sid
+from mrcstack.addrplan import ev_value, nic_sid
+from mrcstack.api.ctl import Controller
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.daemons.mrcd.config import DATA_PORT
+from mrcstack.daemons.mrcd.control.auth import Credentials, load_psk
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
-from mrcstack.netns.state import exists, load
+from mrcstack.netns.state import TestbedState, exists, load
 from mrcstack.wire import (
     WRITE_OPCODES,
+    AeadIntegrity,
     CrcIntegrity,
     Dscp,
     IcrcPath,
@@ -41,6 +47,7 @@ from tests.isolation import run_name, skip_unless_testbed
 
 TESTBED = run_name("ws")
 FABRIC = Fabric(planes=2, racks=2, hosts_per_rack=1, t1_per_plane=2)
+PROBE_OPCODES = (Opcode.ENDPOINT_REQUEST, Opcode.ENDPOINT_RESPONSE)
 SRC, DST = 0, 1  # h0 and h1: one per rack
 CAPTURE_LIMIT = 4000
 pytestmark = [
@@ -96,12 +103,28 @@ def scapy_icrc_ok(pcap: Path, dst: str) -> tuple[int, int]:
     for frame in rdpcap(str(pcap)):
         if IPv6 not in frame or frame[IPv6].dst != dst or BTH not in frame:
             continue
+        if frame[BTH].opcode in PROBE_OPCODES and frame[BTH].dqpn == 0:
+            continue  # an EV probe on QPN 0: an AES-GCM tag where the ICRC would be
         ip = IPv6(bytes(frame[IPv6]))
         sent = bytes(ip)[-4:]
         ip[BTH].icrc = None
         seen += 1
         ok += bytes(ip)[-4:] == sent
     return seen, ok
+
+
+def write_bw(
+    cluster: Cluster, state: TestbedState, service: int, count: int
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """``count`` verified 64 KiB writes h0 -> h1 with ``mrc-write-bw`` (server, client)."""
+    return run_pair(
+        "write_bw",
+        tool("write_bw", "--socket", str(cluster.daemons[DST].api_socket),
+             "--service", str(service), "--json", netns=state.ns(f"h{DST}")),
+        tool("write_bw", "--socket", str(cluster.daemons[SRC].api_socket),
+             "--service", str(service), "--server-host", str(DST), "-s", "64KiB",
+             "-n", str(count), "--verify", "--json", netns=state.ns(f"h{SRC}")),
+    )  # fmt: skip
 
 
 def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
@@ -115,20 +138,24 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
         with Cluster(state, tmp_path / "cluster", extra="packet_auth = false") as cluster:
             cap = start_capture(state.ns(f"h{DST}"), pcap)
             try:
-                srv, cli = run_pair(
-                    "write_bw",
-                    tool("write_bw", "--socket", str(cluster.daemons[DST].api_socket),
-                         "--service", "811", "--json", netns=state.ns(f"h{DST}")),
-                    tool("write_bw", "--socket", str(cluster.daemons[SRC].api_socket),
-                         "--service", "811", "--server-host", str(DST), "-s", "64KiB",
-                         "-n", "200", "--verify", "--json", netns=state.ns(f"h{SRC}")),
-                )  # fmt: skip
+                pairs = [write_bw(cluster, state, 811, 100)]
+                # Between two runs: the capture is surely on by then (the first milliseconds
+                # after tshark says it is capturing can miss packets), and the second run's
+                # packets are behind them when the capture stops.
+                with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
+                    probes = [ctl.probe(DST, plane, ev_value(plane, plane % FABRIC.t1_per_plane),
+                                        timeout=5.0) for plane in range(FABRIC.planes)]  # fmt: skip
+                pairs.append(write_bw(cluster, state, 812, 100))
             finally:
                 stop_capture(cap)
-        assert cli.returncode == 0, cli.stderr
-        assert srv.returncode == 0, srv.stderr
-        server = one_json(cli.stdout)["server"]
-        assert server["mismatches"] == 0 and server["verified"] > 0, server
+            key = Credentials.from_psk(f"h{SRC}", load_psk(cluster.psk)).probe_key(f"h{DST}")
+        assert key is not None
+        assert all(r["responses"] and not r["timed_out"] for r in probes), probes
+        for srv, cli in pairs:
+            assert cli.returncode == 0, cli.stderr
+            assert srv.returncode == 0, srv.stderr
+            server = one_json(cli.stdout)["server"]
+            assert server["mismatches"] == 0 and server["verified"] > 0, server
         rows = tshark_fields.dissect(pcap, extra=("ipv6.src", "ipv6.tclass"))
     finally:
         testbed.clean(TESTBED)
@@ -136,14 +163,16 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
     kinds: Counter[str] = Counter()
     for row in rows:
         wire = bytes.fromhex(row["udp.payload"])
-        if wire[0] in (Opcode.ENDPOINT_REQUEST, Opcode.ENDPOINT_RESPONSE):
-            # EV probes and replies are sealed with the daemons' probe keys (AES-GCM), which
-            # this test does not hold; they appear when a path is probed (an EV demoted by
-            # a timeout while the machine is busy).
-            kinds["sealed EV probes"] += 1
-            continue
         arriving = row["ipv6.src"] in from_src
-        pkt = decode(wire, view(DST, SRC) if arriving else view(SRC, DST))  # ICRC verified
+        local, peer = (DST, SRC) if arriving else (SRC, DST)
+        if wire[0] in PROBE_OPCODES and int.from_bytes(wire[5:8], "big") == 0:
+            # An EV probe or reply outside any QP (QPN 0): sealed with the pair's probe key,
+            # the sender id being the host index + 1.  (A connection's probes of its own
+            # EVs carry its QPN and are checked as its data is.)
+            pkt = decode(wire, AeadIntegrity(key, local + 1, peer + 1))  # tag verified
+            kinds["sealed EV probes"] += 1
+        else:
+            pkt = decode(wire, view(local, peer))  # ICRC verified
         assert tshark_fields.mismatches(row, tshark_fields.expected(pkt, wire)) == [], pkt
         kinds[Opcode(wire[0]).name] += 1
         # Writes in the trimmable class, everything else in the control class.
@@ -154,6 +183,7 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
     assert sum(kinds[Opcode(op).name] for op in WRITE_OPCODES) >= 4 * kinds["RDMA_WRITE_FIRST"]
     for name in ("RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST_IMM", "RELIABILITY_SACK"):
         assert kinds[name] > 0, f"no {name} in the capture: {dict(kinds)}"
+    assert kinds["sealed EV probes"] >= 2 * FABRIC.planes  # each probe and its reply
     seen, ok = scapy_icrc_ok(pcap, str(nic_sid(FABRIC, 0, DST)))
     assert seen > 100 and ok == seen, f"Scapy agrees on {ok} of {seen} ICRCs"
     shutil.rmtree(tmp_path, ignore_errors=True)
