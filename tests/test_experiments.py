@@ -237,3 +237,14 @@ def test_testbed_claims_fail_when_the_data_says_so() -> None:
     got = _figures(mrcd_gap=(0.0, 0.4), mptcp_gap=(0.0, 0.05))  # mrcd is the slow one
     passed = [c.passed for c in got["result"].claims]
     assert passed == [False, False, False]
+
+
+def test_recovery_from_a_lasting_fault_counts_from_the_end_of_the_step_that_ends_it() -> None:
+    """Ports brought back are back when the command has finished (addresses, routes): a
+    run that recorded that time is measured from it, one that did not from ``back_at_s``."""
+    same = _series(700e6, (0.0, 0.7))  # back at the same time, 0.7 s after the fault
+    runs = {"mrcd": [replace(same, steps_ms=(650.0,))], "tcp": [_series(200e6)],
+            "mptcp": [same]}  # fmt: skip
+    _, figures = outcome(runs, CASE, title="t", marks=(), back_at_s=0.6)
+    mrcd, mptcp = figures["mrcd"]["recovery_ms"], figures["mptcp"]["recovery_ms"]
+    assert 0 < mrcd < mptcp <= 150 and mptcp - mrcd == pytest.approx(50)

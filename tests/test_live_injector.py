@@ -66,6 +66,8 @@ def test_the_fault_runs_in_another_process_with_its_later_steps(tmp_path: Path) 
     assert 0 <= command_ms < 5000
     assert float(lines[2][2]) - injector.fault_at >= 0.05  # at its offset from the fault
     assert injector.join() == command_ms  # joined once, answered again
+    [step_ms] = injector.steps_ms  # when the later step had finished, from the fault time
+    assert step_ms >= 50 and step_ms >= (float(lines[2][2]) - injector.fault_at) * 1e3
 
 
 def test_a_fault_that_fails_names_itself_and_an_unstarted_one_does_nothing(

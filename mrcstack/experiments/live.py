@@ -97,6 +97,9 @@ class Run:
     retx: dict[str, float]
     first_ev_ms: float | None  # mrcd only: fault -> first EV state change
     command_ms: float  # how long the fault's first command took
+    #: From the fault time to the end of each of the case's later steps (ms): a port brought
+    #: back is back when its command has finished (its addresses and routes restored).
+    steps_ms: tuple[float, ...] = ()
 
     def impact(
         self, pre_s: float = PRE_S, window_s: float = WINDOW_S, horizon_s: float | None = None
@@ -243,6 +246,7 @@ class _Injector:
         self.fault_at = 0.0
         self._started = False
         self._joined: float | None = None
+        self.steps_ms: tuple[float, ...] = ()  # set by join: see Run.steps_ms
         go_r, self._go = os.pipe()
         result_r, result_w = os.pipe()
         self._pid = os.fork()
@@ -271,9 +275,12 @@ class _Injector:
                     fault_at = float(start)
                     armed.fire()
                     doc: dict[str, object] = {"applied": time.time()}
+                    steps: list[float] = []
                     for offset, action in self.case.later:
                         time.sleep(max(0.0, fault_at + offset - time.time()))
                         action(faults)
+                        steps.append(time.time())
+                    doc["steps"] = steps
                     os.write(result, json.dumps(doc).encode())
                     # Leave only when the parent joins, after its window: tearing down a
                     # copy of the parent's address space is milliseconds of CPU, and at the
@@ -314,6 +321,7 @@ class _Injector:
         if "error" in doc:
             raise RuntimeError(f"fault {self.case.name}: {doc['error']}")
         self._joined = (float(doc["applied"]) - self.fault_at) * 1e3
+        self.steps_ms = tuple((float(t) - self.fault_at) * 1e3 for t in doc.get("steps", ()))
         return self._joined
 
 
@@ -433,6 +441,7 @@ def mrcd_run(
             retx,
             None if first_ev is None else (first_ev - fault_at) * 1e3,
             command_ms,
+            injector.steps_ms,
         )
     finally:
         if injector is not None:
@@ -486,7 +495,7 @@ def stream_run(
         command_ms = injector.join()
         doc = json.loads([line for line in out.splitlines() if line.strip()][-1])
         samples = tuple((int(ms) / 1000, n) for ms, n in doc["per_ms"].items())
-        return Run(proto, samples, injector.fault_at, {}, None, command_ms)
+        return Run(proto, samples, injector.fault_at, {}, None, command_ms, injector.steps_ms)
     finally:
         for proc in (send, recv):
             if proc is not None and proc.poll() is None:
