@@ -248,3 +248,5 @@ def test_recovery_from_a_lasting_fault_counts_from_the_end_of_the_step_that_ends
     _, figures = outcome(runs, CASE, title="t", marks=(), back_at_s=0.6)
     mrcd, mptcp = figures["mrcd"]["recovery_ms"], figures["mptcp"]["recovery_ms"]
     assert 0 < mrcd < mptcp <= 150 and mptcp - mrcd == pytest.approx(50)
+    assert figures["mrcd"]["restore_ms"] == pytest.approx(50)  # the step ended 50 ms late
+    assert figures["mptcp"]["restore_ms"] == 0.0
