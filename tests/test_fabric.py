@@ -23,8 +23,9 @@ from mrcstack.fabric import (
     parse_rate,
     parse_size,
 )
+from tests.support import REPO
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = REPO / "examples"
 
 
 # Rates ----------------------------------------------------------------------------------

@@ -72,9 +72,9 @@ from mrcstack.wire import (
     encode_trimmed,
     trimmed_length,
 )
-from tests.isolation import run_name
-from tests.test_testbed import FakeTools
-from tests.test_trim import CE, ECN_MASK, ECT0, L2_L4, check_trimmed, data_packets, psn_of
+from tests.support.faketools import FakeTools
+from tests.support.isolation import run_name
+from tests.support.trimming import CE, ECN_MASK, ECT0, L2_L4, check_trimmed, data_packets, psn_of
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC = Fabric()

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
+ROOT = REPO
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 pytestmark = pytest.mark.skipif(

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
+ROOT = REPO
 SCRIPTS = ("mrcstack", "mrcstack-sim", "mrcd", "mrcctl", "mrc-write-bw", "mrc-write-lat")
 pytestmark = pytest.mark.slow
 

@@ -5,11 +5,9 @@ testbed builder) until a packet crosses it along the path its uSID address names
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +15,10 @@ from mrcstack import render
 from mrcstack.addrplan import address, nic_sid, static_routes, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
 from mrcstack.netns.run import call_in_netns
-from tests.isolation import run_name
+from tests.support import REPO
+from tests.support.isolation import run_name
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 FABRIC = Fabric()
 
 
@@ -68,7 +67,7 @@ def test_bad_arguments_are_one_line() -> None:
         assert needle in proc.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+@pytest.mark.requires_root
 def test_the_linux_rendering_forwards_a_packet_on_a_hand_built_topology() -> None:
     fabric = Fabric(planes=1, racks=2, hosts_per_rack=1, t1_per_plane=1)
     prefix = run_name("rn")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons.apiharness import Daemons
+from tests.support.apiharness import Daemons
 
 
 @pytest.fixture

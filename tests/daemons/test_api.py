@@ -40,9 +40,10 @@ from mrcstack.api import (
 )
 from mrcstack.api import client as api_client
 from mrcstack.daemons.mrcd.node.node import QpAttrs
-from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
+from tests.support import REPO
+from tests.support.apiharness import WAIT, Daemons, connect, drain, end
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def test_query_device_and_context_objects(daemons: Daemons) -> None:

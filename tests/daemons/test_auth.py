@@ -30,6 +30,7 @@ from mrcstack.daemons.mrcd.control.auth import (
     public_key,
 )
 from mrcstack.errors import LocalError, PeerError
+from tests.support import REPO
 
 PSK = bytes(range(32))
 OTHER_PSK = bytes(range(1, 33))
@@ -419,7 +420,7 @@ def test_load_peer_keys_errors(tmp_path: Path) -> None:
 
 
 def test_docs_state_table_is_generated_from_the_code() -> None:
-    doc = Path(__file__).parents[2] / "docs" / "control-channel.md"
+    doc = REPO / "docs" / "control-channel.md"
     assert auth.transitions_markdown() in doc.read_text()
 
 

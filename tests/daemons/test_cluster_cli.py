@@ -4,7 +4,6 @@ inside each host's namespace with no flags, stopped gracefully by ``down``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,11 @@ import pytest
 from mrcstack.daemons import cluster_cli
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
-from tests.isolation import run_name
+from tests.support import REPO
+from tests.support.isolation import run_name
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.requires_kernel("netns")
+ROOT = REPO
 WRITE_BW = str(Path(sys.executable).with_name("mrc-write-bw"))
 
 

@@ -20,9 +20,10 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.events import EvState
 from mrcstack.core.memory import MemoryTable
 from mrcstack.daemons.mrcd.node.node import QpAttrs
-from tests.daemons.apiharness import FABRIC, WAIT, Daemons, connect, drain
+from tests.support import REPO
+from tests.support.apiharness import FABRIC, WAIT, Daemons, connect, drain
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def mrcctl(d: Daemons, *args: str, host: int = 0) -> subprocess.CompletedProcess[str]:

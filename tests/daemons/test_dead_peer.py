@@ -2,7 +2,7 @@
 
 One default testbed (4 planes, 2 racks x 2 hosts) with mrcd on h0 and h3, built once for the
 module and removed by exact name.  The programs use the application API over each daemon's
-Unix socket, as ``test_system.py`` does.
+Unix socket, as in the system tests (tests/support/programs.py).
 
 The acceptance bounds are the product's promises: after a SIGKILL of the receiver's mrcd
 every outstanding write fails within 1 s (measured: a few milliseconds, the control channel
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,44 +22,19 @@ from collections.abc import Iterator
 import pytest
 
 from mrcstack.api import Controller, WcStatus, WorkCompletion, WriteWr
-from mrcstack.daemons.cluster import Cluster
 from mrcstack.daemons.mrcd.config import CONTROL_PORT
 from mrcstack.fabric import Fabric
-from mrcstack.netns import testbed
-from mrcstack.netns.faults import Faults
-from mrcstack.netns.state import faults_path, load
-from tests.daemons.test_system import Bed, End, connect, drain, metric, open_end
-from tests.isolation import run_name, skip_unless_testbed
+from tests.support.programs import WAIT, End, connect, drain, metric, open_end
+from tests.support.testbeds import Bed, Testbeds
 
-TESTBED = run_name("dp")
 SRC, DST = 0, 3
 MIB = 1 << 20
 WRITES, WRITE = 16, 4 * MIB
-WAIT = 60.0
 
 
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    skip_unless_testbed(TESTBED)
-    workdir = tmp_path_factory.mktemp("mrcd")
-    log: list[str] = []
-    try:
-        testbed.up(Fabric(), TESTBED)
-        state = load(TESTBED)
-        cluster = Cluster(state, workdir, hosts=[SRC, DST])
-        try:
-            cluster.start()
-            b = Bed(state, cluster, Faults(state, log=log.append), workdir, log)
-            try:
-                yield b
-            finally:
-                b.faults.restore_all()
-        finally:
-            cluster.stop()
-    finally:
-        testbed.clean(TESTBED)
-        faults_path(TESTBED).with_suffix(".log").unlink(missing_ok=True)
-        shutil.rmtree(workdir, ignore_errors=True)
+def bed(testbeds: Testbeds) -> Bed:
+    return testbeds.up("dp", Fabric(), cluster=True, hosts=[SRC, DST])
 
 
 @contextlib.contextmanager

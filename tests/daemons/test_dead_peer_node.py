@@ -18,8 +18,8 @@ from mrcstack.core.events import ConnectionFailed, SendCompleted, WcStatus, Writ
 from mrcstack.core.memory import Access
 from mrcstack.daemons.mrcd.control.client import Session
 from mrcstack.daemons.mrcd.node.node import IncomingConnect, Node, QpAttrs, QpState
-from tests.daemons.test_node import FABRIC, Recorder, config
-from tests.isolation import free_base
+from tests.support.apiharness import FABRIC, Recorder, node_config
+from tests.support.isolation import free_base
 
 MIB = 1 << 20
 WAIT_STEPS = 2000  # x 5 ms: how long a test waits for an announcement to arrive
@@ -32,7 +32,7 @@ async def trio(tmp_path: Path) -> AsyncIterator[tuple[Node, Node, int, Path]]:
     base = free_base((0, 2, 3), FABRIC.planes)
     psk = tmp_path / "cluster.key"
     psk.write_text(os.urandom(32).hex())
-    a, b = Node(config(0, base, psk), loop), Node(config(3, base, psk), loop)
+    a, b = Node(node_config(0, base, psk), loop), Node(node_config(3, base, psk), loop)
     await a.start()
     await b.start()
     try:
@@ -118,7 +118,7 @@ async def test_a_dead_peer_mrcd_fails_every_pending_write_once_and_a_new_one_con
 
     # The same host comes back with a new mrcd on the same config: a new connect works.
     loop = asyncio.get_running_loop()
-    b2 = Node(config(3, base, psk), loop)
+    b2 = Node(node_config(3, base, psk), loop)
     await b2.start()
     try:
         assert b2.instance != b.instance

@@ -15,7 +15,6 @@ a third, independent check.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -30,8 +29,7 @@ from mrcstack.daemons.cluster import Cluster
 from mrcstack.daemons.mrcd.config import DATA_PORT
 from mrcstack.daemons.mrcd.control.auth import Credentials, load_psk
 from mrcstack.fabric import Fabric
-from mrcstack.netns import testbed
-from mrcstack.netns.state import TestbedState, exists, load
+from mrcstack.netns.state import TestbedState
 from mrcstack.wire import (
     WRITE_OPCODES,
     AeadIntegrity,
@@ -41,19 +39,15 @@ from mrcstack.wire import (
     Opcode,
     decode,
 )
-from tests import tshark_fields
-from tests.daemons.test_tools import one_json, run_pair, tool
-from tests.isolation import run_name, skip_unless_testbed
+from tests.support import dissector
+from tests.support.testbeds import Bed, Testbeds
+from tests.support.tools import one_json, run_pair, tool
 
-TESTBED = run_name("ws")
 FABRIC = Fabric(planes=2, racks=2, hosts_per_rack=1, t1_per_plane=2)
 PROBE_OPCODES = (Opcode.ENDPOINT_REQUEST, Opcode.ENDPOINT_RESPONSE)
 SRC, DST = 0, 1  # h0 and h1: one per rack
 CAPTURE_LIMIT = 4000
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
-    pytest.mark.skipif(tshark_fields.TSHARK is None, reason="tshark is not installed"),
-]
+pytestmark = [pytest.mark.requires_root, pytest.mark.requires_program("tshark")]
 
 
 def view(local: int, peer: int) -> CrcIntegrity:
@@ -68,9 +62,9 @@ def view(local: int, peer: int) -> CrcIntegrity:
 
 
 def start_capture(netns: str, pcap: Path) -> subprocess.Popen[str]:
-    assert tshark_fields.TSHARK is not None
+    assert dissector.TSHARK is not None
     cap = subprocess.Popen(
-        ["ip", "netns", "exec", netns, tshark_fields.TSHARK, "-n", "-i", "any",
+        ["ip", "netns", "exec", netns, dissector.TSHARK, "-n", "-i", "any",
          "-f", f"udp port {DATA_PORT}", "-c", str(CAPTURE_LIMIT), "-a", "duration:90",
          "-w", str(pcap)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -127,38 +121,36 @@ def write_bw(
     )  # fmt: skip
 
 
-def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
-    skip_unless_testbed(TESTBED)
-    if exists(TESTBED):
-        testbed.clean(TESTBED)
+@pytest.fixture(scope="module")
+def bed(testbeds: Testbeds) -> Bed:
+    return testbeds.up("ws", FABRIC, cluster=True, extra="packet_auth = false")
+
+
+def test_tshark_reads_every_field_of_a_live_write_bw(bed: Bed, tmp_path: Path) -> None:
+    state, cluster = bed.state, bed.cluster
+    assert cluster is not None
     pcap = tmp_path / "h1.pcap"
+    cap = start_capture(state.ns(f"h{DST}"), pcap)
     try:
-        testbed.up(FABRIC, TESTBED)
-        state = load(TESTBED)
-        with Cluster(state, tmp_path / "cluster", extra="packet_auth = false") as cluster:
-            cap = start_capture(state.ns(f"h{DST}"), pcap)
-            try:
-                pairs = [write_bw(cluster, state, 811, 100)]
-                # Between two runs: the capture is surely on by then (the first milliseconds
-                # after tshark says it is capturing can miss packets), and the second run's
-                # packets are behind them when the capture stops.
-                with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
-                    probes = [ctl.probe(DST, plane, ev_value(plane, plane % FABRIC.t1_per_plane),
-                                        timeout=5.0) for plane in range(FABRIC.planes)]  # fmt: skip
-                pairs.append(write_bw(cluster, state, 812, 100))
-            finally:
-                stop_capture(cap)
-            key = Credentials.from_psk(f"h{SRC}", load_psk(cluster.psk)).probe_key(f"h{DST}")
-        assert key is not None
-        assert all(r["responses"] and not r["timed_out"] for r in probes), probes
-        for srv, cli in pairs:
-            assert cli.returncode == 0, cli.stderr
-            assert srv.returncode == 0, srv.stderr
-            server = one_json(cli.stdout)["server"]
-            assert server["mismatches"] == 0 and server["verified"] > 0, server
-        rows = tshark_fields.dissect(pcap, extra=("ipv6.src", "ipv6.tclass"))
+        pairs = [write_bw(cluster, state, 811, 100)]
+        # Between two runs: the capture is surely on by then (the first milliseconds
+        # after tshark says it is capturing can miss packets), and the second run's
+        # packets are behind them when the capture stops.
+        with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
+            probes = [ctl.probe(DST, plane, ev_value(plane, plane % FABRIC.t1_per_plane),
+                                timeout=5.0) for plane in range(FABRIC.planes)]  # fmt: skip
+        pairs.append(write_bw(cluster, state, 812, 100))
     finally:
-        testbed.clean(TESTBED)
+        stop_capture(cap)
+    key = Credentials.from_psk(f"h{SRC}", load_psk(cluster.psk)).probe_key(f"h{DST}")
+    assert key is not None
+    assert all(r["responses"] and not r["timed_out"] for r in probes), probes
+    for srv, cli in pairs:
+        assert cli.returncode == 0, cli.stderr
+        assert srv.returncode == 0, srv.stderr
+        server = one_json(cli.stdout)["server"]
+        assert server["mismatches"] == 0 and server["verified"] > 0, server
+    rows = dissector.dissect(pcap, extra=("ipv6.src", "ipv6.tclass"))
     from_src = {str(nic_sid(FABRIC, p, SRC)) for p in range(FABRIC.planes)}
     kinds: Counter[str] = Counter()
     for row in rows:
@@ -173,7 +165,7 @@ def test_tshark_reads_every_field_of_a_live_write_bw(tmp_path: Path) -> None:
             kinds["sealed EV probes"] += 1
         else:
             pkt = decode(wire, view(local, peer))  # ICRC verified
-        assert tshark_fields.mismatches(row, tshark_fields.expected(pkt, wire)) == [], pkt
+        assert dissector.mismatches(row, dissector.expected(pkt, wire)) == [], pkt
         kinds[Opcode(wire[0]).name] += 1
         # Writes in the trimmable class, everything else in the control class.
         dscp = Dscp.DATA if wire[0] in WRITE_OPCODES else Dscp.CONTROL

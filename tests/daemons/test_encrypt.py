@@ -20,16 +20,14 @@ import pytest
 
 from mrcstack.api import QpAttr, WcStatus, WriteWr
 from mrcstack.wire import AeadIntegrity, CrcIntegrity, DataPacket, DecodeError, decode
-from tests.daemons.apiharness import Daemons, connect, drain
+from tests.support.apiharness import Daemons, connect, drain
 
 SIZE = 1 << 18
 MTU = 4096
 UDP = struct.Struct("!HHHH")  # source port, destination port, length, checksum
 WINDOW = 64
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root (a raw socket to see the datagrams)"
-)
+pytestmark = pytest.mark.requires_root  # a raw socket to see the datagrams
 
 
 def _drain(raw: socket.socket, ports: set[int]) -> list[bytes]:

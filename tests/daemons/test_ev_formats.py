@@ -18,13 +18,10 @@ each format is an EV profile created on both hosts through the controller API.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,15 +29,12 @@ import pytest
 from mrcstack import addrplan
 from mrcstack.api.ctl import Controller
 from mrcstack.core.evs import EvTable
-from mrcstack.daemons.cluster import Cluster
 from mrcstack.fabric import Fabric, letters
 from mrcstack.netns import testbed
 from mrcstack.netns.faults import Faults
-from mrcstack.netns.state import TestbedState, exists, load
-from tests.daemons.test_tools import one_json, run_pair, tool
-from tests.isolation import run_name, skip_unless_testbed
+from tests.support.testbeds import Bed, Testbeds
+from tests.support.tools import one_json, run_pair, tool
 
-TESTBED = run_name("ef")
 FABRIC = Fabric(planes=2, racks=2, hosts_per_rack=1, t1_per_plane=4, sid_format="classic")
 SRC, DST = 0, 1
 #: uSID and SRH run on profile 0 (the address plan's EVs, one path each, a quarter held back
@@ -53,34 +47,25 @@ WRITES, WRITE_SIZE = 64, "1MiB"  # 64 MiB verified
 FLAPPED = [f"p{p}:t0a-t1a" for p in range(FABRIC.planes)]
 STEV_FIELDS = {"t1": {"min": 0, "max": 3}, "entropy": {"min": 0, "max": 3}}
 FLAP_DOWN_S, FLAP_GAP_S = 0.05, 0.1
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+pytestmark = pytest.mark.requires_root
 
 
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestbedState, Cluster]]:
-    skip_unless_testbed(TESTBED)
-    if exists(TESTBED):
-        testbed.clean(TESTBED)
-    workdir = tmp_path_factory.mktemp("ef")
-    try:
-        testbed.up(FABRIC, TESTBED)
-        state = load(TESTBED)
-        with Cluster(state, workdir) as cluster:
-            with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
-                made = ctl.create_ev_profile(13, fields=STEV_FIELDS, ev_format="stev")
-                assert made["format"] == "stev" and made["ev_count"] == 32, made
-            cli = subprocess.run(  # the other end through mrcctl, as an operator would
-                [sys.executable, "-m", "mrcstack.daemons.mrcctl", "--json",
-                 "--socket", str(cluster.daemons[DST].api_socket), "ev", "profile", "create",
-                 "13", "--format", "stev", "--t1", "0-3", "--entropy", "0-3"],
-                capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
-            assert cli.returncode == 0, cli.stderr
-            assert json.loads(cli.stdout)["format"] == "stev"
-            yield state, cluster
-    finally:
-        testbed.clean(TESTBED)
-        shutil.rmtree(workdir, ignore_errors=True)
+def bed(testbeds: Testbeds) -> Bed:
+    bed = testbeds.up("ef", FABRIC, cluster=True)
+    assert bed.cluster is not None
+    with Controller.open(bed.cluster.daemons[SRC].api_socket) as ctl:
+        made = ctl.create_ev_profile(13, fields=STEV_FIELDS, ev_format="stev")
+        assert made["format"] == "stev" and made["ev_count"] == 32, made
+    cli = subprocess.run(  # the other end through mrcctl, as an operator would
+        [sys.executable, "-m", "mrcstack.daemons.mrcctl", "--json",
+         "--socket", str(bed.cluster.daemons[DST].api_socket), "ev", "profile", "create",
+         "13", "--format", "stev", "--t1", "0-3", "--entropy", "0-3"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["format"] == "stev"
+    return bed
 
 
 def flap(faults: Faults, stop: threading.Event, errors: list[BaseException]) -> None:
@@ -121,8 +106,9 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("fmt", list(PROFILES))
-def test_64mib_between_racks_under_link_flaps(bed: tuple[TestbedState, Cluster], fmt: str) -> None:
-    state, cluster = bed
+def test_64mib_between_racks_under_link_flaps(bed: Bed, fmt: str) -> None:
+    state, cluster = bed.state, bed.cluster
+    assert cluster is not None
     profile = str(PROFILES[fmt])
     if PROFILES[fmt] == 0:  # no QP uses it between runs: its format may change
         for host in (SRC, DST):
@@ -130,7 +116,7 @@ def test_64mib_between_racks_under_link_flaps(bed: tuple[TestbedState, Cluster],
                 assert ctl.modify_ev_profile(0, ev_format=fmt)["format"] == fmt
     before = counters(state.name)
     stop, errors = threading.Event(), []
-    flapper = threading.Thread(target=flap, args=(Faults(state), stop, errors))
+    flapper = threading.Thread(target=flap, args=(bed.faults, stop, errors))
     started = time.monotonic()
     flapper.start()
     try:

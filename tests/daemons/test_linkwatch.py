@@ -15,14 +15,12 @@ import logging
 import os
 import queue
 import secrets
-import shutil
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -49,8 +47,9 @@ from mrcstack.daemons.mrcd.datapath.linkwatch import (
     parse_messages,
     watch_planes,
 )
+from tests.support import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 UP = IFF_UP | IFF_LOWER_UP
 
 
@@ -205,9 +204,6 @@ async def test_watch_planes_maps_interfaces_to_planes_and_names_the_missing_ones
 
 
 # Root: a veth pair in a namespace of our own -----------------------------------------------------
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
-)
 STEP_TIMEOUT = 10.0  # hang protection only; the latency is printed, never asserted
 
 
@@ -272,7 +268,8 @@ class Watcher:
                 self.proc.wait()
 
 
-@needs_root
+@pytest.mark.requires_root
+@pytest.mark.requires_program("ip")
 def test_veth_admin_and_carrier_changes_in_own_namespace() -> None:
     ns = f"tOPS-lw-{secrets.token_hex(3)}"
     watcher: Watcher | None = None

@@ -32,7 +32,7 @@ from mrcstack.api import (
     WriteWr,
 )
 from mrcstack.daemons.mrcd.config import MrcdConfig
-from tests.isolation import control_port, free_base
+from tests.support.isolation import control_port, free_base
 
 MRCD = [sys.executable, "-m", "mrcstack.daemons.mrcd.ops.main"]
 

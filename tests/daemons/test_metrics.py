@@ -43,17 +43,11 @@ from mrcstack.daemons.mrcd.ops.metrics import (
     serve,
 )
 from mrcstack.daemons.mrcd.ops.promserver import prometheus_config, run_prometheus
-from tests.daemons.apiharness import Daemons, wait_for
+from tests.support import REPO
+from tests.support.apiharness import Daemons, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)"
-)
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus)"
-)
 LABELS = {"plane", "reason", "state", "host", "version", "le"}  # bounded sets only
 
 
@@ -168,7 +162,7 @@ def test_totals_keep_closed_connections_and_copy_is_independent() -> None:
 
 
 # The exposition ---------------------------------------------------------------------------------
-@needs_promtool
+@pytest.mark.requires_program("promtool")
 def test_promtool_accepts_the_exposition(tmp_path: Path) -> None:
     text = exposition(populated)
     (tmp_path / "metrics.txt").write_text(text)
@@ -383,7 +377,7 @@ async def test_bad_listen_addresses_fail_with_one_line() -> None:
 
 
 # Prometheus itself ------------------------------------------------------------------------------
-@needs_promtool
+@pytest.mark.requires_program("promtool")
 def test_example_and_generated_configs_are_valid(tmp_path: Path) -> None:
     assert PROMTOOL is not None
     generated = tmp_path / "prometheus.yml"
@@ -403,7 +397,7 @@ def test_example_and_generated_configs_are_valid(tmp_path: Path) -> None:
         prometheus_config([])
 
 
-@needs_prometheus
+@pytest.mark.requires_program("prometheus")
 async def test_real_prometheus_scrapes_the_exporter(tmp_path: Path) -> None:
     """The local version of the testbed acceptance test: scrape, then query the API."""
     scrapes = 0

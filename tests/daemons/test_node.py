@@ -15,57 +15,21 @@ from prometheus_client import generate_latest
 
 from mrcstack.core.events import (
     ConnectionFailed,
-    Event,
     PortStateChanged,
     SendCompleted,
     WcStatus,
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
-from mrcstack.daemons.mrcd.config import AuthConfig, MrcdConfig
+from mrcstack.daemons.mrcd.config import AuthConfig
 from mrcstack.daemons.mrcd.datapath import probes
 from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, open_plane_socket
 from mrcstack.daemons.mrcd.node.node import IncomingConnect, Node, QpAttrs, QpState
 from mrcstack.daemons.mrcd.ops.metrics import make_registry
 from mrcstack.errors import LocalError
-from mrcstack.fabric import Fabric
 from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
-from tests.isolation import control_port, free_base
-
-FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
-
-
-def config(host: int, port: int, psk: Path) -> MrcdConfig:
-    return MrcdConfig(
-        host=host,
-        fabric=FABRIC,
-        data_mode="loopback",
-        data_port=port,
-        control_address=("::1", control_port(port, host)),
-        peers=tuple((f"h{h}", ("::1", control_port(port, h))) for h in (0, 3)),
-        auth=AuthConfig(mode="psk", psk_file=psk),
-    )
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.changed = asyncio.Event()
-
-    def __call__(self, qpn: int, event: Event) -> None:
-        self.events.append(event)
-        self.changed.set()
-
-    async def wait_for(self, kind: type, count: int = 1, timeout: float = 30.0) -> list[Event]:
-        async def until() -> list[Event]:
-            while True:
-                found = [e for e in self.events if isinstance(e, kind)]
-                if len(found) >= count:
-                    return found
-                self.changed.clear()
-                await self.changed.wait()
-
-        return await asyncio.wait_for(until(), timeout)
+from tests.support.apiharness import FABRIC, Recorder, node_config
+from tests.support.isolation import free_base
 
 
 @pytest.fixture
@@ -74,7 +38,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[list[Node]]:
     base = free_base((0, 2, 3), FABRIC.planes)
     psk = tmp_path / "cluster.key"
     psk.write_text(os.urandom(32).hex())
-    nodes = [Node(config(0, base, psk), loop), Node(config(3, base, psk), loop)]
+    nodes = [Node(node_config(0, base, psk), loop), Node(node_config(3, base, psk), loop)]
     for n in nodes:
         await n.start()
     try:

@@ -19,7 +19,7 @@ import pytest
 
 from mrcstack.api import ApiError, AsyncEventType, QpAttr, QpState, WcStatus, WriteWr, wire
 from mrcstack.api.limits import MAX_PRIVATE_DATA
-from tests.daemons.apiharness import WAIT, Daemons, connect, drain, end
+from tests.support.apiharness import WAIT, Daemons, connect, drain, end
 
 MTU = 4096
 

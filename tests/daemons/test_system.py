@@ -18,19 +18,14 @@ checked against what was sent and what the kernel provably dropped (:class:`Drop
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import re
-import shutil
 import socket
 import struct
 import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -38,37 +33,36 @@ import pytest
 from mrcstack import addrplan
 from mrcstack.api import (
     Access,
-    AsyncEvent,
     AsyncEventType,
-    CompletionQueue,
-    Context,
-    Device,
-    MemoryRegion,
     QpState,
-    QueuePair,
     WcStatus,
-    WorkCompletion,
     WriteWr,
 )
-from mrcstack.daemons.cluster import METRICS_PORT, Cluster
+from mrcstack.daemons.cluster import METRICS_PORT
 from mrcstack.daemons.mrcd.config import DATA_PORT
 from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN
 from mrcstack.daemons.mrcd.ops.promserver import run_prometheus
 from mrcstack.fabric import Fabric
-from mrcstack.netns import testbed, trim
-from mrcstack.netns.faults import Faults
+from mrcstack.netns import trim
 from mrcstack.netns.run import call_in_netns
-from mrcstack.netns.state import TestbedState, faults_path, load
 from mrcstack.netns.traffic import udp_sender
 from mrcstack.wire import WRITE_OPCODES as WRITES
 from mrcstack.wire import AeadIntegrity, CrcIntegrity, DataPacket, encode
-from tests.isolation import run_name, skip_unless_testbed
+from tests.support.programs import (
+    WAIT,
+    async_events,
+    by_label,
+    closing,
+    connect,
+    drain,
+    metric,
+    open_end,
+    plane_sent,
+    scrape,
+)
+from tests.support.testbeds import Bed, Testbeds
 
-#: A name of its own per run ([a-z][a-z0-9]{0,5}): concurrent runs of this module (other
-#: worktrees, CI) must never build, or clean, each other's testbed.
-TESTBED = run_name("ts")
 FABRIC = Fabric()
-WAIT = 60.0  # safety limit for anything that should happen; never a timing assertion
 MIB = 1 << 20
 SRC, DST = 0, 3  # different racks
 #: <linux/if_ether.h>
@@ -78,51 +72,9 @@ IPV6_HDR = 40
 UDP_HDR = 8
 
 
-# The testbed and the daemons ----------------------------------------------------------------
-@dataclass
-class Bed:
-    state: TestbedState
-    cluster: Cluster
-    faults: Faults
-    workdir: Path
-    log: list[str] = field(default_factory=list)
-
-    def ns(self, host: int) -> str:
-        return self.state.ns(f"h{host}")
-
-    def alive(self) -> None:
-        for host, d in self.cluster.daemons.items():
-            assert d.proc is not None and d.proc.poll() is None, (
-                f"mrcd on h{host} died: {self.cluster.tail(host)}"
-            )
-
-
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    skip_unless_testbed(TESTBED)
-    workdir = tmp_path_factory.mktemp("mrcd")
-    log: list[str] = []
-    codes: dict[int, int | None] = {}
-    try:
-        testbed.up(FABRIC, TESTBED)
-        state = load(TESTBED)
-        cluster = Cluster(state, workdir)
-        try:
-            cluster.start()
-            b = Bed(state, cluster, Faults(state, log=log.append), workdir, log)
-            try:
-                yield b
-            finally:
-                b.faults.restore_all()
-        finally:
-            codes = cluster.stop()
-    finally:
-        testbed.clean(TESTBED)
-        faults_path(TESTBED).with_suffix(".log").unlink(missing_ok=True)
-        shutil.rmtree(workdir, ignore_errors=True)
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    assert not [n for n in left.stdout.split() if n.startswith(f"{TESTBED}-")]
-    assert all(code == 0 for code in codes.values()), f"mrcd exit codes {codes}"
+def bed(testbeds: Testbeds) -> Bed:
+    return testbeds.up("ts", FABRIC, cluster=True)
 
 
 @pytest.fixture
@@ -133,127 +85,6 @@ def clean_faults(bed: Bed) -> Iterator[Bed]:
         bed.alive()
     finally:
         bed.faults.restore_all()
-
-
-# Programs on two hosts ----------------------------------------------------------------------
-@dataclass
-class End:
-    ctx: Context
-    cq: CompletionQueue
-    mrs: list[MemoryRegion]
-    qps: list[QueuePair] = field(default_factory=list)
-
-    @property
-    def mr(self) -> MemoryRegion:
-        return self.mrs[0]
-
-    @property
-    def qp(self) -> QueuePair:
-        return self.qps[0]
-
-
-_service = iter(range(100, 10_000))
-
-
-def open_end(bed: Bed, host: int, *sizes: int, access: Access | None = None) -> End:
-    ctx = Device.open(bed.cluster.daemons[host].api_socket).create_context()
-    cq = ctx.create_cq(4096)
-    mrs = [ctx.reg_mr(s) if access is None else ctx.reg_mr(s, access) for s in sizes]
-    return End(ctx, cq, mrs)
-
-
-def connect(a: End, b: End, remote_host: int, recvs: int = 0) -> tuple[QueuePair, QueuePair]:
-    """A new QP on ``a`` connected to a new QP on ``b`` (which listens and accepts)."""
-    service = next(_service)
-    listener = b.ctx.listen(service)
-    qa, qb = a.ctx.create_qp(a.cq), b.ctx.create_qp(b.cq)
-    if recvs:
-        qb.post_recv(range(recvs))
-    failure: list[BaseException] = []
-
-    def accept() -> None:
-        try:
-            req = listener.get_request(timeout=WAIT)
-            assert req is not None
-            listener.accept(req, qb, timeout=WAIT)
-        except BaseException as exc:
-            failure.append(exc)
-
-    t = threading.Thread(target=accept)
-    t.start()
-    try:
-        qa.connect(remote_host, service, timeout=WAIT)
-    finally:
-        t.join(WAIT)
-    if failure:
-        raise failure[0]
-    a.qps.append(qa)
-    b.qps.append(qb)
-    return qa, qb
-
-
-def drain(cq: CompletionQueue, n: int, timeout: float = WAIT) -> list[WorkCompletion]:
-    out: list[WorkCompletion] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        left = deadline - time.monotonic()
-        assert left > 0, f"only {len(out)} of {n} completions in {timeout}s"
-        out += cq.poll_wait(n - len(out), timeout=left)
-    return out
-
-
-def async_events(*ends: End, wait: float = 0.1) -> list[AsyncEvent]:
-    """The asynchronous events mrcd sent these programs (reading their sockets ``wait`` s)."""
-    out: list[AsyncEvent] = []
-    for e in ends:
-        while (ev := e.ctx.get_async_event(timeout=wait)) is not None:
-            out.append(ev)
-    return out
-
-
-@contextlib.contextmanager
-def closing(*ends: End) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for e in ends:
-            e.ctx.close()
-
-
-# Metrics ------------------------------------------------------------------------------------
-_SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$")
-
-
-def scrape(bed: Bed, host: int) -> str:
-    with urllib.request.urlopen(bed.cluster.daemons[host].metrics_url, timeout=10) as resp:
-        return str(resp.read().decode())
-
-
-def samples(page: str) -> dict[tuple[str, str], float]:
-    """``{(name, 'label="v",...'): value}`` of a text exposition page."""
-    out: dict[tuple[str, str], float] = {}
-    for line in page.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[(m.group(1), m.group(2) or "")] = float(m.group(3))
-    return out
-
-
-def metric(bed: Bed, host: int, name: str, labels: str = "") -> float:
-    return samples(scrape(bed, host)).get((name, labels), 0.0)
-
-
-def by_label(bed: Bed, host: int, name: str) -> dict[str, float]:
-    """One labelled family as ``{label value: sample}`` (single-label families)."""
-    out = {}
-    for (n, labels), v in samples(scrape(bed, host)).items():
-        if n == name and labels:
-            out[labels.split('"')[1]] = v
-    return out
-
-
-def plane_sent(bed: Bed, host: int, plane: int) -> float:
-    return metric(bed, host, "mrc_sent_packets_total", f'plane="{plane}"')
 
 
 # 1. Faults during a 256 MiB write -----------------------------------------------------------

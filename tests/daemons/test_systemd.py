@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
+ROOT = REPO
 UNITS = ROOT / "systemd"
 ANALYZE = shutil.which("systemd-analyze")
-needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
 EXEC = "/usr/local/bin/mrcd"
 
 
@@ -93,7 +94,7 @@ def _copies(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@needs_analyze
+@pytest.mark.requires_program("systemd-analyze")
 @pytest.mark.parametrize("unit", ["mrcd.service", "mrcd@h0.service"])
 def test_systemd_analyze_verify(tmp_path: Path, unit: str) -> None:
     res = _analyze("verify", str(_copies(tmp_path) / unit))
@@ -105,7 +106,7 @@ def test_systemd_analyze_verify(tmp_path: Path, unit: str) -> None:
     assert res.returncode == 0 and mentions == [], res.stdout + res.stderr
 
 
-@needs_analyze
+@pytest.mark.requires_program("systemd-analyze")
 def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     """The check above is worth something: a typo and a missing binary are reported."""
     unit = _copies(tmp_path) / "mrcd.service"
@@ -119,7 +120,7 @@ def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     assert "NoNewPrivilege" in out and "/nonexistent/mrcd" in out and res.returncode != 0
 
 
-@needs_analyze
+@pytest.mark.requires_program("systemd-analyze")
 def test_security_exposure_is_low(tmp_path: Path) -> None:
     res = _analyze("security", "--offline=yes", str(_copies(tmp_path) / "mrcd@h0.service"))
     if res.returncode != 0 and "offline" in res.stderr:

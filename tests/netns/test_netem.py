@@ -1,0 +1,163 @@
+"""netem faults: the tc commands they generate, where netem goes on a port that is already
+shaped or trimmed, the up-front check of the kernel, and (where the kernel has sch_netem)
+a live delay on the testbed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mrcstack.fabric import Fabric
+from mrcstack.netns import netem
+from mrcstack.netns.faultplan import FaultError
+from mrcstack.netns.faults import Faults
+from mrcstack.netns.netem import NetemSpec, attach_command, parent_for, parse_spec, tc_args
+from mrcstack.netns.scenario import parse_scenario
+from mrcstack.netns.state import load
+from tests.support import REPO
+from tests.support.testbeds import Testbeds
+
+ROOT = REPO
+
+
+def test_every_option_reaches_tc() -> None:
+    spec = parse_spec({"delay": "10ms", "jitter": "2ms", "distribution": "pareto",
+                       "loss_gemodel": "1%,10%,70%,0.1%", "reorder": "25%", "gap": 5,
+                       "duplicate": "1%", "corrupt": "0.1%", "rate": "100mbit",
+                       "slot": ["800us", "1ms"], "limit": 1000})  # fmt: skip
+    assert tc_args(spec) == [
+        "netem", "limit", "1000", "delay", "10000us", "2000us", "distribution", "pareto",
+        "loss", "gemodel", "1%", "10%", "70%", "0.1%", "duplicate", "1%",
+        "reorder", "25%", "gap", "5", "corrupt", "0.1%", "rate", "100mbit",
+        "slot", "800us", "1ms",
+    ]  # fmt: skip
+    assert tc_args(parse_spec({"loss": 0.02})) == ["netem", "loss", "random", "2%"]
+    assert parse_spec(spec.to_params()) == spec  # the recorded form reads back
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ({"jitter": "1ms"}, "--jitter needs --delay"),
+        ({"delay": "1ms", "distribution": "normal"}, "--distribution needs --jitter"),
+        ({"delay": "1ms", "jitter": "1ms", "distribution": "gauss"}, "distribution 'gauss'"),
+        ({"delay": "10 parsecs"}, "expected a time"),
+        ({"loss": "1%", "loss_gemodel": "1%,1%,1%,1%"}, "not both"),
+        ({"loss_gemodel": "1%,2%"}, "four values"),
+        ({"loss": "150%"}, "probability in (0, 1]"),
+        ({"reorder": "5%"}, "--reorder needs --delay"),
+        ({"delay": "1ms", "gap": 3}, "--gap needs --reorder"),
+        ({}, "nothing to do"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(args: dict[str, object], needle: str) -> None:
+    with pytest.raises(FaultError) as info:
+        parse_spec(args)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_netem_joins_a_shaped_or_trimmed_port_as_a_child() -> None:
+    spec = NetemSpec(delay_s=0.005)
+    shaped = {"kind": "tbf", "handle": "8001:", "root": True}
+    trimmed = {"kind": "htb", "handle": "7472:", "root": True}
+    assert parent_for(None) == "root" and parent_for({"kind": "noqueue", "root": True}) == "root"
+    assert attach_command("ns", "eth0", parent_for(shaped), spec) == [
+        "tc", "-n", "ns", "qdisc", "replace", "dev", "eth0", "parent", "8001:1",
+        "handle", "6e65:", "netem", "delay", "5000us",
+    ]  # fmt: skip
+    assert attach_command("ns", "eth0", parent_for(trimmed), spec)[6:9] == [
+        "eth0",
+        "parent",
+        "7472:20",  # the trim program's data class: trims still jump it
+    ]
+    assert attach_command("ns", "eth0", "root", spec)[7:8] == ["root"]
+    with pytest.raises(FaultError, match="cannot join"):
+        parent_for({"kind": "cake", "handle": "1:", "root": True})
+
+
+def test_a_scenario_step_applies_netem_and_undoes_it() -> None:
+    scenario = parse_scenario(
+        """
+[[step]]
+at = "1s"
+action = "netem"
+links = ["p0:t0a-t1a"]
+delay = "5ms"
+jitter = "1ms"
+loss = "1%"
+duration = "2s"
+""",
+        Fabric(),
+    )
+    apply, undo = scenario.events
+    assert apply.method == "netem" and apply.at == 1.0
+    kwargs = dict(apply.kwargs)
+    assert parse_spec(kwargs["spec"]) == NetemSpec(delay_s=0.005, jitter_s=0.001, loss=0.01)
+    assert undo.method == "unnetem" and undo.at == 3.0
+
+
+@pytest.fixture(scope="module")
+def bed(testbeds: Testbeds) -> str:
+    return testbeds.up("tn", Fabric(planes=1, racks=2, hosts_per_rack=1, t1_per_plane=1)).name
+
+
+def test_the_kernel_is_checked_up_front(bed: str) -> None:
+    """Without sch_netem: one line naming it, nothing applied, other faults still work.
+    With it: the command succeeds and is recorded."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mrcstack", "fault", "--name", bed, "netem", "p0:t0a-t1a",
+         "--delay", "5ms"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    faults = Faults(load(bed))
+    if netem.netem_problem(bed) is None:
+        assert proc.returncode == 0, proc.stderr
+        assert [f.kind for f in faults.active()] == ["netem", "netem"]
+        faults.restore_all()
+        return
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "sch_netem" in proc.stderr
+    assert faults.active() == []
+    faults.loss("p0:t0a-t1a", None, 0.5)  # a fault that needs no netem
+    assert [f.kind for f in faults.active()] == ["loss", "loss"]
+    faults.restore_all()
+
+
+def test_live_delay_and_order_with_shaping(bed: str) -> None:
+    if (problem := netem.netem_problem(bed)) is not None:
+        pytest.skip(f"this kernel has no sch_netem (the netem qdisc): {problem}")
+    state = load(bed)
+    faults = Faults(state)
+    h0 = state.ns("h0")
+    dst = state.baseline["h1"][0]
+
+    def rtt_ms() -> float:
+        out = subprocess.run(
+            ["ip", "netns", "exec", h0, "ping", "-6", "-c", "5", "-i", "0.2", dst],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        match = re.search(r"= [\d.]+/([\d.]+)/", out)
+        assert match is not None, out
+        return float(match.group(1))
+
+    base = rtt_ms()
+    faults.shape("p0:h0-t0a", None, 100e6)  # shaped first: netem goes under the tbf
+    faults.netem("p0:h0-t0a", None, NetemSpec(delay_s=0.020))
+    try:
+        assert rtt_ms() >= base + 35  # 20 ms each way
+        with pytest.raises(FaultError, match="clear"):
+            faults.unshape("p0:h0-t0a")  # would take the netem along
+    finally:
+        faults.restore_all()
+    faults.netem("p0:h0-t0a", None, NetemSpec(delay_s=0.010))
+    try:
+        with pytest.raises(FaultError, match="replace"):
+            faults.shape("p0:h0-t0a", None, 100e6)  # would silently replace netem
+    finally:
+        faults.restore_all()
+    assert rtt_ms() < base + 15
