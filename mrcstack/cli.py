@@ -1,7 +1,7 @@
 """``mrcstack``: one command for every tool.
 
 mrcstack testbed ...   namespace testbeds (mrcstack.netns.cli)
-mrcstack fault ...     the fault harness (mrcstack.netns.fault_cli)
+mrcstack fault ...     the fault harness (mrcstack.netns.faults.cli)
 mrcstack cluster ...   mrcd on every testbed host (mrcstack.daemons.cluster_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
@@ -22,7 +22,7 @@ PROG = "mrcstack"
 COMMANDS: dict[str, tuple[str, str]] = {
     "testbed": ("mrcstack.netns.cli", "multi-plane SRv6 testbeds in network namespaces"),
     "fault": (
-        "mrcstack.netns.fault_cli",
+        "mrcstack.netns.faults.cli",
         "faults on a running testbed (links, switches, loss, trim)",
     ),
     "cluster": ("mrcstack.daemons.cluster_cli", "mrcd on every host of a running testbed (root)"),

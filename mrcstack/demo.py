@@ -59,7 +59,7 @@ from mrcstack.demoreport import (
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
 from mrcstack.netns.faults import Faults
-from mrcstack.netns.scenario import parse_scenario, run_scenario
+from mrcstack.netns.faults.scenario import parse_scenario, run_scenario
 from mrcstack.netns.state import TestbedState, exists, faults_path, load, state_path
 from mrcstack.netns.topology import mgmt_address
 
@@ -173,7 +173,7 @@ def _comment(name: str) -> str:
 
 
 def scenario_toml(duration: float) -> str:
-    """The fault scenario for a run of ``duration`` seconds (mrcstack.netns.scenario format)."""
+    """The fault scenario for a run of ``duration`` seconds (the fault scenario format)."""
     scale = duration / DEFAULT_DURATION
     steps = [f'name = "mrcstack demo, {duration:g} s"']
     for at, action, targets, lasts in TIMELINE:

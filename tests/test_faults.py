@@ -28,9 +28,13 @@ from mrcstack.addrplan import Path as FabricPath
 from mrcstack.addrplan import paths, switch_locator, switch_usid
 from mrcstack.fabric import Fabric
 from mrcstack.netns import cli as testbed_cli
-from mrcstack.netns import fault_cli, faultops, ifctl, nftlib, testbed, traffic, trim
+from mrcstack.netns import ifctl, testbed, traffic, trim
 from mrcstack.netns import run as run_module
-from mrcstack.netns.faultplan import (
+from mrcstack.netns.faults import cli as fault_cli
+from mrcstack.netns.faults import nftlib
+from mrcstack.netns.faults import ops as faultops
+from mrcstack.netns.faults.harness import Faults, locked_records
+from mrcstack.netns.faults.plan import (
     Fault,
     FaultError,
     Records,
@@ -46,9 +50,8 @@ from mrcstack.netns.faultplan import (
     routes_avoiding,
     trim_settings,
 )
-from mrcstack.netns.faults import Faults, locked_records
+from mrcstack.netns.faults.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
 from mrcstack.netns.run import TestbedError, call_in_netns, resident_netns
-from mrcstack.netns.scenario import ScenarioError, parse_scenario, parse_time, run_scenario
 from mrcstack.netns.state import (
     LinkEnd,
     LinkRecord,
@@ -1231,14 +1234,14 @@ def test_live_records_let_another_process_restore_everything(
     live.faults.switch_blackhole("p2-t1c")
     live.faults.loss("p1:h3-t0b", None, 0.1)
     listed = subprocess.run(
-        [sys.executable, "-m", "mrcstack.netns.fault_cli", "--name", TESTBED, "list", "--json"],
+        [sys.executable, "-m", "mrcstack.netns.faults.cli", "--name", TESTBED, "list", "--json"],
         capture_output=True, text=True, check=True, cwd=REPO,
     )  # fmt: skip
     assert sorted(f["kind"] for f in json.loads(listed.stdout)) == [
         "blackhole", "link_down", "loss", "loss"
     ]  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "mrcstack.netns.fault_cli", "--name", TESTBED, "restore-all"],
+        [sys.executable, "-m", "mrcstack.netns.faults.cli", "--name", TESTBED, "restore-all"],
         capture_output=True, text=True, cwd=REPO, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -11,11 +11,10 @@ import sys
 import pytest
 
 from mrcstack.fabric import Fabric
-from mrcstack.netns import netem
-from mrcstack.netns.faultplan import FaultError
-from mrcstack.netns.faults import Faults
-from mrcstack.netns.netem import NetemSpec, attach_command, parent_for, parse_spec, tc_args
-from mrcstack.netns.scenario import parse_scenario
+from mrcstack.netns.faults import Faults, netem
+from mrcstack.netns.faults.netem import NetemSpec, attach_command, parent_for, parse_spec, tc_args
+from mrcstack.netns.faults.plan import FaultError
+from mrcstack.netns.faults.scenario import parse_scenario
 from mrcstack.netns.state import load
 from tests.support import REPO
 from tests.support.testbeds import Testbeds

@@ -12,7 +12,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from mrcstack.netns import netem, testbed, trim
+from mrcstack.netns import testbed, trim
+from mrcstack.netns.faults import netem
 from mrcstack.netns.run import TestbedError
 from tests.support.isolation import run_name
 

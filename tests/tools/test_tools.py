@@ -53,7 +53,7 @@ from mrcstack.daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
 from mrcstack.daemons.tools.report import lat_stats
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
-from mrcstack.netns.scenario import parse_scenario
+from mrcstack.netns.faults.scenario import parse_scenario
 from mrcstack.netns.state import exists
 from mrcstack.netns.topology import mgmt_address
 from tests.support import REPO

@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrcstack.netns import ifctl, netem, nftlib, testbed, trim
-from mrcstack.netns.faultplan import Fault, FaultError, as_replace, routes_avoiding
+from mrcstack.netns import ifctl, testbed, trim
+from mrcstack.netns.faults import netem, nftlib
+from mrcstack.netns.faults.plan import Fault, FaultError, as_replace, routes_avoiding
 from mrcstack.netns.run import TestbedError, ip, ip_batch, net_exec, one_line
 from mrcstack.netns.state import LinkRecord, TestbedState
 

@@ -30,7 +30,7 @@ How each fault is made (docs/faults.md explains the choices):
 - ``shape``/``trim``: the sending end's egress port, through the testbed's shaper and the
   trim program (switch egress only).
 
-This module plans, records and undoes; :mod:`mrcstack.netns.faultops` runs the recorded operations.
+This module plans, records and undoes; :mod:`.ops` runs the recorded operations.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from typing import Any
 
 from mrcstack.addrplan import parse_node
 from mrcstack.fabric import Fabric
-from mrcstack.netns import faultops, netem
-from mrcstack.netns.faultplan import (
+from mrcstack.netns.faults import netem, ops
+from mrcstack.netns.faults.netem import NetemSpec
+from mrcstack.netns.faults.plan import (
     Fault,
     FaultError,
     Records,
@@ -63,7 +64,6 @@ from mrcstack.netns.faultplan import (
     resolve_switch,
     trim_settings,
 )
-from mrcstack.netns.netem import NetemSpec
 from mrcstack.netns.run import TestbedError, resident_netns
 from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
 
@@ -234,7 +234,7 @@ class Faults:
     def switch_blackhole(self, switch: str) -> list[Fault]:
         """Links stay up, the switch silently drops everything it would forward."""
         name = resolve_switch(self.state.fabric, switch)
-        faultops.require_nft()
+        ops.require_nft()
         return self._nft("blackhole", f"blackhole {name}", name, {},
                          [(self.state.ns(name), "forward", ["counter drop"])])  # fmt: skip
 
@@ -251,7 +251,7 @@ class Faults:
         """Random loss on a link, each direction (or only from ``from_node``) its own fault."""
         record = self.link(a, b)
         probability = parse_probability(rate)
-        faultops.require_nft()
+        ops.require_nft()
         faults: list[Fault] = []
         for sender, receiver in directions(record.name, from_node):
             netns, match = loss_site(record, sender)
@@ -269,7 +269,7 @@ class Faults:
         name = resolve_switch(self.state.fabric, sid_or_switch)
         probability = parse_probability(rate)
         rule = path_loss_rule(self.state.fabric, name, probability)
-        faultops.require_nft()
+        ops.require_nft()
         return self._nft("loss_path", f"loss_path {name}", name, {"rate": probability},
                          [(self.state.ns(name), "prerouting", [rule])])  # fmt: skip
 
@@ -411,7 +411,7 @@ class Faults:
         program in the testbed's probe namespace, one harness process at a time)."""
         if not self._trim_checked:
             with harness_lock(self.state.name):
-                faultops.require_trim(self.state.name)
+                ops.require_trim(self.state.name)
             self._trim_checked = True
 
     def untrim(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
@@ -507,14 +507,14 @@ class Faults:
         failures: list[str] = []
         for op in fault.undo:
             try:
-                faultops.execute(self.state, op, fault, self.log)
+                ops.execute(self.state, op, fault, self.log)
             except TestbedError as exc:
                 failures.append(str(exc))
         records.faults = [f for f in records.faults if f.id != fault.id]
         if failures:
             self.log(f"restore {fault.describe()}: FAILED: {'; '.join(failures)}")
             raise FaultError(f"restore {fault.describe()}: {failures[0]}")
-        self.log(f"restore {fault.describe()}: {faultops.summary(fault.undo)}")
+        self.log(f"restore {fault.describe()}: {ops.summary(fault.undo)}")
 
     def _commit(self, records: Records, fault: Fault) -> Fault:
         """Record, then apply; on failure undo what was done and forget the fault."""
@@ -527,12 +527,12 @@ class Faults:
             return fault
         try:
             for op in fault.apply:
-                faultops.execute(self.state, op, fault, self.log)
+                ops.execute(self.state, op, fault, self.log)
         except BaseException:
             with suppress(TestbedError):  # the original failure is the one to report
                 self._undo(records, fault)
             raise
-        self.log(f"apply {fault.describe()}: {faultops.summary(fault.apply)}")
+        self.log(f"apply {fault.describe()}: {ops.summary(fault.apply)}")
         return fault
 
     def _down(
@@ -560,7 +560,7 @@ class Faults:
             for netns, ifname in free:
                 apply_ops.append({"op": "down", "netns": netns, "ifname": ifname})
                 undo_ups.append({"op": "up", "netns": netns, "ifname": ifname,
-                                 "addrs": faultops.addresses(netns, ifname)})  # fmt: skip
+                                 "addrs": ops.addresses(netns, ifname)})  # fmt: skip
             settle = {"op": "settle", "ports": [[n, i] for n, i in free]}
             undo_routes = [
                 {"op": "routes", "netns": ns} for ns in dict.fromkeys(n for n, _ in free)
@@ -650,13 +650,13 @@ class Armed:
             for index, fault in enumerate(self.faults):
                 try:
                     for op in fault.apply:
-                        faultops.execute(harness.state, op, fault, harness.log)
+                        ops.execute(harness.state, op, fault, harness.log)
                 except BaseException:
                     with suppress(TestbedError), locked_records(harness.state.name) as records:
                         harness._undo(records, fault)  # the original failure is the one to report
                     harness._forget(self.faults[index + 1 :])
                     raise
-                harness.log(f"apply {fault.describe()}: {faultops.summary(fault.apply)}")
+                harness.log(f"apply {fault.describe()}: {ops.summary(fault.apply)}")
         finally:
             self._threads.close()
         return list(self.faults)

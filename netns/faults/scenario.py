@@ -42,7 +42,8 @@ from typing import Any
 from mrcstack import resources
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, format_rate, parse_rate, parse_size
-from mrcstack.netns.faultplan import (
+from mrcstack.netns.faults.netem import NETEM_KEYS, parse_spec
+from mrcstack.netns.faults.plan import (
     FaultError,
     directions,
     now_iso,
@@ -51,7 +52,6 @@ from mrcstack.netns.faultplan import (
     resolve_switch,
     tier_rate,
 )
-from mrcstack.netns.netem import NETEM_KEYS, parse_spec
 
 _TIME = re.compile(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]{1,3})?)\s*([a-zµ]*)\s*")
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}

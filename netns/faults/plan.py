@@ -1,6 +1,6 @@
 """Planning faults, as pure functions and data: names, nftables rules, route lines, records.
 
-Nothing here touches the system: :mod:`mrcstack.netns.faults` runs what these functions produce.
+Nothing here touches the system: :mod:`.harness` runs what these functions produce.
 Kept apart so every rule the harness installs can be unit-tested without root.
 """
 

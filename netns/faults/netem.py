@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mrcstack.fabric import format_rate, parse_rate
-from mrcstack.netns import faultplan, testbed
-from mrcstack.netns.faultplan import FaultError
+from mrcstack.netns import testbed
+from mrcstack.netns.faults import plan
+from mrcstack.netns.faults.plan import FaultError
 from mrcstack.netns.run import TestbedError, one_line, run
 
 HANDLE = "6e65:"
@@ -79,7 +80,7 @@ def parse_time(text: str, what: str) -> float:
 def parse_probability(text: str | float, what: str) -> float:
     """``1%`` or ``0.01``, in (0, 1] (the harness's own rule for loss probabilities)."""
     try:
-        return faultplan.parse_probability(text)
+        return plan.parse_probability(text)
     except FaultError:
         raise FaultError(
             f"netem: {what} {text!r}: expected a probability in (0, 1] like 1% or 0.01"

@@ -1,0 +1,6 @@
+"""The fault harness: reversible kernel faults on a running testbed, and timed scenarios of them."""
+
+from mrcstack.netns.faults.harness import Armed, Faults
+from mrcstack.netns.faults.plan import Fault, FaultError
+
+__all__ = ["Armed", "Fault", "FaultError", "Faults"]
