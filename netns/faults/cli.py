@@ -35,9 +35,10 @@ from mrcstack import add_version_flag
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric, parse_rate, parse_size
 from mrcstack.netns.faults import netem
-from mrcstack.netns.faults.harness import Faults, load_records
-from mrcstack.netns.faults.plan import Fault, FaultError, parse_probability
-from mrcstack.netns.faults.scenario import LogEntry, ScenarioError, load_scenario, run_scenario
+from mrcstack.netns.faults.harness import Faults
+from mrcstack.netns.faults.plan import FaultError, parse_probability
+from mrcstack.netns.faults.records import Fault, load_records
+from mrcstack.netns.faults.scenario import ScenarioError, LogEntry, load_scenario, run_scenario
 from mrcstack.netns.state import NAME_ENV, check_name, default_name, exists, load
 
 PROG = "mrcstack fault"

@@ -35,12 +35,9 @@ This module plans, records and undoes; :mod:`.ops` runs the recorded operations.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack, suppress
 from typing import Any
 
 from mrcstack.addrplan import parse_node
@@ -48,9 +45,7 @@ from mrcstack.fabric import Fabric
 from mrcstack.netns.faults import netem, ops
 from mrcstack.netns.faults.netem import NetemSpec
 from mrcstack.netns.faults.plan import (
-    Fault,
     FaultError,
-    Records,
     directions,
     is_host,
     loss_site,
@@ -64,93 +59,53 @@ from mrcstack.netns.faults.plan import (
     resolve_switch,
     trim_settings,
 )
+from mrcstack.netns.faults.records import (
+    Fault,
+    FaultKind,
+    NamespaceOp,
+    NetemAttach,
+    NetemDetach,
+    Nft,
+    NftDelete,
+    Operation,
+    PortDown,
+    PortOp,
+    PortUp,
+    Records,
+    Routes,
+    Settle,
+    Shape,
+    Tier,
+    TrimAttach,
+    TrimDetach,
+    Unshape,
+    harness_lock,
+    load_records,
+    locked_records,
+    netem_resource,
+    port_resource,
+    qdisc_resource,
+    save_records,
+    summary,
+)
 from mrcstack.netns.run import TestbedError, resident_netns
-from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path, faults_path
+from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path
 
-FAULTS_VERSION = 1
 __all__ = ["Armed", "Fault", "FaultError", "Faults", "load_records", "locked_records"]
-
-
-def load_records(name: str) -> Records:
-    """The active faults recorded for testbed ``name`` (none if there is no file)."""
-    path = faults_path(name)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return Records(testbed=name)
-    except ValueError as exc:
-        raise FaultError(f"fault record {path} is unreadable: {exc}") from None
-    if data.get("version") != FAULTS_VERSION:
-        raise FaultError(f"fault record {path}: unsupported version {data.get('version')!r}")
-    return Records(
-        testbed=str(data["testbed"]),
-        next_id=int(data["next_id"]),
-        faults=[Fault.from_json(f) for f in data["faults"]],
-    )
-
-
-def save_records(records: Records) -> None:
-    path = faults_path(records.testbed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = {
-        "version": FAULTS_VERSION,
-        "testbed": records.testbed,
-        "next_id": records.next_id,
-        "faults": [f.to_json() for f in records.faults],
-    }
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-@contextmanager
-def harness_lock(name: str) -> Iterator[None]:
-    """Exclusive among harness processes: flock on the state directory, which every harness
-    process shares and nobody replaces."""
-    directory = faults_path(name).parent
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-@contextmanager
-def locked_records(name: str) -> Iterator[Records]:
-    """Exclusive access to a testbed's fault record (:func:`harness_lock`); written back
-    when the block ends, even on an exception."""
-    with harness_lock(name):
-        records = load_records(name)
-        try:
-            yield records
-        finally:
-            save_records(records)
 
 
 def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _port(netns: str, ifname: str) -> str:
-    """The resource a down-type fault holds: the port, administratively down."""
-    return f"down {netns}/{ifname}"
-
-
-def _qdisc(netns: str, ifname: str) -> str:
-    """The resource a shape or trim fault holds: the port's root qdisc."""
-    return f"qdisc {netns}/{ifname}"
-
-
-def _netem(netns: str, ifname: str) -> str:
-    """The resource a netem fault holds: the port's netem (a child under shaping or
-    trimming, or the root).  Shaping or trimming the port afterwards would replace it."""
-    return f"netem {netns}/{ifname}"
+def _tier(record: LinkRecord) -> Tier:
+    """The testbed's shaping a port of this link returns to."""
+    return Tier.HOST if record.host_facing else Tier.FABRIC
 
 
 def _ports(record: LinkRecord) -> tuple[str, str]:
-    return _port(record.a.netns, record.a.ifname), _port(record.b.netns, record.b.ifname)
+    return (port_resource(record.a.netns, record.a.ifname),
+            port_resource(record.b.netns, record.b.ifname))  # fmt: skip
 
 
 # The harness --------------------------------------------------------------------------------
@@ -191,7 +146,9 @@ class Faults:
         """Both ends of a link down; ``link_up`` brings them back exactly as before."""
         record = self.link(a, b)
         ports = [(record.a.netns, record.a.ifname), (record.b.netns, record.b.ifname)]
-        return self._down("link_down", f"down {record.name}", record.name, ports, strict=True)
+        return self._down(
+            FaultKind.LINK_DOWN, f"down {record.name}", record.name, ports, strict=True
+        )
 
     def link_up(self, a: str, b: str | None = None) -> list[Fault]:
         record = self.link(a, b)
@@ -202,7 +159,7 @@ class Faults:
         """The host's port to its plane-``plane`` T0 down (the T0 sees no carrier)."""
         record = self._nic(host, plane)
         end = record.end(host)
-        return self._down("nic_down", f"down {record.name}", record.name,
+        return self._down(FaultKind.NIC_DOWN, f"down {record.name}", record.name,
                           [(end.netns, end.ifname)], strict=True)  # fmt: skip
 
     def nic_up(self, host: str, plane: int) -> list[Fault]:
@@ -229,13 +186,13 @@ class Faults:
         ports = [
             (rec.end(name).netns, rec.end(name).ifname) for rec in self.state.switch_links(name)
         ]
-        return self._down("switch_fail", f"switch_fail {name}", name, ports, strict=False)
+        return self._down(FaultKind.SWITCH_FAIL, f"switch_fail {name}", name, ports, strict=False)
 
     def switch_blackhole(self, switch: str) -> list[Fault]:
         """Links stay up, the switch silently drops everything it would forward."""
         name = resolve_switch(self.state.fabric, switch)
         ops.require_nft()
-        return self._nft("blackhole", f"blackhole {name}", name, {},
+        return self._nft(FaultKind.BLACKHOLE, f"blackhole {name}", name, {},
                          [(self.state.ns(name), "forward", ["counter drop"])])  # fmt: skip
 
     def switch_restore(self, switch: str) -> list[Fault]:
@@ -256,7 +213,7 @@ class Faults:
         for sender, receiver in directions(record.name, from_node):
             netns, match = loss_site(record, sender)
             faults += self._nft(
-                "loss",
+                FaultKind.LOSS,
                 f"loss {record.name} {sender}>{receiver}",
                 f"{record.name} {sender}>{receiver}",
                 {"rate": probability},
@@ -270,7 +227,7 @@ class Faults:
         probability = parse_probability(rate)
         rule = path_loss_rule(self.state.fabric, name, probability)
         ops.require_nft()
-        return self._nft("loss_path", f"loss_path {name}", name, {"rate": probability},
+        return self._nft(FaultKind.LOSS_PATH, f"loss_path {name}", name, {"rate": probability},
                          [(self.state.ns(name), "prerouting", [rule])])  # fmt: skip
 
     def clear_loss(
@@ -308,16 +265,13 @@ class Faults:
         faults: list[Fault] = []
         for sender, receiver in directions(record.name, from_node):
             end = record.end(sender)
-            params: dict[str, Any] = {"rate_bps": int(rate_bps)}
-            if queue_bytes is not None:
-                params["queue_bytes"] = int(queue_bytes)
-            do = {"op": "shape", "netns": end.netns, "ifname": end.ifname, **params}
-            undo = {"op": "unshape", "netns": end.netns, "ifname": end.ifname,
-                    "tier": "host" if record.host_facing else "fabric"}  # fmt: skip
-            faults += self._setting("shape", f"shape {record.name} {sender}>{receiver}",
-                                    f"{record.name} {sender}>{receiver}", params,
-                                    (_qdisc(end.netns, end.ifname),), [do], [undo],
-                                    blocked_by=(_netem(end.netns, end.ifname),))  # fmt: skip
+            do = Shape(end.netns, end.ifname, int(rate_bps),
+                       None if queue_bytes is None else int(queue_bytes))  # fmt: skip
+            params: dict[str, Any] = {"rate_bps": do.rate_bps}
+            if do.queue_bytes is not None:
+                params["queue_bytes"] = do.queue_bytes
+            undo = Unshape(end.netns, end.ifname, _tier(record))
+            faults += self._setting(FaultKind.SHAPE, record, sender, receiver, params, do, undo)
         return faults
 
     def unshape(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
@@ -357,14 +311,10 @@ class Faults:
         faults: list[Fault] = []
         for sender, receiver, params in ports:
             end = record.end(sender)
-            do = {"op": "trim_attach", "netns": end.netns, "ifname": end.ifname, **params}
-            undo = {"op": "trim_detach", "netns": end.netns, "ifname": end.ifname,
-                    "tier": "host" if record.host_facing else "fabric"}  # fmt: skip
+            do = TrimAttach(end.netns, end.ifname, **params)
+            undo = TrimDetach(end.netns, end.ifname, _tier(record))
             shown = {k: v for k, v in params.items() if v is not None}
-            faults += self._setting("trim", f"trim {record.name} {sender}>{receiver}",
-                                    f"{record.name} {sender}>{receiver}", shown,
-                                    (_qdisc(end.netns, end.ifname),), [do], [undo],
-                                    blocked_by=(_netem(end.netns, end.ifname),))  # fmt: skip
+            faults += self._setting(FaultKind.TRIM, record, sender, receiver, shown, do, undo)
         return faults
 
     def netem(
@@ -385,11 +335,9 @@ class Faults:
         faults: list[Fault] = []
         for sender, receiver in directions(record.name, from_node):
             end = record.end(sender)
-            do = {"op": "netem_attach", "netns": end.netns, "ifname": end.ifname, "spec": params}
-            undo = {"op": "netem_detach", "netns": end.netns, "ifname": end.ifname}
-            faults += self._setting("netem", f"netem {record.name} {sender}>{receiver}",
-                                    f"{record.name} {sender}>{receiver}", params,
-                                    (_netem(end.netns, end.ifname),), [do], [undo])  # fmt: skip
+            do = NetemAttach(end.netns, end.ifname, params)
+            undo = NetemDetach(end.netns, end.ifname)
+            faults += self._setting(FaultKind.NETEM, record, sender, receiver, params, do, undo)
         return faults
 
     def unnetem(self, a: str, b: str | None = None, *, from_node: str | None = None) -> list[Fault]:
@@ -402,7 +350,7 @@ class Faults:
         with locked_records(self.state.name) as records:
             for sender, _ in directions(record.name, from_node):
                 end = record.end(sender)
-                if (holder := records.holder(_netem(end.netns, end.ifname))) is not None:
+                if (holder := records.holder(netem_resource(end.netns, end.ifname))) is not None:
                     raise FaultError(f"{kind} {record.name}: {holder.describe()} sits under it; "
                                      "clear that first")  # fmt: skip
 
@@ -507,14 +455,14 @@ class Faults:
         failures: list[str] = []
         for op in fault.undo:
             try:
-                ops.execute(self.state, op, fault, self.log)
+                ops.execute(self.state, op, self.log)
             except TestbedError as exc:
                 failures.append(str(exc))
         records.faults = [f for f in records.faults if f.id != fault.id]
         if failures:
             self.log(f"restore {fault.describe()}: FAILED: {'; '.join(failures)}")
             raise FaultError(f"restore {fault.describe()}: {failures[0]}")
-        self.log(f"restore {fault.describe()}: {ops.summary(fault.undo)}")
+        self.log(f"restore {fault.describe()}: {summary(fault.undo)}")
 
     def _commit(self, records: Records, fault: Fault) -> Fault:
         """Record, then apply; on failure undo what was done and forget the fault."""
@@ -527,17 +475,17 @@ class Faults:
             return fault
         try:
             for op in fault.apply:
-                ops.execute(self.state, op, fault, self.log)
+                ops.execute(self.state, op, self.log)
         except BaseException:
             with suppress(TestbedError):  # the original failure is the one to report
                 self._undo(records, fault)
             raise
-        self.log(f"apply {fault.describe()}: {ops.summary(fault.apply)}")
+        self.log(f"apply {fault.describe()}: {summary(fault.apply)}")
         return fault
 
     def _down(
         self,
-        kind: str,
+        kind: FaultKind,
         key: str,
         target: str,
         ports: list[tuple[str, str]],
@@ -549,31 +497,28 @@ class Faults:
                 raise FaultError(f"{target} is already down ({old.describe()})")
             free: list[tuple[str, str]] = []
             for netns, ifname in ports:
-                holder = records.holder(_port(netns, ifname))
+                holder = records.holder(port_resource(netns, ifname))
                 if holder is None:
                     free.append((netns, ifname))
                 elif strict:
                     raise FaultError(f"{target}: {netns}/{ifname} is already down "
                                      f"({holder.describe()})")  # fmt: skip
-            apply_ops: list[dict[str, Any]] = []
-            undo_ups: list[dict[str, Any]] = []
+            apply_ops: list[Operation] = []
+            undo_ups: list[Operation] = []
             for netns, ifname in free:
-                apply_ops.append({"op": "down", "netns": netns, "ifname": ifname})
-                undo_ups.append({"op": "up", "netns": netns, "ifname": ifname,
-                                 "addrs": ops.addresses(netns, ifname)})  # fmt: skip
-            settle = {"op": "settle", "ports": [[n, i] for n, i in free]}
-            undo_routes = [
-                {"op": "routes", "netns": ns} for ns in dict.fromkeys(n for n, _ in free)
-            ]
-            fault = Fault(records.next_id, kind, key, target, {},
-                          tuple(_port(n, i) for n, i in free), (*undo_ups, *undo_routes, settle),
-                          apply=tuple(apply_ops))  # fmt: skip
+                apply_ops.append(PortDown(netns, ifname))
+                undo_ups.append(PortUp(netns, ifname, ops.addresses(netns, ifname)))
+            settle = Settle(tuple(free))
+            undo_routes = [Routes(ns) for ns in dict.fromkeys(n for n, _ in free)]
+            holds = tuple(port_resource(n, i) for n, i in free)
+            fault = Fault(records.next_id, kind, key, target, {}, holds,
+                          (*undo_ups, *undo_routes, settle), apply=tuple(apply_ops))  # fmt: skip
             records.next_id += 1
             return [self._commit(records, fault)]
 
     def _nft(
         self,
-        kind: str,
+        kind: FaultKind,
         key: str,
         target: str,
         params: dict[str, Any],
@@ -584,10 +529,9 @@ class Faults:
                 self._undo(records, old)  # a new setting replaces the old one
             table = nft_table_name(records.next_id)
             apply_ops = [
-                {"op": "nft", "netns": netns, "script": nft_ruleset(table, hook, rules)}
-                for netns, hook, rules in sites
+                Nft(netns, nft_ruleset(table, hook, rules)) for netns, hook, rules in sites
             ]
-            undo = [{"op": "nft_delete", "netns": netns, "table": table} for netns, _, _ in sites]
+            undo = [NftDelete(netns, table) for netns, _, _ in sites]
             fault = Fault(records.next_id, kind, key, target, params, (), tuple(undo),
                           apply=tuple(apply_ops))  # fmt: skip
             records.next_id += 1
@@ -595,30 +539,32 @@ class Faults:
 
     def _setting(
         self,
-        kind: str,
-        key: str,
-        target: str,
+        kind: FaultKind,
+        record: LinkRecord,
+        sender: str,
+        receiver: str,
         params: dict[str, Any],
-        holds: tuple[str, ...],
-        apply_ops: list[dict[str, Any]],
-        undo: list[dict[str, Any]],
-        blocked_by: tuple[str, ...] = (),
+        apply: PortOp,
+        undo: PortOp,
     ) -> list[Fault]:
-        """``blocked_by``: resources whose holder this setting would silently replace (a
-        netem under the port's qdisc): refused while one is held."""
+        """A setting of ``sender``'s egress port on the link.  Shaping and trimming own the
+        port's root qdisc and are refused while a netem sits under it (they would silently
+        replace it); a netem owns the port's netem."""
+        target = f"{record.name} {sender}>{receiver}"
+        key = f"{kind} {target}"
+        netem_here = netem_resource(apply.netns, apply.ifname)
+        held = netem_here if kind == FaultKind.NETEM else qdisc_resource(apply.netns, apply.ifname)
         with locked_records(self.state.name) as records:
-            for resource in blocked_by:
-                if (holder := records.holder(resource)) is not None:
-                    raise FaultError(f"{kind} {target}: the port has {holder.describe()}, "
-                                     f"which {kind} would replace; clear it first")  # fmt: skip
+            if held != netem_here and (holder := records.holder(netem_here)) is not None:
+                raise FaultError(f"{kind} {target}: the port has {holder.describe()}, "
+                                 f"which {kind} would replace; clear it first")  # fmt: skip
             if (old := records.by_key(key)) is not None:
                 self._undo(records, old)
-            for resource in holds:
-                if (holder := records.holder(resource)) is not None:
-                    raise FaultError(f"{kind} {target}: {resource.split()[1]} is taken by "
-                                     f"{holder.describe()}; clear that first")  # fmt: skip
-            fault = Fault(records.next_id, kind, key, target, params, holds, tuple(undo),
-                          apply=tuple(apply_ops))  # fmt: skip
+            if (holder := records.holder(held)) is not None:
+                raise FaultError(f"{kind} {target}: {held.split()[1]} is taken by "
+                                 f"{holder.describe()}; clear that first")  # fmt: skip
+            fault = Fault(records.next_id, kind, key, target, params, (held,), (undo,),
+                          apply=(apply,))  # fmt: skip
             records.next_id += 1
             return [self._commit(records, fault)]
 
@@ -632,7 +578,9 @@ class Armed:
         self.faults = tuple(faults)
         self._done = False
         self._threads = ExitStack()
-        namespaces = [op["netns"] for f in self.faults for op in f.apply if op.get("netns")]
+        namespaces = [
+            op.netns for f in self.faults for op in f.apply if isinstance(op, NamespaceOp)
+        ]
         try:
             self._threads.enter_context(resident_netns(namespaces))
         except BaseException:
@@ -650,13 +598,13 @@ class Armed:
             for index, fault in enumerate(self.faults):
                 try:
                     for op in fault.apply:
-                        ops.execute(harness.state, op, fault, harness.log)
+                        ops.execute(harness.state, op, harness.log)
                 except BaseException:
                     with suppress(TestbedError), locked_records(harness.state.name) as records:
                         harness._undo(records, fault)  # the original failure is the one to report
                     harness._forget(self.faults[index + 1 :])
                     raise
-                harness.log(f"apply {fault.describe()}: {ops.summary(fault.apply)}")
+                harness.log(f"apply {fault.describe()}: {summary(fault.apply)}")
         finally:
             self._threads.close()
         return list(self.faults)

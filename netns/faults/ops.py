@@ -1,25 +1,16 @@
-"""Running a fault's recorded operations: the kernel side of the fault harness.
+"""Running a fault's operations: the kernel side of the fault harness.
 
-:class:`.faults.Faults` plans every fault as data, a :class:`.faultplan.Fault` whose
-``apply`` and ``undo`` are lists of operations such as ``{"op": "down", "netns": ...,
-"ifname": ...}``.  :func:`execute` runs one of them with ``ip``, ``nft``, ``tc`` or the trim
+:class:`.harness.Faults` plans every fault as data, a :class:`.records.Fault` whose
+``apply`` and ``undo`` are operations, one frozen dataclass per kind (:mod:`.records` says
+what each does).  :func:`execute` runs one through :data:`HANDLERS`, a table from the
+operation's type to the function that does it with ``ip``, ``nft``, ``tc`` or the trim
 program.  Also here: what a fault reads from the system before it is applied (a port's
 addresses), the wait for links brought back up, and the up-front checks that what a fault
 kind needs is there (:func:`require_nft`, :func:`require_trim`).
 
-The operations:
-
-- ``down``/``up``: ``ip link set``; ``up`` also re-adds the addresses recorded before
-  ``down`` (the kernel flushed them, even the static link-local ones: docs/linux.md, trap 1).
-- ``routes``: re-install a namespace's recorded routes, minus those through ports still
-  held down by other faults.
-- ``settle``: wait until both ends of the links brought back are operational, then flush
-  their neighbour entries.
-- ``nft``/``nft_delete``: load or delete one fault's nftables table in a namespace (through
-  libnftables in this process, :mod:`.nftlib`; the ``nft`` program where it is missing).
-- ``shape``/``unshape``/``trim_attach``/``trim_detach``: a port's root qdisc (the
-  testbed's tbf, or the trim program with its htb); undoing either puts back the testbed's
-  own shaping of that tier, if the fabric has one.
+nftables tables are loaded and deleted through libnftables in this process
+(:mod:`.nftlib`), or the ``nft`` program where the library is missing.  Undoing a port's
+shaping or trimming puts back the testbed's own shaping of that tier, if the fabric has one.
 """
 
 from __future__ import annotations
@@ -27,55 +18,136 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from mrcstack.netns import ifctl, testbed, trim
 from mrcstack.netns.faults import netem, nftlib
-from mrcstack.netns.faults.plan import Fault, FaultError, as_replace, routes_avoiding
+from mrcstack.netns.faults.plan import FaultError, as_replace, routes_avoiding
+from mrcstack.netns.faults.records import (
+    Address,
+    NetemAttach,
+    NetemDetach,
+    Nft,
+    NftDelete,
+    Operation,
+    PortDown,
+    PortUp,
+    Routes,
+    Settle,
+    Shape,
+    Tier,
+    TrimAttach,
+    TrimDetach,
+    Unshape,
+)
 from mrcstack.netns.run import TestbedError, ip, ip_batch, net_exec, one_line
 from mrcstack.netns.state import LinkRecord, TestbedState
 
 SETTLE_TIMEOUT_S = 3.0  # a link brought back is operational within milliseconds
 SETTLE_POLL_S = 0.005
-PORT_OPS = ("shape", "unshape", "trim_attach", "trim_detach")
-NETEM_OPS = ("netem_attach", "netem_detach")
 Log = Callable[[str], object]
 
 
-def execute(state: TestbedState, op: dict[str, Any], fault: Fault, log: Log) -> None:
-    """One recorded operation (of ``fault.apply`` or ``fault.undo``)."""
-    kind, netns = op["op"], op.get("netns", "")
-    if kind == "down":
-        ifctl.set_link(netns, op["ifname"], up=False)
-    elif kind == "up":
-        ifctl.set_link(netns, op["ifname"], up=True)
-        lines = [
-            f"address replace {a['local']}/{a['prefixlen']} dev {op['ifname']}"
-            + (" nodad" if a.get("nodad") else "")
-            for a in op["addrs"]
-        ]
-        ip_batch(lines, netns)
-    elif kind == "routes":
-        reinstall(state, netns)
-    elif kind == "settle":
-        settle(state, [(str(n), str(i)) for n, i in op["ports"]], log)
-    elif kind == "nft":
-        _nft(netns, op["script"])
-    elif kind == "nft_delete":
-        _nft_delete(netns, op["table"])
-    elif kind in PORT_OPS:
-        port_operation(state, op)
-    elif kind == "netem_attach":
-        netem.attach(netns, op["ifname"], netem.parse_spec(op["spec"]))
-    elif kind == "netem_detach":
-        netem.detach(netns, op["ifname"])
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What an operation runs against: the testbed, and the harness's log for warnings."""
+
+    state: TestbedState
+    log: Log
+
+
+def execute(state: TestbedState, op: Operation, log: Log) -> None:
+    """One operation of a fault's ``apply`` or ``undo``."""
+    HANDLERS[type(op)](Context(state, log), op)
+
+
+def _down(ctx: Context, op: PortDown) -> None:
+    ifctl.set_link(op.netns, op.ifname, up=False)
+
+
+def _up(ctx: Context, op: PortUp) -> None:
+    ifctl.set_link(op.netns, op.ifname, up=True)
+    lines = [
+        f"address replace {a.local}/{a.prefixlen} dev {op.ifname}" + (" nodad" if a.nodad else "")
+        for a in op.addrs
+    ]
+    ip_batch(lines, op.netns)
+
+
+def _routes(ctx: Context, op: Routes) -> None:
+    reinstall(ctx.state, op.netns)
+
+
+def _settle(ctx: Context, op: Settle) -> None:
+    settle(ctx.state, op.ports, ctx.log)
+
+
+def _nft(ctx: Context, op: Nft) -> None:
+    nft(op.netns, op.script)
+
+
+def _nft_delete(ctx: Context, op: NftDelete) -> None:
+    nft_delete(op.netns, op.table)
+
+
+def _shape(ctx: Context, op: Shape) -> None:
+    queue = op.queue_bytes or ctx.state.fabric.queue_bytes
+    testbed.shape_port(op.netns, op.ifname, op.rate_bps, queue)
+
+
+def _unshape(ctx: Context, op: Unshape | TrimDetach) -> None:
+    """Back to the testbed's own shaping of the port's tier, or none."""
+    fabric = ctx.state.fabric
+    rate = fabric.host_link_bps if op.tier == Tier.HOST else fabric.fabric_link_bps
+    if rate is None:
+        testbed.unshape_port(op.netns, op.ifname)
     else:
-        raise FaultError(f"fault #{fault.id}: unknown operation {kind!r} in the record")
+        testbed.shape_port(op.netns, op.ifname, rate, fabric.queue_bytes)
 
 
-def _nft(netns: str, script: str) -> None:
+def _trim_attach(ctx: Context, op: TrimAttach) -> None:
+    trim.attach(op.netns, op.ifname, rate_bps=op.rate_bps,
+                trim_threshold_bytes=op.trim_threshold_bytes,
+                ecn_threshold_bytes=op.ecn_threshold_bytes, last_hop=op.last_hop,
+                probability=op.probability, queue_bytes=op.queue_bytes)  # fmt: skip
+
+
+def _trim_detach(ctx: Context, op: TrimDetach) -> None:
+    trim.detach(op.netns, op.ifname)
+    _unshape(ctx, op)
+
+
+def _netem_attach(ctx: Context, op: NetemAttach) -> None:
+    netem.attach(op.netns, op.ifname, netem.parse_spec(op.spec))
+
+
+def _netem_detach(ctx: Context, op: NetemDetach) -> None:
+    netem.detach(op.netns, op.ifname)
+
+
+#: Each operation kind and the function that runs it (every kind of :data:`.records.OPERATIONS`).
+HANDLERS: Mapping[type[Operation], Callable[[Context, Any], None]] = MappingProxyType({
+    PortDown: _down,
+    PortUp: _up,
+    Routes: _routes,
+    Settle: _settle,
+    Nft: _nft,
+    NftDelete: _nft_delete,
+    Shape: _shape,
+    Unshape: _unshape,
+    TrimAttach: _trim_attach,
+    TrimDetach: _trim_detach,
+    NetemAttach: _netem_attach,
+    NetemDetach: _netem_detach,
+})  # fmt: skip
+
+
+# nftables -------------------------------------------------------------------------------
+def nft(netns: str, script: str) -> None:
     """Run an nftables script in ``netns``: through libnftables in this process, or the
     ``nft`` program where the library is missing (TestbedError with nft's message)."""
     if nftlib.available():
@@ -86,22 +158,13 @@ def _nft(netns: str, script: str) -> None:
         raise TestbedError(f"nft in {netns}: {one_line(result.stderr)}")
 
 
-def _nft_delete(netns: str, table: str) -> None:
+def nft_delete(netns: str, table: str) -> None:
     """Delete one fault's table; one that is already gone is not an error."""
     try:
-        _nft(netns, f"delete table inet {table}")
+        nft(netns, f"delete table inet {table}")
     except TestbedError as exc:
         if "No such file" not in str(exc):
             raise FaultError(f"nft delete table {table} in {netns}: {exc}") from None
-
-
-def summary(ops: Sequence[dict[str, Any]]) -> str:
-    """What a list of operations does, for the log: ``down mrc-p0-t0a/t1c, up ...``."""
-    parts = []
-    for op in ops:
-        where = f"{op.get('netns', '')}/{op['ifname']}" if "ifname" in op else op.get("netns", "")
-        parts.append(f"{op['op']} {where}".strip())
-    return ", ".join(parts) or "nothing to do"
 
 
 # Links brought back ---------------------------------------------------------------------
@@ -146,9 +209,10 @@ def reinstall(state: TestbedState, netns: str) -> None:
     ip_batch(lines, netns, force=True)
 
 
-def addresses(netns: str, ifname: str) -> list[dict[str, Any]]:
+def addresses(netns: str, ifname: str) -> tuple[Address, ...]:
     """What ``up`` must give the port back (:func:`~mrcstack.netns.ifctl.ipv6_addresses`)."""
-    return ifctl.ipv6_addresses(netns, ifname)
+    found = ifctl.ipv6_addresses(netns, ifname)
+    return tuple(Address(a["local"], a["prefixlen"], a["nodad"]) for a in found)
 
 
 def _links_json(netns: str) -> list[dict[str, Any]]:
@@ -171,31 +235,6 @@ def _operational(rec: LinkRecord, shown: dict[str, dict[str, dict[str, Any]]]) -
 
 def _admin_down(netns: str) -> list[str]:
     return [d["ifname"] for d in _links_json(netns) if "UP" not in d.get("flags", [])]
-
-
-# Ports: shaping and trimming ------------------------------------------------------------
-def port_operation(state: TestbedState, op: dict[str, Any]) -> None:
-    """Shaping (the testbed's tbf) and trimming (the trim program) of one port.  Undoing
-    either puts back the testbed's own shaping of that tier, if the fabric has one."""
-    netns, ifname, kind = op["netns"], op["ifname"], op["op"]
-    if kind == "shape":
-        queue = op.get("queue_bytes") or state.fabric.queue_bytes
-        testbed.shape_port(netns, ifname, op["rate_bps"], queue)
-        return
-    if kind == "trim_attach":
-        trim.attach(netns, ifname, rate_bps=op["rate_bps"],
-                    trim_threshold_bytes=op["trim_threshold_bytes"],
-                    ecn_threshold_bytes=op["ecn_threshold_bytes"], last_hop=op["last_hop"],
-                    probability=op["probability"], queue_bytes=op["queue_bytes"])  # fmt: skip
-        return
-    if kind == "trim_detach":
-        trim.detach(netns, ifname)
-    fabric = state.fabric
-    rate = fabric.host_link_bps if op.get("tier") == "host" else fabric.fabric_link_bps
-    if rate is None:
-        testbed.unshape_port(netns, ifname)
-    else:
-        testbed.shape_port(netns, ifname, rate, fabric.queue_bytes)
 
 
 # What a fault kind needs, checked up front ------------------------------------------------

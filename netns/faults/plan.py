@@ -1,14 +1,14 @@
-"""Planning faults, as pure functions and data: names, nftables rules, route lines, records.
+"""Planning faults, as pure functions: names, probabilities, nftables rules, route lines.
 
-Nothing here touches the system: :mod:`.harness` runs what these functions produce.
-Kept apart so every rule the harness installs can be unit-tested without root.
+Nothing here touches the system: :mod:`.harness` records what these functions produce
+(:mod:`.records`) and :mod:`.ops` runs it.  Kept apart so every rule the harness installs
+can be unit-tested without root.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,15 +24,13 @@ from mrcstack.addrplan import (
     switch_usid,
     usid_owner,
 )
-from mrcstack.fabric import Fabric, format_rate
+from mrcstack.fabric import Fabric
 from mrcstack.netns.run import TestbedError
 from mrcstack.netns.state import LinkRecord
 
 NUMGEN_MOD = 1_000_000  # loss probability resolution: 1e-6
 NFT_PRIORITY = -300  # before anything else in the hook (the "raw" priority)
 NFT_TABLE_PREFIX = "mrcfault_"  # one nft table per fault: mrcfault_<id>
-DOWN_KINDS = ("link_down", "nic_down", "switch_fail")
-KINDS = (*DOWN_KINDS, "blackhole", "loss", "loss_path", "shape", "trim")
 
 
 class FaultError(TestbedError):
@@ -270,71 +268,6 @@ def as_replace(line: str) -> str:
     raise FaultError(f"not a route line: {line!r}")
 
 
-# Records ------------------------------------------------------------------------------------
+# Time ---------------------------------------------------------------------------------------
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """One active fault: what it is and the exact operations that undo it.
-
-    ``key`` identifies it (one active fault per key: a new loss on the same link direction
-    replaces the old one); ``holds`` are the ports it keeps down or the egress ports whose
-    qdisc it owns, which no other fault may take."""
-
-    id: int
-    kind: str
-    key: str
-    target: str
-    params: dict[str, Any]
-    holds: tuple[str, ...]
-    undo: tuple[dict[str, Any], ...]
-    since: str = ""
-    apply: tuple[dict[str, Any], ...] = field(default=(), compare=False)
-
-    def describe(self) -> str:
-        extra = " ".join(
-            f"{k}={format_rate(v) if k.endswith('_bps') else v}" for k, v in self.params.items()
-        )
-        return f"#{self.id} {self.kind} {self.target}" + (f" {extra}" if extra else "")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "key": self.key,
-            "target": self.target,
-            "params": self.params,
-            "holds": list(self.holds),
-            "undo": list(self.undo),
-            "since": self.since,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Fault:
-        return cls(
-            id=int(data["id"]),
-            kind=str(data["kind"]),
-            key=str(data["key"]),
-            target=str(data["target"]),
-            params=dict(data["params"]),
-            holds=tuple(str(h) for h in data["holds"]),
-            undo=tuple(dict(op) for op in data["undo"]),
-            since=str(data["since"]),
-        )
-
-
-@dataclass(slots=True)
-class Records:
-    """The contents of ``<name>.faults.json``."""
-
-    testbed: str
-    next_id: int = 1
-    faults: list[Fault] = field(default_factory=list)
-
-    def by_key(self, key: str) -> Fault | None:
-        return next((f for f in self.faults if f.key == key), None)
-
-    def holder(self, resource: str) -> Fault | None:
-        return next((f for f in self.faults if resource in f.holds), None)
