@@ -74,7 +74,7 @@ from mrcstack.netns.faults.records import (
     save_records,
 )
 from mrcstack.netns.faults.scenario import (
-    ScenarioError,
+    FaultScenarioError,
     parse_scenario,
     parse_time,
     run_scenario,
@@ -545,7 +545,7 @@ def test_restores_run_before_new_steps_at_the_same_time() -> None:
     ],
 )
 def test_scenario_errors_name_the_step_and_key(body: str, message: str) -> None:
-    with pytest.raises(ScenarioError, match=message) as info:
+    with pytest.raises(FaultScenarioError, match=message) as info:
         parse_scenario("[[step]]\n" + body, FABRIC)
     assert "\n" not in str(info.value)
 
@@ -570,13 +570,15 @@ def test_scenario_refuses_taking_a_link_down_twice_and_unknown_tables() -> None:
         a = "p0-t1a"
         b = "p0-t0a"
     """
-    with pytest.raises(ScenarioError, match=r"step 2: link p0:t0a-t1a is already down .*step 1"):
+    with pytest.raises(
+        FaultScenarioError, match=r"step 2: link p0:t0a-t1a is already down .*step 1"
+    ):
         parse_scenario(textwrap.dedent(twice), FABRIC)
-    with pytest.raises(ScenarioError, match="steps: unknown key"):
+    with pytest.raises(FaultScenarioError, match="steps: unknown key"):
         parse_scenario("steps = []", FABRIC)
-    with pytest.raises(ScenarioError, match="no steps"):
+    with pytest.raises(FaultScenarioError, match="no steps"):
         parse_scenario('name = "x"', FABRIC)
-    with pytest.raises(ScenarioError, match="toml"):
+    with pytest.raises(FaultScenarioError, match="toml"):
         parse_scenario("[[step]\n", FABRIC)
     assert parse_time("250ms") == pytest.approx(0.25)
     assert parse_time(3) == 3.0
@@ -655,7 +657,7 @@ def test_a_failing_step_undoes_what_the_scenario_applied() -> None:
     text = FLAP + '\n[[step]]\nat = "0.3s"\naction = "loss_path"\nswitch = "p0-t1b"\nrate = 0.5\n'
     scenario = parse_scenario(text, FABRIC)
     faults, clock = _FakeFaults(fail_on="loss_path"), _FakeClock()
-    with pytest.raises(ScenarioError, match=r"step 2 \(loss_path .*\): loss_path exploded"):
+    with pytest.raises(FaultScenarioError, match=r"step 2 \(loss_path .*\): loss_path exploded"):
         run_scenario(scenario, faults, clock=clock, sleep=clock.sleep, log=lambda _: None)
     assert faults.calls[-1] == ("clear", {"fault": 1})  # the link went down: back up
     assert not faults.live

@@ -38,7 +38,7 @@ from mrcstack.netns.faults import netem
 from mrcstack.netns.faults.harness import Faults
 from mrcstack.netns.faults.plan import FaultError, parse_probability
 from mrcstack.netns.faults.records import Fault, load_records
-from mrcstack.netns.faults.scenario import ScenarioError, LogEntry, load_scenario, run_scenario
+from mrcstack.netns.faults.scenario import FaultScenarioError, LogEntry, load_scenario, run_scenario
 from mrcstack.netns.state import NAME_ENV, check_name, default_name, exists, load
 
 PROG = "mrcstack fault"
@@ -229,7 +229,7 @@ def _scenario(args: argparse.Namespace) -> int:
     state = load(args.name) if exists(args.name) or not args.check else None
     try:
         scenario = load_scenario(args.file, Fabric() if state is None else state.fabric)
-    except ScenarioError as exc:
+    except FaultScenarioError as exc:
         print(f"{PROG}: error: {args.file}: {exc}", file=sys.stderr)
         return 2
     if state is None or args.check:

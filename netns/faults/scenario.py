@@ -61,7 +61,7 @@ _SWITCH_KEYS = {"switch", "switches"}
 _TOP_KEYS = {"step", "name", "description"}
 
 
-class ScenarioError(LocalError, ValueError):
+class FaultScenarioError(LocalError, ValueError):
     """A scenario file is invalid or a step failed; one line naming the step and key."""
 
 
@@ -202,11 +202,11 @@ def parse_time(value: object) -> float:
 
 
 def load_scenario(path: str | Path, fabric: Fabric) -> Scenario:
-    """Read and validate a scenario file (ScenarioError, one line, on any problem)."""
+    """Read and validate a scenario file (FaultScenarioError, one line, on any problem)."""
     try:
         text = resources.read_bytes(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+        raise FaultScenarioError(f"{path}: cannot read: {exc}") from None
     return parse_scenario(text, fabric)
 
 
@@ -215,34 +215,34 @@ def parse_scenario(text: str, fabric: Fabric) -> Scenario:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"toml: {str(exc).splitlines()[0]}") from None
+        raise FaultScenarioError(f"toml: {str(exc).splitlines()[0]}") from None
     for key in document:
         if key not in _TOP_KEYS:
             hint = " (steps are [[step]] tables)" if key == "steps" else ""
-            raise ScenarioError(f"{key}: unknown key{hint}")
+            raise FaultScenarioError(f"{key}: unknown key{hint}")
     steps = document.get("step")
     if not isinstance(steps, list) or not steps:
-        raise ScenarioError("step: no steps (add [[step]] tables)")
+        raise FaultScenarioError("step: no steps (add [[step]] tables)")
     events: list[tuple[tuple[float, int, int], Event]] = []
     for number, raw in enumerate(steps, start=1):
         if not isinstance(raw, dict):
-            raise ScenarioError(f"step {number}: must be a table, got {raw!r}")
+            raise FaultScenarioError(f"step {number}: must be a table, got {raw!r}")
         try:
             for event in _step_events(number, raw, fabric):
                 order = (event.at, 0 if event.restore else 1, len(events))
                 events.append((order, event))
         except (FaultError, ValueError) as exc:
-            if isinstance(exc, ScenarioError):
+            if isinstance(exc, FaultScenarioError):
                 raise
-            raise ScenarioError(f"step {number}: {exc}") from None
+            raise FaultScenarioError(f"step {number}: {exc}") from None
     timeline = tuple(event for _, event in sorted(events, key=lambda item: item[0]))
     _check_downs(timeline)
     name = document.get("name", "")
     return Scenario(events=timeline, name=name if isinstance(name, str) else str(name))
 
 
-def _fail(step: int, key: str, problem: object) -> ScenarioError:
-    return ScenarioError(f"step {step}: {key}: {problem}")
+def _fail(step: int, key: str, problem: object) -> FaultScenarioError:
+    return FaultScenarioError(f"step {step}: {key}: {problem}")
 
 
 def _step_events(step: int, raw: Mapping[str, Any], fabric: Fabric) -> list[Event]:
@@ -450,7 +450,7 @@ def _check_downs(timeline: tuple[Event, ...]) -> None:
             key = _down_key(event)
             if key in down:
                 first = down[key]
-                raise ScenarioError(
+                raise FaultScenarioError(
                     f"step {event.step}: {key} is already down at {event.at:g}s "
                     f"(step {first.step}, at {first.at:g}s)"
                 )
@@ -472,7 +472,7 @@ def run_scenario(
     """Replay a scenario on a :class:`.faults.Faults` (anything with its methods).
 
     Returns one :class:`LogEntry` per event, in order.  On a failing event (or Ctrl-C) the
-    faults this run applied and that are still active are undone, then a ScenarioError
+    faults this run applied and that are still active are undone, then a FaultScenarioError
     naming the step is raised (KeyboardInterrupt is re-raised as is)."""
     emit: Callable[[str], object] = faults.log if log is None else log
     entries: list[LogEntry] = []
@@ -497,7 +497,7 @@ def run_scenario(
         if restore_on_error:
             _undo_applied(faults, applied, emit)
         if isinstance(exc, Exception) and event is not None:
-            raise ScenarioError(f"step {event.step} ({event.describe()}): {exc}") from exc
+            raise FaultScenarioError(f"step {event.step} ({event.describe()}): {exc}") from exc
         raise
     return entries
 
