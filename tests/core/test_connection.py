@@ -31,7 +31,7 @@ from mrcstack.wire import (
     decode,
     encode,
 )
-from tests.support.pairnet import Faults, PairNet
+from tests.support.pairnet import LinkFaults, PairNet
 
 GUARD = 64
 DATA = WRITE_OPCODES
@@ -54,7 +54,7 @@ def imms(net: PairNet, side: int = 1) -> list[WriteImmReceived]:
 
 
 def test_write_with_immediate_lands_and_completes() -> None:
-    net = PairNet(1, Faults())
+    net = PairNet(1, LinkFaults())
     backing, va, rkey = region(net, 1, 5000)
     src = bytes(range(256)) * 19 + b"xyz"
     net.conns[0].post_write(7, src[:4867], va, rkey, imm=0xDEADBEEF, now=0.0)
@@ -68,7 +68,7 @@ def test_write_with_immediate_lands_and_completes() -> None:
 
 def test_one_byte_write_and_psn_wraparound() -> None:
     # Both PSN spaces wrap within this transfer.
-    net = PairNet(2, Faults(), psns=((1 << 24) - 3, (1 << 24) - 1))
+    net = PairNet(2, LinkFaults(), psns=((1 << 24) - 3, (1 << 24) - 1))
     backing, va, rkey = region(net, 1, 4096)
     net.conns[0].post_write(1, b"\x01", va, rkey, now=0.0)
     net.conns[0].post_write(2, bytes(range(200)) * 20, va + 1, rkey, imm=5, now=0.0)
@@ -81,7 +81,7 @@ def test_one_byte_write_and_psn_wraparound() -> None:
 def test_immediate_reports_its_own_writes_length() -> None:
     """WriteImmReceived.byte_len is that write's length, as verbs' byte_len: writes without
     an immediate before it do not count (they used to)."""
-    net = PairNet(17, Faults(loss=0.05, reorder=20e-6))
+    net = PairNet(17, LinkFaults(loss=0.05, reorder=20e-6))
     _, va, rkey = region(net, 1, 9000)
     net.conns[0].post_write(1, b"a" * 1000, va, rkey, now=0.0)
     net.conns[0].post_write(2, b"b" * 3000, va + 1000, rkey, now=0.0)
@@ -92,7 +92,7 @@ def test_immediate_reports_its_own_writes_length() -> None:
 
 
 def test_bad_rkey_is_nacked_and_never_touches_memory() -> None:
-    net = PairNet(3, Faults())
+    net = PairNet(3, LinkFaults())
     backing, va, rkey = region(net, 1, 1024)
     before = bytes(backing)
     net.conns[0].post_write(1, b"A" * 100, va, rkey + 99, now=0.0)  # wrong rkey
@@ -107,7 +107,7 @@ def test_bad_rkey_is_nacked_and_never_touches_memory() -> None:
 
 @pytest.mark.parametrize("offset,length", [(1000, 100), (-1, 10), (0, 1025)])
 def test_out_of_range_writes_are_rejected(offset: int, length: int) -> None:
-    net = PairNet(4, Faults())
+    net = PairNet(4, LinkFaults())
     backing, va, rkey = region(net, 1, 1024)
     before = bytes(backing)
     net.conns[0].post_write(1, b"B" * length, va + offset, rkey, now=0.0)
@@ -120,7 +120,7 @@ def test_out_of_range_writes_are_rejected(offset: int, length: int) -> None:
 
 
 def test_read_only_region_rejects_remote_writes() -> None:
-    net = PairNet(5, Faults())
+    net = PairNet(5, LinkFaults())
     buf = bytearray(256)
     mr = net.mem[1].register(buf, Access.LOCAL_READ)
     net.conns[0].post_write(1, b"C" * 10, mr.va, mr.rkey, now=0.0)
@@ -130,7 +130,7 @@ def test_read_only_region_rejects_remote_writes() -> None:
 
 
 def test_post_write_checks_arguments() -> None:
-    net = PairNet(6, Faults())
+    net = PairNet(6, LinkFaults())
     conn = net.conns[0]
     with pytest.raises(LocalError):
         conn.post_write(1, b"", 0, 1, now=0.0)
@@ -143,7 +143,7 @@ def test_post_write_checks_arguments() -> None:
 
 
 def test_completions_in_posting_order_and_imm_implies_earlier_writes_placed() -> None:
-    net = PairNet(7, Faults(loss=0.1, reorder=50e-6))
+    net = PairNet(7, LinkFaults(loss=0.1, reorder=50e-6))
     backing, va, rkey = region(net, 1, 64 * 1024)
     chunks = [bytes([i]) * (1000 + 37 * i) for i in range(20)]
     offset = 0
@@ -169,7 +169,7 @@ def test_completions_in_posting_order_and_imm_implies_earlier_writes_placed() ->
 
 
 def test_blackholed_ev_goes_assumed_bad_and_retransmits_elsewhere() -> None:
-    net = PairNet(8, Faults(blackouts=[(0.0, 10.0, 0x001)]), planes=2, per_plane=4)
+    net = PairNet(8, LinkFaults(blackouts=[(0.0, 10.0, 0x001)]), planes=2, per_plane=4)
     backing, va, rkey = region(net, 1, 100_000)
     data = os.urandom(100_000)
     net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
@@ -187,7 +187,7 @@ def test_blackholed_ev_goes_assumed_bad_and_retransmits_elsewhere() -> None:
 
 def test_lossy_ev_is_replaced_by_a_backup_from_the_same_plane() -> None:
     net = PairNet(
-        9, Faults(ev_loss={0x102: 0.2}), planes=2, per_plane=6, ev_count=8
+        9, LinkFaults(ev_loss={0x102: 0.2}), planes=2, per_plane=6, ev_count=8
     )  # 4 in use per plane, 2 backups
     backing, va, rkey = region(net, 1, 200_000)
     data = os.urandom(200_000)
@@ -201,7 +201,7 @@ def test_lossy_ev_is_replaced_by_a_backup_from_the_same_plane() -> None:
 
 
 def test_retry_limit_fails_the_connection_only_when_exhausted() -> None:
-    net = PairNet(10, Faults(loss=1.0), linear_cnt=2, exp_cnt=2)
+    net = PairNet(10, LinkFaults(loss=1.0), linear_cnt=2, exp_cnt=2)
     _, va, rkey = region(net, 1, 1024)
     net.conns[0].post_write(1, b"z" * 500, va, rkey, now=0.0)
     net.conns[0].post_write(2, b"z" * 10, va, rkey, now=0.0)
@@ -213,7 +213,7 @@ def test_retry_limit_fails_the_connection_only_when_exhausted() -> None:
 
 
 def test_plane_down_locally_stops_its_use_and_peer_learns_it() -> None:
-    net = PairNet(11, Faults(), planes=2, per_plane=2)
+    net = PairNet(11, LinkFaults(), planes=2, per_plane=2)
     backing, va, rkey = region(net, 1, 400_000)
     data = os.urandom(400_000)
     sender = net.conns[0]
@@ -244,7 +244,7 @@ def test_peer_ports_from_outside_the_data_path_act_like_a_sacks_bitmap() -> None
     """set_peer_ports (the adapter heard the peer's PORT_STATUS_UPDATE over its control
     channel) takes the peer's down plane out of use at once, exactly as a SACK's bitmap
     would; the bitmaps of later SACKs rule again.  A failed connection ignores it."""
-    net = PairNet(12, Faults(), planes=2, per_plane=2)
+    net = PairNet(12, LinkFaults(), planes=2, per_plane=2)
     sender = net.conns[0]
     data_ports: list[tuple[float, int]] = []
     net.on_send = lambda side, d, now: (
@@ -273,7 +273,7 @@ def test_peer_ports_from_outside_the_data_path_act_like_a_sacks_bitmap() -> None
 
 def test_keyed_connection_rejects_forged_and_replayed_packets() -> None:
     key = bytes(range(16))
-    net = PairNet(12, Faults(), key=key, encrypt=True)
+    net = PairNet(12, LinkFaults(), key=key, encrypt=True)
     backing, va, rkey = region(net, 1, 2048)
     net.conns[0].post_write(1, b"S" * 300, va, rkey, imm=1, now=0.0)
     captured = net.conns[0].datagrams_to_send(0.0)
@@ -293,7 +293,7 @@ def test_keyed_connection_rejects_forged_and_replayed_packets() -> None:
 
 
 def test_roce_mode_is_single_path_and_recovers_with_go_back_n() -> None:
-    net = PairNet(13, Faults(loss=0.05), mode="roce", planes=2, per_plane=4)
+    net = PairNet(13, LinkFaults(loss=0.05), mode="roce", planes=2, per_plane=4)
     backing, va, rkey = region(net, 1, 50_000)
     data = os.urandom(50_000)
     net.conns[0].post_write(1, data, va, rkey, imm=9, now=0.0)
@@ -343,7 +343,7 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     imm_mask: int,
     keyed: bool,
 ) -> None:
-    faults = Faults(
+    faults = LinkFaults(
         loss=loss,
         dup=dup,
         reorder=reorder,
@@ -409,7 +409,7 @@ def test_property_every_byte_lands_every_completion_once_in_order(
 def test_one_gibibyte_write_with_immediate() -> None:
     """Writes of any length: 1 GiB in one work request, cut lazily into packets."""
     gib = 1 << 30
-    net = PairNet(14, Faults(loss=0.001), mtu=60_000, cc_params=CCParams(max_cwnd=64 * 60_000))
+    net = PairNet(14, LinkFaults(loss=0.001), mtu=60_000, cc_params=CCParams(max_cwnd=64 * 60_000))
     dst = bytearray(gib)
     mr = net.mem[1].register(dst)
     src = os.urandom(1 << 20) * 1024
@@ -422,7 +422,7 @@ def test_one_gibibyte_write_with_immediate() -> None:
 
 @pytest.mark.parametrize("coalesce", [1, 8])
 def test_ack_coalescing_cuts_acks_in_receive_batches(coalesce: int) -> None:
-    net = PairNet(15, Faults(), planes=2, per_plane=2, ack_coalesce=coalesce)
+    net = PairNet(15, LinkFaults(), planes=2, per_plane=2, ack_coalesce=coalesce)
     backing, va, rkey = region(net, 1, 64 * 256)
     data = os.urandom(64 * 256)
     net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
@@ -438,7 +438,7 @@ def test_ack_coalescing_cuts_acks_in_receive_batches(coalesce: int) -> None:
 def test_duplicate_reports_widen_the_reordering_window() -> None:
     """Heavy reordering makes RACK resend too early; the receiver's DUPLICATE flag (DSACK)
     tells the sender, which widens its reordering window instead of wasting more."""
-    net = PairNet(16, Faults(reorder=300e-6), planes=2, per_plane=4)
+    net = PairNet(16, LinkFaults(reorder=300e-6), planes=2, per_plane=4)
     backing, va, rkey = region(net, 1, 200_000)
     data = os.urandom(200_000)
     net.conns[0].post_write(1, data, va, rkey, imm=1, now=0.0)
@@ -452,7 +452,7 @@ def test_duplicate_reports_widen_the_reordering_window() -> None:
 def test_a_reliability_probe_gets_the_receivers_state_in_a_sack() -> None:
     """PETH: the receiver answers with its cumulative PSN and SACK bitmap at once, echoing
     the probe's EV and timestamp (a peer's tail-loss or liveness question)."""
-    net = PairNet(3, Faults(), psns=(100, 500))
+    net = PairNet(3, LinkFaults(), psns=(100, 500))
     _, va, rkey = region(net, 1, 4096)
     sender, receiver = net.conns
     sender.post_write(1, bytes(range(256)) * 4, va, rkey, now=0.0)  # 4 packets of 256 B
@@ -477,7 +477,7 @@ def test_a_reliability_probe_gets_the_receivers_state_in_a_sack() -> None:
 def test_a_pacing_adapter_takes_data_only_as_its_nic_has_room() -> None:
     """``data_limit`` bounds data packets, never control; what is held back stays unsent
     (no timer runs for it) and leaves on a later call."""
-    net = PairNet(1, Faults())
+    net = PairNet(1, LinkFaults())
     _, va, rkey = region(net, 1, 64 * 1024)
     sender = net.conns[0]
     sender.post_write(1, bytes(64 * 1024), va, rkey, now=0.0)
@@ -492,7 +492,7 @@ def test_a_pacing_adapter_takes_data_only_as_its_nic_has_room() -> None:
 def test_data_and_ack_packets_have_every_field_set() -> None:
     """The sender and the ACK path fill their packets field by field (no constructor call):
     each must come out as the dataclass's own constructor would build it."""
-    net = PairNet(1, Faults())
+    net = PairNet(1, LinkFaults())
     _, va, rkey = region(net, 1, 4096)
     net.conns[0].post_write(3, b"\x07" * 3000, va, rkey, imm=9, now=0.0)
     data = next(p for p, _ in net.conns[0].packets_to_send(0.0) if type(p) is DataPacket)
@@ -507,7 +507,7 @@ def test_transmission_records_have_every_slot_set() -> None:
     """The sender fills each transmission record field by field (no constructor call): a
     record must come out as ``Tx``'s constructor would build it, but for what the send
     itself decides after (the deadline, and a retransmission's counts)."""
-    net = PairNet(1, Faults())
+    net = PairNet(1, LinkFaults())
     _, va, rkey = region(net, 1, 4096)
     net.conns[0].post_write(3, b"\x07" * 3000, va, rkey, imm=9, now=0.0)
     net.conns[0].packets_to_send(0.0)

@@ -12,7 +12,7 @@ from mrcstack.core.events import EvState, EvStateChanged, SendCompleted, WcStatu
 from mrcstack.core.evs import EvEntry, EvStatus
 from mrcstack.errors import LocalError
 from mrcstack.wire import WRITE_OPCODES
-from tests.support.pairnet import Faults, PairNet
+from tests.support.pairnet import LinkFaults, PairNet
 
 DATA = WRITE_OPCODES
 
@@ -52,7 +52,7 @@ def changes(net: PairNet, ev: int) -> list[tuple[EvState, EvState, str]]:
 
 
 def test_deny_and_allow_at_runtime() -> None:
-    net = PairNet(41, Faults(), planes=2, per_plane=4)  # 3 in use + 1 backup per plane
+    net = PairNet(41, LinkFaults(), planes=2, per_plane=4)  # 3 in use + 1 backup per plane
     sender = net.conns[0]
     log = data_evs(net)
     denied = [0x000, 0x101]
@@ -76,7 +76,7 @@ def test_deny_and_allow_at_runtime() -> None:
 
 
 def test_replace_an_ev_in_use() -> None:
-    net = PairNet(42, Faults(), planes=2, per_plane=2)  # 1 in use + 1 backup per plane
+    net = PairNet(42, LinkFaults(), planes=2, per_plane=2)  # 1 in use + 1 backup per plane
     sender = net.conns[0]
     log = data_evs(net)
     transfer(net, 256 * 100)
@@ -102,7 +102,7 @@ def test_replace_an_ev_in_use() -> None:
 
 
 def test_replace_a_backup_keeps_it_a_backup() -> None:
-    net = PairNet(43, Faults(), planes=1, per_plane=4)
+    net = PairNet(43, LinkFaults(), planes=1, per_plane=4)
     sender = net.conns[0]
     sender.replace_ev(0x003, EvEntry(0x033, 0))
     net.kick()
@@ -111,7 +111,7 @@ def test_replace_a_backup_keeps_it_a_backup() -> None:
 
 
 def test_ev_min_active_changes_online() -> None:
-    net = PairNet(44, Faults(), planes=1, per_plane=3)  # 2 in use + 1 backup
+    net = PairNet(44, LinkFaults(), planes=1, per_plane=3)  # 2 in use + 1 backup
     sender = net.conns[0]
     with pytest.raises(LocalError):
         sender.set_ev_min_active(-1)
@@ -124,7 +124,7 @@ def test_ev_min_active_changes_online() -> None:
 
 
 def test_rtt_samples_reach_the_callback() -> None:
-    net = PairNet(45, Faults(delay=20e-6), planes=2, per_plane=2)
+    net = PairNet(45, LinkFaults(delay=20e-6), planes=2, per_plane=2)
     samples: list[float] = []
     net.conns[0].on_rtt = samples.append
     assert net.conns[0].on_rtt == samples.append

@@ -18,7 +18,7 @@ from mrcstack.core.events import (
     SendCompleted,
     WcStatus,
 )
-from tests.support.pairnet import Faults, PairNet, make_evs
+from tests.support.pairnet import LinkFaults, PairNet, make_evs
 
 PLANES = 4
 MIN_RTO = 200e-6  # ConnectionConfig.timeout default
@@ -35,7 +35,7 @@ def failures(net: PairNet) -> list[tuple[float, ConnectionFailed]]:
     return [(t, e) for t, e in events if isinstance(e, ConnectionFailed)]
 
 
-def pair(seed: int, faults: Faults, planes: int = PLANES, **cfg: object) -> PairNet:
+def pair(seed: int, faults: LinkFaults, planes: int = PLANES, **cfg: object) -> PairNet:
     return PairNet(seed, faults, planes=planes, per_plane=2, **RETRIES, **cfg)  # type: ignore[arg-type]
 
 
@@ -62,7 +62,7 @@ def post(net: PairNet, size: int) -> tuple[bytearray, bytes]:
 def test_every_local_port_down_fails_after_the_retry_budget_not_never() -> None:
     """The audit's hang: every port down, a write posted, 30 s of virtual time.  The
     connection now fails once, with the retry-limit reason, and flushes both writes."""
-    net = pair(31, Faults())
+    net = pair(31, LinkFaults())
     all_ports_down(net)
     post(net, 5000)
     net.run(30.0)
@@ -84,7 +84,7 @@ def test_every_local_port_down_fails_after_the_retry_budget_not_never() -> None:
 def test_ports_that_return_in_time_resume_the_transfer_each_time() -> None:
     """Two outages, each shorter than the retry budget, together longer: the transfer
     resumes after each (the stall's retries start afresh once a path is back)."""
-    net = pair(32, Faults())
+    net = pair(32, LinkFaults())
     dst, data = post(net, 200_000)
     sender = net.conns[0]
     outage = 0.7 * budget(**RETRIES)
@@ -112,14 +112,14 @@ def test_every_ev_assumed_bad_waits_for_probes_then_gives_up() -> None:
     # backed-off RTO later: 1.5 ms lets that condemn all four, well inside the retry budget.
     outage = 1.5e-3
     cfg: dict[str, object] = {"ev_min_active": 0, "probe_interval": 50e-6}
-    back = pair(33, Faults(blackouts=[(0.0, outage, ev) for ev in evs]), 2, **cfg)
+    back = pair(33, LinkFaults(blackouts=[(0.0, outage, ev) for ev in evs]), 2, **cfg)
     dst, data = post(back, 20_000)
     back.run(outage)
     assert all(back.conns[0].evs.state(ev) is EvState.ASSUMED_BAD for ev in evs)
     assert back.conns[0].get_timer() is not None
     back.run(5.0, stop=lambda: len(sends(back)) == 2)
     assert [s.status for s in sends(back)] == [WcStatus.SUCCESS] * 2 and dst[:20_000] == data
-    never = pair(33, Faults(blackouts=[(0.0, 100.0, ev) for ev in evs]), 2, **cfg)
+    never = pair(33, LinkFaults(blackouts=[(0.0, 100.0, ev) for ev in evs]), 2, **cfg)
     post(never, 20_000)
     never.run(30.0)
     failed = failures(never)
@@ -134,7 +134,7 @@ def test_paths_condemned_while_the_peer_stalled_come_back_when_its_acks_do() -> 
     EV comes back, the EV is reinstated at once (not after rounds of probes), so the planes
     have their paths again as soon as the peer answers."""
     start, end = 100e-6, 900e-6
-    net = pair(34, Faults(stalls=[(start, end, 1)]))
+    net = pair(34, LinkFaults(stalls=[(start, end, 1)]))
     dst, data = post(net, 400_000)
     net.run(end)
 

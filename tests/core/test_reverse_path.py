@@ -9,7 +9,7 @@ from collections import Counter
 from mrcstack.core.connection import Datagram
 from mrcstack.core.events import Event, EvState, EvStateChanged, SendCompleted, WcStatus
 from mrcstack.wire import Opcode
-from tests.support.pairnet import Faults, PairNet
+from tests.support.pairnet import LinkFaults, PairNet
 
 PLANES = 2
 REVERSE = 2  # reverse EVs per plane
@@ -43,7 +43,7 @@ def write(net: PairNet, size: int) -> tuple[bytearray, bytes]:
 def test_acks_rotate_over_every_reverse_ev_of_each_plane() -> None:
     """Data alternates between the planes; each plane's ACKs must still use all of its
     reverse EVs (a rotation shared by all planes locked each plane onto one of them)."""
-    net = PairNet(21, Faults(), planes=PLANES, per_plane=4, reverse_evs_per_plane=REVERSE)
+    net = PairNet(21, LinkFaults(), planes=PLANES, per_plane=4, reverse_evs_per_plane=REVERSE)
     log = receiver_acks(net)
     dst, data = write(net, 256 * 400)
     assert dst == data
@@ -62,7 +62,7 @@ def test_broken_reverse_ev_is_demoted_by_probes_and_acks_move_to_the_same_plane(
     the path is broken; data the other way on the same EV value still arrives).  Its probes
     find out, the EV is demoted, its ACKs move to another EV of the same plane, and the
     transfer completes."""
-    net = PairNet(22, Faults(), planes=PLANES, per_plane=4, reverse_evs_per_plane=REVERSE)
+    net = PairNet(22, LinkFaults(), planes=PLANES, per_plane=4, reverse_evs_per_plane=REVERSE)
     receiver = net.conns[1]
     broken = receiver.evs.reverse_set(0, REVERSE)[0].entry.value
     net.faults.one_way.append((0.0, 100.0, 1, broken))

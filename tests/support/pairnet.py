@@ -1,8 +1,8 @@
 """Two connections in one process over a seeded, faulty virtual link (aioquic-style tests).
 
-Faults: random loss, duplication, reordering (random extra delay), trimming (the switch's
-cut, with the last-hop flag sometimes), ECN marks, and EV blackouts (a failed path) in
-time windows.  Time is virtual; nothing sleeps.
+The link's faults (:class:`LinkFaults`): random loss, duplication, reordering (random extra
+delay), trimming (the switch's cut, with the last-hop flag sometimes), ECN marks, and EV
+blackouts (a failed path) in time windows.  Time is virtual; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from mrcstack.wire import encode_trimmed
 
 
 @dataclass
-class Faults:
+class LinkFaults:
+    """What the virtual link does to datagrams (not the testbed's fault harness)."""
+
     loss: float = 0.0
     dup: float = 0.0
     reorder: float = 0.0  # max extra delay, seconds
@@ -49,7 +51,7 @@ class PairNet:
     def __init__(
         self,
         seed: int,
-        faults: Faults,
+        faults: LinkFaults,
         *,
         planes: int = 2,
         per_plane: int = 4,
