@@ -30,7 +30,8 @@ How each fault is made (docs/faults.md explains the choices):
 - ``shape``/``trim``: the sending end's egress port, through the testbed's shaper and the
   trim program (switch egress only).
 
-This module plans, records and undoes; :mod:`.ops` runs the recorded operations.
+This module plans, records and undoes; :mod:`.records` holds what is recorded (each
+operation a frozen dataclass) and :mod:`.ops` runs the operations.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fault scenarios: a timed sequence of faults in a TOML file, checked up front, replayed on a
 monotonic clock.
 
-A scenario is a list of steps; each step names an ``action`` (a :class:`.faults.Faults`
+A scenario is a list of steps; each step names an ``action`` (a :class:`.harness.Faults`
 method), the time ``at`` which it starts, its targets and parameters, and optionally
 ``duration`` (or ``until``) after which it is undone automatically::
 
@@ -469,7 +469,7 @@ def run_scenario(
     log: Callable[[str], object] | None = None,
     restore_on_error: bool = True,
 ) -> list[LogEntry]:
-    """Replay a scenario on a :class:`.faults.Faults` (anything with its methods).
+    """Replay a scenario on a :class:`.harness.Faults` (anything with its methods).
 
     Returns one :class:`LogEntry` per event, in order.  On a failing event (or Ctrl-C) the
     faults this run applied and that are still active are undone, then a FaultScenarioError
