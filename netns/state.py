@@ -124,7 +124,7 @@ class TestbedState:
                 parse_link(a, self.fabric)
                 key = canonical_link(a)
             else:
-                plane = _plane_of(a, b)
+                plane = plane_of(a, b)
                 key = canonical_link(link_name(plane, a, b))
         except ValueError as exc:
             raise TestbedError(f"bad link {_describe_link(a, b)}: {exc}") from None
@@ -226,7 +226,8 @@ def _describe_link(a: str, b: str | None) -> str:
     return a if b is None else f"{a} - {b}"
 
 
-def _plane_of(a: str, b: str) -> int:
+def plane_of(a: str, b: str) -> int:
+    """The plane of the link between nodes ``a`` and ``b`` (ValueError if both are hosts)."""
     for name in (a, b):
         plane = parse_node(name).plane
         if plane is not None:

@@ -40,6 +40,7 @@ from mrcstack.netns.faults.records import (
     Settle,
     Shape,
     Tier,
+    TierOp,
     TrimAttach,
     TrimDetach,
     Unshape,
@@ -99,7 +100,7 @@ def _shape(ctx: Context, op: Shape) -> None:
     testbed.shape_port(op.netns, op.ifname, op.rate_bps, queue)
 
 
-def _unshape(ctx: Context, op: Unshape | TrimDetach) -> None:
+def _unshape(ctx: Context, op: TierOp) -> None:
     """Back to the testbed's own shaping of the port's tier, or none."""
     fabric = ctx.state.fabric
     rate = fabric.host_link_bps if op.tier == Tier.HOST else fabric.fabric_link_bps

@@ -26,7 +26,7 @@ from mrcstack.addrplan import (
 )
 from mrcstack.fabric import Fabric
 from mrcstack.netns.run import TestbedError
-from mrcstack.netns.state import LinkRecord
+from mrcstack.netns.state import LinkRecord, plane_of
 
 NUMGEN_MOD = 1_000_000  # loss probability resolution: 1e-6
 NFT_PRIORITY = -300  # before anything else in the hook (the "raw" priority)
@@ -38,19 +38,11 @@ class FaultError(TestbedError):
 
 
 # Names -> fabric objects (pure) -------------------------------------------------------------
-def _plane_of(a: str, b: str) -> int:
-    for name in (a, b):
-        plane = parse_node(name).plane
-        if plane is not None:
-            return plane
-    raise ValueError(f"{a} and {b} are both hosts; a link joins a host to a T0 or a T0 to a T1")
-
-
 def resolve_link(fabric: Fabric, a: str, b: str | None = None) -> str:
     """The canonical name of a link given as "p0:t0a-t1c" or as two node names, checked
     against the fabric ("p0-t1c", "p0-t0a" -> "p0:t0a-t1c")."""
     try:
-        name = a if b is None else link_name(_plane_of(a, b), a, b)
+        name = a if b is None else link_name(plane_of(a, b), a, b)
         parse_link(name, fabric)
         return canonical_link(name)
     except ValueError as exc:

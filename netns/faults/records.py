@@ -206,15 +206,22 @@ class Shape(PortOp):
 
 
 @dataclass(frozen=True, slots=True)
-class Unshape(PortOp):
-    """Back to the testbed's own shaping of the port's tier (none if it has none)."""
+class TierOp(PortOp):
+    """Ends with the port back at the testbed's own shaping of its tier (none if the fabric
+    shapes none)."""
 
-    name: ClassVar[str] = "unshape"
     tier: Tier
 
     @classmethod
     def decode(cls, data: Mapping[str, Any]) -> Operation:
         return cls(data["netns"], data["ifname"], Tier(data["tier"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Unshape(TierOp):
+    """A shape fault's undo: the port back at its tier's shaping."""
+
+    name: ClassVar[str] = "unshape"
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,15 +238,10 @@ class TrimAttach(PortOp):
 
 
 @dataclass(frozen=True, slots=True)
-class TrimDetach(PortOp):
-    """The trim program off the port, then back to its tier's shaping (as :class:`Unshape`)."""
+class TrimDetach(TierOp):
+    """The trim program off the port, then the port back at its tier's shaping."""
 
     name: ClassVar[str] = "trim_detach"
-    tier: Tier
-
-    @classmethod
-    def decode(cls, data: Mapping[str, Any]) -> Operation:
-        return cls(data["netns"], data["ifname"], Tier(data["tier"]))
 
 
 @dataclass(frozen=True, slots=True)
