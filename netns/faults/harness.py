@@ -92,7 +92,7 @@ from mrcstack.netns.faults.records import (
 from mrcstack.netns.run import TestbedError, resident_netns
 from mrcstack.netns.state import LinkRecord, TestbedState, faults_log_path
 
-__all__ = ["Armed", "Fault", "FaultError", "Faults", "load_records", "locked_records"]
+__all__ = ["Armed", "Faults"]
 
 
 def stderr_log(line: str) -> None:

@@ -5,10 +5,10 @@ A fault is planned as data before anything runs: a :class:`Fault` whose ``apply`
 ``undo`` are operations, one frozen dataclass per kind (:class:`PortDown`, :class:`Nft`,
 ...), which :mod:`.ops` runs through one table.  ``<STATE_DIR>/<name>.faults.json`` holds
 the active faults with their undo operations, each as ``{"op": NAME, FIELD: VALUE, ...}``
-(:meth:`Operation.to_json`); that form is the record's version 1, so a record written by
-any mrcstack since is read back as it was written.  An operation or fault kind this
-version does not know makes the record unreadable (one line naming it), never a silent
-no-op.  A lock on the state directory serialises harness processes.
+(:meth:`Operation.to_json`): the record's version 1, as the harness has always written it,
+so a record written by an earlier mrcstack loads, and saves, unchanged.  An operation or
+fault kind this one does not know makes the record unreadable, with one line naming it,
+instead of being skipped.  A lock on the state directory serialises harness processes.
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ class Operation:
 
 @dataclass(frozen=True, slots=True)
 class NamespaceOp(Operation):
+    """Acts in one namespace: the harness keeps a thread there for an armed fault."""
+
     netns: str
 
     def where(self) -> str:
@@ -111,6 +113,8 @@ class NamespaceOp(Operation):
 
 @dataclass(frozen=True, slots=True)
 class PortOp(NamespaceOp):
+    """Acts on one port of a namespace."""
+
     ifname: str
 
     def where(self) -> str:
@@ -119,7 +123,8 @@ class PortOp(NamespaceOp):
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    """An IPv6 address a port loses when it goes down (:func:`.ifctl.ipv6_addresses`)."""
+    """An IPv6 address a port loses when it goes down and gets back on ``up``
+    (:func:`mrcstack.netns.ifctl.ipv6_addresses`)."""
 
     local: str
     prefixlen: int
