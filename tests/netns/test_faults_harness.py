@@ -55,13 +55,12 @@ def test_restore_all_goes_on_past_a_failing_trim_detach(
     assert "FAILED" in lines[0] and "FAILED" not in lines[1]
 
 
+@pytest.mark.requires_kernel("tc_bpf")
 def test_a_trim_that_fails_to_attach_is_undone_and_forgotten(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Apply fails (no such namespace), so does the undo's detach: the error reported is
     the attach's, and the fault is not left in the record."""
-    if (reason := trim.unavailable_reason()) is not None:
-        pytest.skip(reason)
     monkeypatch.setattr("mrcstack.netns.state.STATE_DIR", tmp_path)
     lines: list[str] = []
     faults = Faults(plan(FABRIC, UNBUILT).state(complete=True), log=lines.append)
