@@ -154,17 +154,6 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot put {type(value).__name__} into JSON")
 
 
-def quantile(xs: Sequence[float], q: float) -> float | None:
-    """The q-quantile by linear interpolation between order statistics (None if empty)."""
-    if not xs:
-        return None
-    ordered = sorted(xs)
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def sum_counts(tables: Sequence[dict[str, int]]) -> dict[str, int]:
     """Add up per-reason counters; keys sorted so the JSON form is stable."""
     out: dict[str, int] = {}

@@ -77,9 +77,9 @@ from mrcstack.sim.result import (
     PortRecord,
     SimResult,
     TimelineBin,
-    quantile,
     sum_counts,
 )
+from mrcstack.stats import Method, quantile
 from mrcstack.wire import DataPacket, encode, encoded_length, peek_qpn, trim
 
 __all__ = [
@@ -792,10 +792,10 @@ class _Simulation:
             ),
             flows=flows,
             groups=self._groups(flows),
-            fct_p50_s=quantile(fcts, 0.5),
-            fct_p99_s=quantile(fcts, 0.99),
-            slowdown_p50=quantile(slowdowns, 0.5),
-            slowdown_p99=quantile(slowdowns, 0.99),
+            fct_p50_s=quantile(fcts, 0.5, method=Method.LINEAR),
+            fct_p99_s=quantile(fcts, 0.99, method=Method.LINEAR),
+            slowdown_p50=quantile(slowdowns, 0.5, method=Method.LINEAR),
+            slowdown_p99=quantile(slowdowns, 0.99, method=Method.LINEAR),
             receiver_utilization=self._receiver_utilization(completion),
             events=tuple(self.ev_log),
             events_truncated=self.ev_changes - len(self.ev_log),
