@@ -10,6 +10,7 @@ CSV), the plots themselves (drawn by :mod:`mrcstack.experiments.plots`), and a l
 from __future__ import annotations
 
 import csv
+import enum
 import gzip
 import json
 import math
@@ -23,6 +24,7 @@ from typing import Any
 
 from mrcstack import __version__
 
+#: The quick profile takes minutes; the full one moves more data and runs more seeds.
 PROFILES = ("quick", "full")
 #: The folder of an experiment's simulator runs, one scenario file each (gzipped when
 #: larger than SCENARIO_GZIP_BYTES; ``mrcstack sim --scenario`` reads either).
@@ -30,27 +32,41 @@ SCENARIOS = "scenarios"
 SCENARIO_GZIP_BYTES = 32 << 10
 
 
+class Op(enum.StrEnum):
+    """How a claim compares its value with its threshold; the text is what result.json and
+    the report show."""
+
+    AT_LEAST = ">="
+    AT_MOST = "<="
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """One stated number: ``value`` compared with ``threshold`` by ``op``."""
+    """One stated number: ``value`` compared with ``threshold`` by ``op``.  A value that
+    could not be measured (NaN) fails."""
 
     text: str
     value: float
     threshold: float
-    op: str = ">="  # ">=" or "<="
+    op: Op = Op.AT_LEAST
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", Op(self.op))  # ValueError for an unknown comparison
 
     @property
     def passed(self) -> bool:
         if math.isnan(self.value):
             return False
-        return self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
+        if self.op is Op.AT_LEAST:
+            return self.value >= self.threshold
+        return self.value <= self.threshold
 
     def to_json(self) -> dict[str, Any]:
         return {
             "text": self.text,
             "value": _finite(self.value),
             "threshold": self.threshold,
-            "op": self.op,
+            "op": self.op.value,
             "pass": self.passed,
         }
 
@@ -96,6 +112,11 @@ class Experiment:
     where: str  # "sim", "testbed" or "sim+testbed"
     run: Callable[[str, int], Outcome]  # (profile, seed)
     needs_root: bool = False
+
+
+def scaled(profile: str, quick: int, full: int) -> int:
+    """A figure's size (bytes, runs, seeds) in ``profile``: ``quick`` or ``full``."""
+    return quick if profile == "quick" else full
 
 
 @dataclass(frozen=True, slots=True)

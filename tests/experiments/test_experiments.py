@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from mrcstack.experiments import EXPERIMENTS, Claim, simexp
+from mrcstack.experiments import EXPERIMENTS, Claim, simruns
 from mrcstack.experiments.cli import main
 from mrcstack.experiments.live import FaultCase, Run
-from mrcstack.experiments.testbedexp import claims, outcome
+from mrcstack.experiments.testbedruns import claims, outcome
 from mrcstack.sim import SimConfig, run, scenario
 from tests.support import REPO
 
@@ -39,6 +39,9 @@ def test_claims_compare_their_value_with_the_threshold() -> None:
     assert Claim("x", 1.2, 1.5, "<=").passed and not Claim("x", 1.6, 1.5, "<=").passed
     assert not Claim("x", math.nan, 0.0).passed  # a figure that could not be measured fails
     assert Claim("x", math.inf, 1.0).to_json()["value"] is None  # JSON stays strict
+    assert Claim("x", 1.0, 1.0, "<=").to_json()["op"] == "<="  # the text JSON has always had
+    with pytest.raises(ValueError):
+        Claim("x", 1.0, 1.0, "<")  # an unknown comparison fails loudly
 
 
 @pytest.mark.timeout(900)  # the first one runs every experiment (the module's fixture)
@@ -108,32 +111,32 @@ def _lossy(cfg: SimConfig) -> SimConfig:
     return replace(cfg, loss=0.02)
 
 
-def _tiny(profile: str, quick: int, full: int) -> int:
+def _tiny(sim: simruns.Sim, quick: int, full: int) -> int:
     """An eighth of the quick profile's sizes, one seed or trial: for the slow figures
     whose sizes are bytes (not fault times), checked to pass their claims at this size."""
     return quick // 8 if quick > 8 else 1
 
 
 @pytest.mark.parametrize(
-    ("figure", "sabotage", "claims", "tiny"),
+    ("name", "sabotage", "claims", "tiny"),
     [
-        (simexp.fig9a, _mrc_as_roce, (0,), False),
-        (simexp.fig9b, _mrc_as_roce, (0,), False),
-        (simexp.fig9c, _mrc_as_roce, (0, 1), False),
-        (simexp.fig9d, _mrc_as_roce, (0,), False),
-        (simexp.fig10_11, _mrc_as_roce, (0,), False),
-        (simexp.fig12, _lossy_everywhere, (0,), False),
-        (simexp.fig14, _no_ecn, (1,), False),
-        (simexp.fig16, _mrc_as_roce, (0, 1), True),
-        (simexp.fig18, _mrc_as_roce, (0, 3, 4), False),
-        (simexp.fig20, _mrc_as_roce, (0, 2), True),
-        (simexp.latency, _lossy, (0,), True),
+        ("fig9a-link-flaps", _mrc_as_roce, (0,), False),
+        ("fig9b-nic-down-up", _mrc_as_roce, (0,), False),
+        ("fig9c-many-links", _mrc_as_roce, (0, 1), False),
+        ("fig9d-t1-fail", _mrc_as_roce, (0,), False),
+        ("fig10-11-switch-fail", _mrc_as_roce, (0,), False),
+        ("fig12-lossy-ev", _lossy_everywhere, (0,), False),
+        ("fig14-shared-ev", _no_ecn, (1,), False),
+        ("fig16-collectives", _mrc_as_roce, (0, 1), True),
+        ("fig18-incast", _mrc_as_roce, (0, 3, 4), False),
+        ("fig20-permutation", _mrc_as_roce, (0, 2), True),
+        ("latency-small-writes", _lossy, (0,), True),
     ],
     ids=lambda v: getattr(v, "__name__", str(v)).strip("_"),
 )
 def test_claims_fail_when_the_runs_lose_what_they_claim(
     monkeypatch: pytest.MonkeyPatch,
-    figure: Any,
+    name: str,
     sabotage: Callable[[SimConfig], SimConfig],
     claims: tuple[int, ...],
     tiny: bool,
@@ -141,11 +144,13 @@ def test_claims_fail_when_the_runs_lose_what_they_claim(
     """The claims are computed from the runs: feed the figure runs that lack the mechanism
     a claim credits, and that claim must fail (the quick profile's own runs pass them:
     the report test above)."""
-    real = simexp.sim_run
-    monkeypatch.setattr(simexp, "sim_run", lambda cfg: real(sabotage(cfg)))
+    real = simruns.sim_run
+    monkeypatch.setattr(simruns, "sim_run", lambda cfg: real(sabotage(cfg)))
     if tiny:
-        monkeypatch.setattr(simexp, "_size", _tiny)
-    outcome = figure("quick", 1)
+        monkeypatch.setattr(simruns.Sim, "size", _tiny)
+    figure = next(e for e in EXPERIMENTS if e.name == name)
+    assert figure.where == "sim"
+    outcome = figure.run("quick", 1)
     for i in claims:
         assert not outcome.claims[i].passed, outcome.claims[i]
 

@@ -1,0 +1,75 @@
+"""The simulator's side of a figure: one place that turns a figure's settings, its profile
+and its seed into simulator runs, and keeps every run as a scenario file.
+
+Time scaling: the paper's links run at 400 Gbit/s for seconds; here links run at
+:data:`RATE` (10 Gbit/s) for milliseconds, so a run stays small enough for a laptop.  The
+protocol's reactions are counted in RTTs, which scale with the link delay and packet size
+alike; each result states its rate, fabric and time scale in its parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mrcstack.experiments.base import Experiment, Outcome, scaled
+from mrcstack.fabric import Fabric
+from mrcstack.sim import SimConfig, SimResult
+from mrcstack.sim import run as sim_run
+from mrcstack.sim import scenario as scenario_file
+
+RATE = 10e9
+RATE_TEXT = f"{RATE / 1e9:g} Gbit/s per link"
+#: MRC next to RoCE mode: one path per flow and go-back-N, what RoCEv2 on ECMP does.
+MODES = ("mrc", "roce")
+
+
+@dataclass(slots=True)
+class Sim:
+    """One figure's runs in one profile and seed: sizes scaled by the profile, every
+    configuration at :data:`RATE`, and every run kept, in order, as a scenario file."""
+
+    profile: str
+    seed: int
+    #: (file stem, TOML text) of each run so far.
+    scenarios: list[tuple[str, str]] = field(default_factory=list)
+
+    def size(self, quick: int, full: int) -> int:
+        return scaled(self.profile, quick, full)
+
+    def seeds(self, quick: int, full: int) -> list[int]:
+        """The figure's seed and the ones after it, ``size(quick, full)`` in all."""
+        return [self.seed + k for k in range(self.size(quick, full))]
+
+    def config(self, fabric: Fabric, *, seed: int | None = None, **settings: Any) -> SimConfig:
+        """A run on ``fabric`` at :data:`RATE`, with the figure's seed unless ``seed``."""
+        return SimConfig(
+            fabric=fabric, rate_bps=RATE, seed=self.seed if seed is None else seed, **settings
+        )
+
+    def run(self, cfg: SimConfig) -> SimResult:
+        """The simulator; the run is kept as a scenario file, so any one can be rerun alone."""
+        result = sim_run(cfg)
+        stem = f"{len(self.scenarios) + 1:03d}-{cfg.mode}-seed{cfg.seed}"
+        self.scenarios.append((stem, scenario_file.dumps(cfg)))
+        return result
+
+
+def params(fabric: str, more: dict[str, Any]) -> dict[str, Any]:
+    """A figure's parameters: its fabric and the link rate first, as every result states
+    them, then its own."""
+    return {"fabric": fabric, "rate": RATE_TEXT, **more}
+
+
+def simulated(name: str, figure: str, shows: str, make: Callable[[Sim], Outcome]) -> Experiment:
+    """A simulator experiment: ``make`` draws the figure from its runs, which the outcome
+    then keeps as scenario files."""
+
+    def run(profile: str, seed: int) -> Outcome:
+        sim = Sim(profile, seed)
+        outcome = make(sim)
+        outcome.scenarios.extend(sim.scenarios)
+        return outcome
+
+    return Experiment(name, figure, shows, "sim", run)
