@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from mrcstack.api import (
+    CompletionQueue,
+    Context,
     Controller,
     Device,
     Listener,
@@ -381,6 +383,33 @@ class _Poster:
 
 
 # One mrcd run -------------------------------------------------------------------------------
+def _connected(
+    a: Context, b: Context
+) -> tuple[CompletionQueue, QueuePair, MemoryRegion, MemoryRegion]:
+    """A QP from ``a`` connected to one of ``b``'s: the sender's CQ and QP, and both sides'
+    regions, every page touched before the clock starts."""
+    acq, bcq = a.create_cq(4096), b.create_cq(4096)
+    qa, qb = a.create_qp(acq), b.create_qp(bcq)
+    amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
+    listener = b.listen(SERVICE)
+    t = threading.Thread(target=lambda: accept(listener, qb))
+    t.start()
+    qa.connect(DST, SERVICE, timeout=30)
+    t.join(30)
+    amr.buf[:] = bytes(REGION)
+    bmr.buf[:] = bytes(REGION)
+    return acq, qa, amr, bmr
+
+
+def _retransmissions(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The sender's retransmissions by reason between two :func:`counters` readings."""
+    return {
+        k.removeprefix("retx_"): after[k] - before.get(k, 0.0)
+        for k in after
+        if k.startswith("retx_")
+    }
+
+
 def mrcd_run(
     state: TestbedState,
     cluster: Cluster,
@@ -397,16 +426,7 @@ def mrcd_run(
     samples: list[tuple[float, int]] = []
     try:
         injector = _Injector(faults, case)  # before the run's threads: it forks
-        acq, bcq = a.create_cq(4096), b.create_cq(4096)
-        qa, qb = a.create_qp(acq), b.create_qp(bcq)
-        amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
-        listener = b.listen(SERVICE)
-        t = threading.Thread(target=lambda: accept(listener, qb))
-        t.start()
-        qa.connect(DST, SERVICE, timeout=30)
-        t.join(30)
-        amr.buf[:] = bytes(REGION)  # touch every page before the clock starts
-        bmr.buf[:] = bytes(REGION)
+        acq, qa, amr, bmr = _connected(a, b)
         before = counters(state, cluster)
         fault_at = time.time() + WARMUP_S + pre_s
         end = fault_at + window_s
@@ -429,16 +449,11 @@ def mrcd_run(
         with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
             events = [e for e in ctl.recent_ev_events() if float(e.get("time", 0)) >= fault_at]
         first_ev = min((float(e["time"]) for e in events), default=None)
-        retx = {
-            k.removeprefix("retx_"): after[k] - before.get(k, 0.0)
-            for k in after
-            if k.startswith("retx_")
-        }
         return Run(
             "mrcd",
             tuple(samples),
             fault_at,
-            retx,
+            _retransmissions(before, after),
             None if first_ev is None else (first_ev - fault_at) * 1e3,
             command_ms,
             injector.steps_ms,
