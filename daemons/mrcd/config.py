@@ -30,7 +30,7 @@ MAX_DRAIN_TIMEOUT = 3600.0
 Address = tuple[str, int]
 
 
-class ConfigError(LocalError, ValueError):
+class MrcdConfigError(LocalError, ValueError):
     """A bad configuration value; ``str()`` is one line: ``mrcd.key: problem``."""
 
 
@@ -38,21 +38,21 @@ def parse_address(text: str, key: str, default_port: int | None = None) -> Addre
     """``[v6]:port``, ``v4:port``, or a bare address when a default port is given."""
     m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([0-9.]+):(\d+)|([0-9a-fA-F:.]+)", text.strip())
     if m is None:
-        raise ConfigError(f"{key}: not an address ([v6]:port or v4:port): {text!r}")
+        raise MrcdConfigError(f"{key}: not an address ([v6]:port or v4:port): {text!r}")
     host = m.group(1) or m.group(3) or m.group(5)
     port_text = m.group(2) or m.group(4)
     if port_text is None:
         if default_port is None:
-            raise ConfigError(f"{key}: needs a port: {text!r}")
+            raise MrcdConfigError(f"{key}: needs a port: {text!r}")
         port = default_port
     else:
         port = int(port_text)
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise ConfigError(f"{key}: not an IP address: {host!r}") from None
+        raise MrcdConfigError(f"{key}: not an IP address: {host!r}") from None
     if not 0 <= port <= 65535:
-        raise ConfigError(f"{key}: port out of range: {port}")
+        raise MrcdConfigError(f"{key}: port out of range: {port}")
     return host, port
 
 
@@ -92,7 +92,7 @@ class MrcdConfig:
             names = tuple(f"nic{p}" for p in range(self.fabric.planes))
             object.__setattr__(self, "interfaces", names)
         elif len(self.interfaces) != self.fabric.planes:
-            raise ConfigError(
+            raise MrcdConfigError(
                 f"mrcd.interfaces: {len(self.interfaces)} names for "
                 f"{self.fabric.planes} planes (one per plane)"
             )
@@ -106,14 +106,14 @@ class MrcdConfig:
         for peer, addr in self.peers:
             if peer == name:
                 return addr
-        raise ConfigError(f"mrcd.peers: no control address for {name}")
+        raise MrcdConfigError(f"mrcd.peers: no control address for {name}")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MrcdConfig:
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+            raise MrcdConfigError(f"config: cannot read {path}: {exc.strerror}") from None
         return cls.from_toml(text)
 
     @classmethod
@@ -121,17 +121,17 @@ class MrcdConfig:
         try:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"toml: {exc}") from None
+            raise MrcdConfigError(f"toml: {exc}") from None
         unknown = set(doc) - {"mrcd", "fabric"}
         if unknown:
-            raise ConfigError(f"{sorted(unknown)[0]}: unknown table (only [mrcd] and [fabric])")
+            raise MrcdConfigError(f"{sorted(unknown)[0]}: unknown table (only [mrcd] and [fabric])")
         try:
             fabric = Fabric.from_mapping(doc["fabric"]) if "fabric" in doc else Fabric()
         except FabricConfigError as exc:
-            raise ConfigError(str(exc)) from None
+            raise MrcdConfigError(str(exc)) from None
         table = doc.get("mrcd")
         if not isinstance(table, Mapping):
-            raise ConfigError("mrcd: missing [mrcd] table")
+            raise MrcdConfigError("mrcd: missing [mrcd] table")
         return _from_table(table, fabric)
 
 
@@ -157,47 +157,49 @@ _KEYS = {
 def _int(table: Mapping[str, object], key: str, default: int) -> int:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"mrcd.{key}: must be an integer, got {value!r}")
+        raise MrcdConfigError(f"mrcd.{key}: must be an integer, got {value!r}")
     return value
 
 
 def _str(table: Mapping[str, object], key: str, default: str) -> str:
     value = table.get(key, default)
     if not isinstance(value, str):
-        raise ConfigError(f"mrcd.{key}: must be a string, got {value!r}")
+        raise MrcdConfigError(f"mrcd.{key}: must be a string, got {value!r}")
     return value
 
 
 def _bool(table: Mapping[str, object], key: str, default: bool) -> bool:
     value = table.get(key, default)
     if not isinstance(value, bool):
-        raise ConfigError(f"mrcd.{key}: must be true or false, got {value!r}")
+        raise MrcdConfigError(f"mrcd.{key}: must be true or false, got {value!r}")
     return value
 
 
 def _seconds(table: Mapping[str, object], key: str, default: float, limit: float) -> float:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= limit:
-        raise ConfigError(f"mrcd.{key}: must be a number of seconds in 0..{limit:g}, got {value!r}")
+        raise MrcdConfigError(
+            f"mrcd.{key}: must be a number of seconds in 0..{limit:g}, got {value!r}"
+        )
     return float(value)
 
 
 def _table(table: Mapping[str, object], key: str) -> Mapping[str, object]:
     value = table.get(key, {})
     if not isinstance(value, Mapping):
-        raise ConfigError(f"mrcd.{key}: must be a table")
+        raise MrcdConfigError(f"mrcd.{key}: must be a table")
     return value
 
 
 def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
     for key in table:
         if key not in _KEYS:
-            raise ConfigError(f"mrcd.{key}: unknown key")
+            raise MrcdConfigError(f"mrcd.{key}: unknown key")
     if "host" not in table:
-        raise ConfigError("mrcd.host: missing (this host's index in the fabric)")
+        raise MrcdConfigError("mrcd.host: missing (this host's index in the fabric)")
     host = _int(table, "host", 0)
     if not 0 <= host < fabric.hosts:
-        raise ConfigError(f"mrcd.host: must be in 0..{fabric.hosts - 1}, got {host}")
+        raise MrcdConfigError(f"mrcd.host: must be in 0..{fabric.hosts - 1}, got {host}")
     control = parse_address(
         _str(table, "control_address", f"[::1]:{CONTROL_PORT}"),
         "mrcd.control_address",
@@ -207,25 +209,29 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
     parse_address(web, "mrcd.web_listen_address")
     level = _str(table, "log_level", "info")
     if level not in LOG_LEVELS:
-        raise ConfigError(f"mrcd.log_level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+        raise MrcdConfigError(
+            f"mrcd.log_level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
+        )
     coalesce = _int(table, "ack_coalesce", 16)
     if not 1 <= coalesce <= 64:
-        raise ConfigError(f"mrcd.ack_coalesce: must be in 1..64, got {coalesce}")
+        raise MrcdConfigError(f"mrcd.ack_coalesce: must be in 1..64, got {coalesce}")
     mode = _str(table, "data_mode", "srv6")
     if mode not in DATA_MODES:
-        raise ConfigError(f"mrcd.data_mode: must be one of {', '.join(DATA_MODES)}, got {mode!r}")
+        raise MrcdConfigError(
+            f"mrcd.data_mode: must be one of {', '.join(DATA_MODES)}, got {mode!r}"
+        )
     port = _int(table, "data_port", DATA_PORT)
     if not 1 <= port <= 65535 - 16 * fabric.hosts:
-        raise ConfigError(f"mrcd.data_port: out of range: {port}")
+        raise MrcdConfigError(f"mrcd.data_port: out of range: {port}")
     drain = _seconds(table, "drain_timeout", DRAIN_TIMEOUT, MAX_DRAIN_TIMEOUT)
     interfaces = _interfaces(table.get("interfaces"), fabric.planes)
     peers_table = _table(table, "peers")
     peers = []
     for name, addr in sorted(peers_table.items()):
         if not re.fullmatch(r"h\d+", name) or int(name[1:]) >= fabric.hosts:
-            raise ConfigError(f"mrcd.peers.{name}: not a host of this fabric")
+            raise MrcdConfigError(f"mrcd.peers.{name}: not a host of this fabric")
         if not isinstance(addr, str):
-            raise ConfigError(f"mrcd.peers.{name}: must be an address string")
+            raise MrcdConfigError(f"mrcd.peers.{name}: must be an address string")
         peers.append((name, parse_address(addr, f"mrcd.peers.{name}", CONTROL_PORT)))
     return MrcdConfig(
         host=host,
@@ -259,7 +265,7 @@ def _interfaces(value: object, planes: int) -> tuple[str, ...]:
         return ()
     if isinstance(value, list):
         if len(value) != planes:
-            raise ConfigError(
+            raise MrcdConfigError(
                 f"mrcd.interfaces: {len(value)} names for {planes} planes (one per plane)"
             )
         named = {str(p): name for p, name in enumerate(value)}
@@ -267,14 +273,14 @@ def _interfaces(value: object, planes: int) -> tuple[str, ...]:
     elif isinstance(value, Mapping):
         for key in value:
             if not (key.isdigit() and int(key) < planes and key == str(int(key))):
-                raise ConfigError(f"mrcd.interfaces.{key}: not a plane (0..{planes - 1})")
+                raise MrcdConfigError(f"mrcd.interfaces.{key}: not a plane (0..{planes - 1})")
         missing = [p for p in range(planes) if str(p) not in value]
         if missing:
-            raise ConfigError(f"mrcd.interfaces.{missing[0]}: missing (one name per plane)")
+            raise MrcdConfigError(f"mrcd.interfaces.{missing[0]}: missing (one name per plane)")
         named = dict(value)
         keys = [f"mrcd.interfaces.{p}" for p in range(planes)]
     else:
-        raise ConfigError("mrcd.interfaces: must be a list of names or a table plane = name")
+        raise MrcdConfigError("mrcd.interfaces: must be a list of names or a table plane = name")
     names: list[str] = []
     for plane, key in enumerate(keys):
         name = named[str(plane)]
@@ -283,12 +289,12 @@ def _interfaces(value: object, planes: int) -> tuple[str, ...]:
             or _IFNAME.fullmatch(name) is None
             or len(name.encode()) > IFNAME_MAX
         ):
-            raise ConfigError(
+            raise MrcdConfigError(
                 f"{key}: not an interface name (1-{IFNAME_MAX} bytes, no '/', ':' or "
                 f"spaces, not '.' or '..'): {name!r}"
             )
         if name in names:
-            raise ConfigError(f"{key}: {name!r} is already plane {names.index(name)}'s")
+            raise MrcdConfigError(f"{key}: {name!r} is already plane {names.index(name)}'s")
         names.append(name)
     return tuple(names)
 
@@ -297,17 +303,19 @@ def _auth(table: Mapping[str, object]) -> AuthConfig:
     known = {"mode", "psk_file", "private_key_file", "peer_keys_dir"}
     for key in table:
         if key not in known:
-            raise ConfigError(f"mrcd.auth.{key}: unknown key")
+            raise MrcdConfigError(f"mrcd.auth.{key}: unknown key")
     mode = table.get("mode", "psk")
     if mode not in AUTH_MODES:
-        raise ConfigError(f"mrcd.auth.mode: must be one of {', '.join(AUTH_MODES)}, got {mode!r}")
+        raise MrcdConfigError(
+            f"mrcd.auth.mode: must be one of {', '.join(AUTH_MODES)}, got {mode!r}"
+        )
 
     def path(key: str) -> Path | None:
         value = table.get(key)
         if value is None:
             return None
         if not isinstance(value, str):
-            raise ConfigError(f"mrcd.auth.{key}: must be a path string")
+            raise MrcdConfigError(f"mrcd.auth.{key}: must be a path string")
         return Path(value)
 
     cfg = AuthConfig(
@@ -317,7 +325,9 @@ def _auth(table: Mapping[str, object]) -> AuthConfig:
         peer_keys_dir=path("peer_keys_dir"),
     )
     if cfg.mode == "psk" and cfg.psk_file is None:
-        raise ConfigError("mrcd.auth.psk_file: required in psk mode")
+        raise MrcdConfigError("mrcd.auth.psk_file: required in psk mode")
     if cfg.mode == "keypair" and (cfg.private_key_file is None or cfg.peer_keys_dir is None):
-        raise ConfigError("mrcd.auth.private_key_file and peer_keys_dir: required in keypair mode")
+        raise MrcdConfigError(
+            "mrcd.auth.private_key_file and peer_keys_dir: required in keypair mode"
+        )
     return cfg

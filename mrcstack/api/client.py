@@ -38,7 +38,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class Connection:
+class MrcdSocket:
     """The framed socket of one Device or Context (not thread-hostile, not thread-fast)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Protocol
 
 from mrcstack.api import wire
-from mrcstack.api.client import Connection
+from mrcstack.api.client import MrcdSocket
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import U32
 from mrcstack.api.types import WorkCompletion
@@ -27,7 +27,7 @@ class Context(Protocol):
     """What CQs and channels need of their context (:class:`mrcstack.api.verbs.Context`):
     its connection to mrcd and its tables of CQs and channels."""
 
-    conn: Connection
+    conn: MrcdSocket
     cqs: dict[int, CompletionQueue]
     channels: dict[int, CompletionChannel]
 

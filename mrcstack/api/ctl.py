@@ -13,21 +13,21 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from mrcstack.api.client import Connection
+from mrcstack.api.client import MrcdSocket
 from mrcstack.api.verbs import default_socket_path
 
 
 class Controller:
     """A controller session with the local mrcd (``mrc_open_context`` for mrc_ctl.h)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: MrcdSocket) -> None:
         self._conn = conn
         self._events: deque[dict[str, Any]] = deque()
         conn.on_event = self._on_event
 
     @classmethod
     def open(cls, socket_path: str | os.PathLike[str] | None = None) -> Controller:
-        return cls(Connection(socket_path if socket_path is not None else default_socket_path()))
+        return cls(MrcdSocket(socket_path if socket_path is not None else default_socket_path()))
 
     def close(self) -> None:
         self._conn.close()

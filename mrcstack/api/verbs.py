@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mrcstack.api import shm, wire
-from mrcstack.api.client import Connection
+from mrcstack.api.client import MrcdSocket
 from mrcstack.api.completion import CompletionChannel, CompletionQueue
 from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import check_private_data
@@ -90,20 +90,20 @@ def default_socket_path() -> Path:
 class Device:
     """The local mrcd, as ``ibv_open_device`` + ``mrc_query_device`` see a NIC."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: MrcdSocket) -> None:
         self.conn = conn
         self.path = conn.path
 
     @classmethod
     def open(cls, socket_path: str | os.PathLike[str] | None = None) -> Device:
-        return cls(Connection(socket_path if socket_path is not None else default_socket_path()))
+        return cls(MrcdSocket(socket_path if socket_path is not None else default_socket_path()))
 
     def query_device(self) -> DeviceAttr:
         return DeviceAttr.from_json(self.conn.call("query_device"))
 
     def create_context(self) -> Context:
         """A new context (``mrc_create_context``): its own socket and protection domain."""
-        conn = Connection(self.path)
+        conn = MrcdSocket(self.path)
         try:
             conn.call("open_context")
         except ApiError:
@@ -283,7 +283,7 @@ class Listener:
 class Context:
     """``mrc_context`` and its protection domain: everything below lives in one mrcd session."""
 
-    def __init__(self, device: Device, conn: Connection) -> None:
+    def __init__(self, device: Device, conn: MrcdSocket) -> None:
         self.device = device
         self.conn = conn
         self.cqs: dict[int, CompletionQueue] = {}

@@ -27,7 +27,7 @@ import uvloop
 
 from mrcstack import add_version_flag
 from mrcstack.daemons.mrcd.appapi.server import AppServer
-from mrcstack.daemons.mrcd.config import ConfigError, MrcdConfig, parse_address
+from mrcstack.daemons.mrcd.config import MrcdConfig, MrcdConfigError, parse_address
 from mrcstack.daemons.mrcd.control.auth import Credentials, KeyFileError
 from mrcstack.daemons.mrcd.datapath.linkwatch import watch_planes
 from mrcstack.daemons.mrcd.node.node import Node
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = MrcdConfig.load(args.config)
         web = args.web_listen_address or cfg.web_listen_address
         parse_address(web, "--web.listen-address")
-    except ConfigError as exc:
+    except MrcdConfigError as exc:
         sys.stderr.write(f"mrcd: {exc}\n")
         return 2
     if args.check:
