@@ -39,7 +39,7 @@ from mrcstack.api import (
     wire,
 )
 from mrcstack.api import client as api_client
-from mrcstack.daemons.mrcd.node.node import QpAttrs
+from mrcstack.daemons.mrcd.node.qps import QpAttrs
 from tests.support import REPO
 from tests.support.apiharness import WAIT, Daemons, connect, drain, end
 

@@ -19,7 +19,7 @@ from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import EvState
 from mrcstack.core.memory import MemoryTable
-from mrcstack.daemons.mrcd.node.node import QpAttrs
+from mrcstack.daemons.mrcd.node.qps import QpAttrs
 from tests.support import REPO
 from tests.support.apiharness import FABRIC, WAIT, Daemons, connect, drain
 

@@ -17,7 +17,8 @@ import pytest
 from mrcstack.core.events import ConnectionFailed, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.memory import Access
 from mrcstack.daemons.mrcd.control.client import Session
-from mrcstack.daemons.mrcd.node.node import IncomingConnect, Node, QpAttrs, QpState
+from mrcstack.daemons.mrcd.node.node import Node
+from mrcstack.daemons.mrcd.node.qps import IncomingConnect, QpAttrs, QpState
 from tests.support.apiharness import FABRIC, Recorder, node_config
 from tests.support.isolation import free_base
 

@@ -24,7 +24,8 @@ from mrcstack.core.memory import Access
 from mrcstack.daemons.mrcd.config import AuthConfig
 from mrcstack.daemons.mrcd.datapath import probes
 from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, open_plane_socket
-from mrcstack.daemons.mrcd.node.node import IncomingConnect, Node, QpAttrs, QpState
+from mrcstack.daemons.mrcd.node.node import Node
+from mrcstack.daemons.mrcd.node.qps import IncomingConnect, QpAttrs, QpState
 from mrcstack.daemons.mrcd.ops.metrics import make_registry
 from mrcstack.errors import LocalError
 from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode

@@ -15,7 +15,7 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
-from mrcstack.daemons.mrcd.node.node import PORT_STRIDE
+from mrcstack.daemons.mrcd.node.addresses import PORT_STRIDE
 
 #: Testbed names are [a-z][a-z0-9]{0,5}.
 NAME_LENGTH = 6

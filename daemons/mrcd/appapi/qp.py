@@ -22,7 +22,7 @@ from mrcstack.core import events as ev
 from mrcstack.core.receiver import SACK_BITS
 from mrcstack.daemons.mrcd import apiargs as a
 from mrcstack.daemons.mrcd.appapi.views import Cq, SessionView
-from mrcstack.daemons.mrcd.node.node import IncomingConnect, QpAttrs, QpState
+from mrcstack.daemons.mrcd.node.qps import IncomingConnect, QpAttrs, QpState
 from mrcstack.errors import LocalError
 
 MAX_QPS = 4096

@@ -26,7 +26,7 @@ from mrcstack.daemons.mrcd import apiargs as a
 from mrcstack.daemons.mrcd.appapi.clientio import ClientIO, Peer
 from mrcstack.daemons.mrcd.appapi.qp import MAX_QPS, QpTable
 from mrcstack.daemons.mrcd.appapi.views import Cq, Region, ServerView
-from mrcstack.daemons.mrcd.node.node import Context
+from mrcstack.daemons.mrcd.node.qps import Context
 from mrcstack.wire import AEAD_TAG_LEN, DATA_IMM_HDR_LEN
 
 log = logging.getLogger("mrcd.api")

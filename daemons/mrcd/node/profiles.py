@@ -32,8 +32,8 @@ from mrcstack.wire import EvFormat
 
 
 class Node(Protocol):
-    """What the profiles use of the node (:class:`.node.Node`, which builds connections from
-    them): its QPs, and the transport to wake when a QP's EVs change."""
+    """What the profiles use of the node (:class:`.node.Node`, whose connection setup builds
+    connections from them): its QPs, and the transport to wake when a QP's EVs change."""
 
     qps: dict[int, Qp]
     transport: Transport | None
@@ -164,12 +164,13 @@ class ProfileStore:
             or (cc is not None and qp.attrs.cc_profile_id == cc)
         ]
 
-    # What a connection is built with (for Node.ready) --------------------------------------
+    # What a connection is built with (for ConnectionSetup.ready) ---------------------------
     def config_fields(self, attrs: QpAttrs, local_host: int, remote_host: int) -> dict[str, Any]:
         """``ConnectionConfig`` keyword arguments the QP's profiles decide: the EV set
         (explicit, generated, or the address plan's for this destination), ``ev_count``,
         ``ev_min_active``, the DENY set, the profile id for EV events, the CC algorithm and
-        its parameters.  ``Node.ready`` passes them as ``ConnectionConfig(**fields, ...)``."""
+        its parameters.  ``ConnectionSetup.ready`` passes them as
+        ``ConnectionConfig(**fields, ...)``."""
         ev = self.ev_profile(attrs.ev_profile_id)
         cc = self.cc_profile(attrs.cc_profile_id)
         evs = ev.evs

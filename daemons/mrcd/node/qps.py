@@ -1,7 +1,8 @@
 """The records behind a node's QPs: states, MRC attributes, contexts, connection requests.
 
-Plain data shared by the node (``node.py``), its port handling (``ports.py``) and the API
-server (``appqp.py``, ``appsession.py``).
+Plain data shared by the node's parts (``qptable.py`` keeps the table, ``connect.py`` connects
+its QPs, ``ports.py``, ``peers.py`` and ``events.py`` act on them) and the API server
+(``appapi/qp.py``, ``appapi/session.py``).
 """
 
 from __future__ import annotations

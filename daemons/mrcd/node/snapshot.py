@@ -1,8 +1,9 @@
 """What the metrics exporter reads of a node: one frozen :class:`NodeSnapshot` per scrape.
 
 The node keeps plain integers on the hot path (the core's ``ConnectionStats``, the
-transport's ``TransportStats``, two :class:`Buckets` histograms) and builds a snapshot only
-when asked; :mod:`mrcstack.daemons.mrcd.ops.metrics` turns it into metric families.
+transport's ``TransportStats``, its own :class:`NodeCounters`) and :func:`scrape` builds a
+snapshot only when asked; :mod:`mrcstack.daemons.mrcd.ops.metrics` turns it into metric
+families.
 """
 
 from __future__ import annotations
@@ -12,8 +13,18 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
+from mrcstack import __version__
 from mrcstack.core.config import ConnectionStats
+from mrcstack.core.connection import Connection
+from mrcstack.daemons.mrcd.config import MrcdConfig
+from mrcstack.daemons.mrcd.control.server import ControlStats
+from mrcstack.daemons.mrcd.datapath.probes import Prober
+from mrcstack.daemons.mrcd.datapath.transport import Transport
+from mrcstack.daemons.mrcd.node.peers import PeerWatch
+from mrcstack.daemons.mrcd.node.ports import Ports
+from mrcstack.daemons.mrcd.node.qps import Qp, QpState
 
 #: Histogram bounds in seconds, 1-2-5 per decade from 1 us to 10 s (22 buckets plus +Inf).
 DEFAULT_BOUNDS: tuple[float, ...] = (
@@ -132,7 +143,7 @@ class NodeSnapshot:
     rtt: HistogramSnapshot = field(default_factory=HistogramSnapshot)
     write_completion: HistogramSnapshot = field(default_factory=HistogramSnapshot)
     control_auth_failures: int = 0  # control-channel peers that failed authentication
-    #: Other control-channel connections closed, by reason (controlserver.REJECT_REASONS).
+    #: Other control-channel connections closed, by reason (control/server.py REJECT_REASONS).
     control_rejections: Mapping[str, int] = field(default_factory=_empty)
     #: Peers' QPs failed early because the peer was found gone, by signal (peers.SIGNALS).
     peer_failures: Mapping[str, int] = field(default_factory=_empty)
@@ -253,3 +264,70 @@ def count_evs(planes: int, states: Iterable[tuple[int, str]]) -> Mapping[str, tu
         if 0 <= plane < planes:
             table.setdefault(state, [0] * planes)[plane] += 1
     return MappingProxyType({k: tuple(v) for k, v in table.items()})
+
+
+# The node's own counters, and the scrape --------------------------------------------------
+class NodeCounters:
+    """What the node counts itself, beside the core's and the transport's counters."""
+
+    __slots__ = ("connections_total", "retired", "rtt", "write_completion")
+
+    def __init__(self, planes: int) -> None:
+        #: Closed connections' counters: they stay in the totals (Prometheus counters never
+        #: go down).
+        self.retired = Totals(planes)
+        self.rtt = Buckets()
+        self.write_completion = Buckets()  # from a write's post to its completion
+        self.connections_total = 0
+
+
+class Scraped(Protocol):
+    """What a scrape reads of the node (:class:`.node.Node`)."""
+
+    cfg: MrcdConfig
+    started_at: float
+    qps: dict[int, Qp]
+    ports: Ports
+    counters: NodeCounters
+    transport: Transport | None
+    prober: Prober
+    control_stats: ControlStats
+    peers: PeerWatch
+
+    def connections(self) -> list[Connection]: ...
+
+    def retry_budget(self) -> float: ...
+
+
+def scrape(node: Scraped) -> NodeSnapshot:
+    """Everything the metrics exporter shows of ``node``, read now."""
+    planes = node.cfg.fabric.planes
+    conns = node.connections()
+    totals = node.counters.retired.copy()
+    for conn in conns:
+        totals.add(conn.stats)
+    if node.transport is not None:
+        ts = node.transport.stats
+        totals.add_reasons("rejections", {"unknown_qpn": ts.unknown_qpn, "malformed": ts.malformed})
+        totals.add_send_errors(ts.send_errors)
+    totals.add_reasons("rejections", node.prober.rejected)
+    return NodeSnapshot(
+        host=node.cfg.host_name,
+        version=__version__,
+        planes=planes,
+        start_time=node.started_at,
+        port_link_up=tuple(node.ports.link),
+        port_admin_up=tuple(node.ports.admin),
+        connections=sum(1 for qp in node.qps.values() if qp.state is QpState.RTS),
+        evs=count_evs(
+            planes,
+            ((ev.port, ev.state.value) for c in conns for ev in c.ev_states()),
+        ),
+        traffic=totals.freeze(),
+        rtt=node.counters.rtt.snapshot(),
+        write_completion=node.counters.write_completion.snapshot(),
+        control_auth_failures=sum(node.control_stats.auth_failures.values()),
+        control_rejections=MappingProxyType(dict(node.control_stats.rejected)),
+        peer_failures=MappingProxyType(dict(node.peers.failures)),
+        retry_budget=node.retry_budget(),
+    )

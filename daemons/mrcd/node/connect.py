@@ -1,0 +1,226 @@
+"""Connection setup: our CONNECT over the control channel, the answer to a peer's, and the
+step both end in, :meth:`ConnectionSetup.ready`, which builds the sans-IO connection.
+
+The control channel carries QPN, first PSN, private data and the mrcd instance both ways and
+gives both ends the same per-QP packet key (:mod:`.control.client`); a peer's CONNECT waits
+for the application listening on its service (:mod:`.listeners`).  ``ready`` takes the QP
+from RESET to RTS: its EV and CC profiles (:mod:`.profiles`), addresses and ICRC paths
+(:mod:`.addresses`) and the daemon's settings make the connection's config, and the
+transport starts carrying it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+from typing import Protocol
+
+from mrcstack.core.config import ConnectionConfig
+from mrcstack.core.connection import Connection
+from mrcstack.daemons.mrcd.config import MrcdConfig
+from mrcstack.daemons.mrcd.control.client import (
+    Accept,
+    ConnectRejectedError,
+    ConnectRequest,
+    ControlClient,
+    Reject,
+)
+from mrcstack.daemons.mrcd.control.records import ControlError
+from mrcstack.daemons.mrcd.datapath.transport import clock
+from mrcstack.daemons.mrcd.node.addresses import Addresses
+from mrcstack.daemons.mrcd.node.events import EventFanout
+from mrcstack.daemons.mrcd.node.listeners import Listeners
+from mrcstack.daemons.mrcd.node.ports import Ports
+from mrcstack.daemons.mrcd.node.profiles import ProfileStore
+from mrcstack.daemons.mrcd.node.qps import Accepted, IncomingConnect, QpState
+from mrcstack.daemons.mrcd.node.qptable import QpTable, Running
+from mrcstack.daemons.mrcd.node.snapshot import NodeCounters
+from mrcstack.errors import LocalError
+from mrcstack.fabric import Fabric
+from mrcstack.wire import EvFormat
+
+log = logging.getLogger("mrcd")
+
+#: RTO of a QP until its first RTT sample (the QP attribute ``timeout`` if larger): the
+#: first window of a software endpoint queues behind its own sending and the peer's
+#: first touches of the region, which takes several times its steady RTT.
+INITIAL_RTO = 0.05
+
+
+class SetupNode(Running, Protocol):
+    """What connection setup reads of its node as it runs (:class:`.node.Node`)."""
+
+    cfg: MrcdConfig  # its settings are read at each use
+    stopping: bool
+    instance: str
+    control_client: ControlClient | None
+
+
+class ConnectionSetup:
+    """Connects the QPs of ``table``; the other parts are the node's."""
+
+    def __init__(
+        self,
+        node: SetupNode,
+        table: QpTable,
+        listeners: Listeners,
+        profiles: ProfileStore,
+        addresses: Addresses,
+        ports: Ports,
+        events: EventFanout,
+        counters: NodeCounters,
+    ) -> None:
+        self.node = node
+        self.fabric = node.cfg.fabric
+        self.host = node.cfg.host
+        self.table = table
+        self.listeners = listeners
+        self.profiles = profiles
+        self.addresses = addresses
+        self.ports = ports
+        self.events = events
+        self.counters = counters
+
+    def ready(
+        self, qpn: int, remote_host: int, remote_qpn: int, remote_psn: int, key: bytes | None
+    ) -> None:
+        """Both ends agreed: build the connection and put it on the wire (RESET -> RTS)."""
+        qp = self.table.qp(qpn)
+        if qp.state is not QpState.RESET:
+            raise LocalError(f"QP {qpn} is {qp.state.value}, not reset")
+        self.addresses.check_remote(remote_host)
+        self.node.check_running()
+        transport = self.node.running_transport()
+        attrs = qp.attrs
+        fields = self.profiles.config_fields(attrs, self.host, remote_host)
+        self.addresses.check_ev_format(fields["ev_format"])
+        config = ConnectionConfig(
+            local_qpn=qpn,
+            remote_qpn=remote_qpn,
+            planes=self.fabric.planes,
+            # The QP's EV and CC profiles: EV set, ev_count, ev_min_active, DENY, CC.
+            **fields,
+            mtu_payload=attrs.mtu_payload,
+            key=key,
+            encrypt=self.node.cfg.encrypt and key is not None,
+            local_psn=qp.psn,
+            remote_psn=remote_psn,
+            timeout=attrs.timeout,
+            initial_rto=max(attrs.timeout, INITIAL_RTO),
+            linear_cnt=attrs.linear_cnt,
+            exp_cnt=attrs.exp_cnt,
+            ack_coalesce=attrs.ack_coalesce or self.node.cfg.ack_coalesce,
+            icrc_paths=self.addresses.icrc_paths(remote_host),
+        )
+        if config.ev_format is not EvFormat.SRV6:
+            paths = [(e.port, e.value) for e in config.evs]
+            try:
+                transport.prepare(remote_host, paths, config.ev_format)
+            except OSError as exc:
+                raise LocalError(
+                    f"EV format {config.ev_format.value} needs raw sockets (CAP_NET_RAW): {exc}"
+                ) from None
+        now = clock()
+        conn = Connection(
+            config, memory=qp.ctx.memory, rng=random.Random(self.table.rng.random()), now=now
+        )
+        conn.on_rtt = self.counters.rtt.observe
+        self.ports.new_connection(conn)
+        qp.conn = conn
+        qp.remote_host = remote_host
+        qp.remote_qpn = remote_qpn
+        qp.state = QpState.RTS
+        self.counters.connections_total += 1
+        transport.add(qpn, conn, remote_host, functools.partial(self.events.on_event, qpn))
+        log.info(
+            "event=qp_ready qpn=%d remote=%s remote_qpn=%d keyed=%s",
+            qpn,
+            Fabric.host_name(remote_host),
+            remote_qpn,
+            key is not None,
+        )
+
+    async def connect_qp(
+        self,
+        qpn: int,
+        remote_host: int,
+        service: int,
+        private_data: bytes = b"",
+        timeout: float = 10.0,
+    ) -> bytes:
+        """Connect our QP to whatever the remote host's application accepts on ``service``.
+
+        The control channel carries QPN, first PSN and private data both ways and gives both
+        ends the same per-QP packet key; the QP is on the wire when this returns.
+        """
+        qp = self.table.qp(qpn)
+        self.addresses.check_remote(remote_host)
+        self.node.check_running()
+        client = self.node.control_client
+        if client is None:
+            raise LocalError("mrcd is not running")
+        peer = Fabric.host_name(remote_host)
+        try:
+            session = await client.open_session(peer)
+            accept = await session.connect(
+                src_host=self.host,
+                src_qpn=qpn,
+                src_psn=qp.psn,
+                service=service,
+                planes=self.fabric.planes,
+                mtu_payload=qp.attrs.mtu_payload,
+                private_data=private_data,
+                instance=self.node.instance,
+                timeout=timeout,
+                packet_auth=self.node.cfg.packet_auth,
+            )
+        except ConnectRejectedError as exc:
+            raise LocalError(f"{peer} rejected the connection: {exc}") from None
+        except (ControlError, OSError, TimeoutError) as exc:
+            raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
+        key = None
+        if accept.packet_auth and self.node.cfg.packet_auth:
+            key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
+        self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key)
+        qp.peer_instance = accept.instance
+        return accept.private_data
+
+    async def on_connect(self, req: ConnectRequest) -> Accept | Reject:
+        """A peer's CONNECT, for the application listening on its service."""
+        if self.node.stopping:
+            return Reject("mrcd is stopping")
+        if req.planes != self.fabric.planes:
+            return Reject(f"plane count differs: {req.planes} != {self.fabric.planes}")
+        incoming = IncomingConnect(
+            remote_host=req.src_host,
+            remote_qpn=req.src_qpn,
+            remote_psn=req.src_psn,
+            service=req.service,
+            private_data=req.private_data,
+            request_id=self.listeners.new_request_id(),
+        )
+        accepted = await self.listeners.offer(incoming)
+        if accepted is None:
+            return Reject(f"nothing accepted service {req.service}")
+        # AES-GCM packets only if both ends want them; else OCP's plain ICRC.
+        auth = req.packet_auth and self.node.cfg.packet_auth
+        try:
+            key = req.derive_qp_key(self.host, accepted.qpn) if auth else None
+            self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key)
+        except LocalError as exc:
+            accepted.connected.set_result(str(exc))
+            return Reject(str(exc))
+        self.table.qps[accepted.qpn].peer_instance = req.instance
+        accepted.connected.set_result(None)
+        return Accept(
+            accepted.qpn, accepted.psn, accepted.private_data, self.node.instance, packet_auth=auth
+        )
+
+    def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:
+        """The listening application takes the peer's request ``request_id`` on QP ``qpn``."""
+        accepted = Accepted(
+            qpn, self.table.qp(qpn).psn, private_data, self.listeners.loop.create_future()
+        )
+        self.listeners.accept(request_id, accepted)
+        return accepted

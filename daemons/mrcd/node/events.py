@@ -1,0 +1,80 @@
+"""A QP's events, fanned out: the log, the metrics, the peer watch, controllers, the owner.
+
+The transport hands every event of a connection to :meth:`EventFanout.on_event` as it
+drains it; so does the node when it fails a connection itself.  The QP's owner (the API
+server's QP table) always hears it last, after the node's own records are up to date.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from mrcstack.core.events import (
+    ConnectionFailed,
+    Event,
+    EvState,
+    EvStateChanged,
+    PortStateChanged,
+    SendCompleted,
+    WcStatus,
+)
+from mrcstack.daemons.mrcd.datapath.transport import clock
+from mrcstack.daemons.mrcd.node.qps import Qp, QpState
+from mrcstack.daemons.mrcd.node.snapshot import Buckets
+
+log = logging.getLogger("mrcd")
+
+#: Told every EV state change of every QP (the controller API's EV events).
+EvListener = Callable[[int, EvStateChanged], None]
+
+
+class EventFanout:
+    """Where the events of the QPs in ``qps`` go.
+
+    ``path_timed_out(host)`` is the peer watch's (an EV to ``host`` demoted by an RTO);
+    ``write_completion`` the histogram of post-to-completion times."""
+
+    def __init__(
+        self,
+        qps: Mapping[int, Qp],
+        path_timed_out: Callable[[int], None],
+        write_completion: Buckets,
+    ) -> None:
+        self.qps = qps
+        self.path_timed_out = path_timed_out
+        self.write_completion = write_completion
+        self.ev_listeners: list[EvListener] = []
+
+    def on_event(self, qpn: int, event: Event) -> None:
+        qp = self.qps.get(qpn)
+        if type(event) is EvStateChanged:
+            if event.new is EvState.ASSUMED_BAD:
+                if event.reason == "rto" and qp is not None:
+                    self.path_timed_out(qp.remote_host)
+                log.warning(
+                    "event=path_failed qpn=%d ev=%#x plane=%d drops=%d reason=%s",
+                    qpn,
+                    event.ev,
+                    event.port,
+                    event.drop_count,
+                    event.reason,
+                )
+            for listener in self.ev_listeners:
+                listener(qpn, event)
+        elif type(event) is PortStateChanged and event.remote:
+            log.warning(
+                "event=peer_plane_%s qpn=%d plane=%d", "up" if event.up else "down", qpn, event.port
+            )
+        elif type(event) is SendCompleted:
+            posted = None if qp is None else qp.posted.pop(event.wr_id, None)
+            if posted is not None and event.status is WcStatus.SUCCESS:
+                self.write_completion.observe(clock() - posted)
+        elif type(event) is ConnectionFailed:
+            if qp is None or qp.failure is None:  # else we failed it ourselves (QpTable.abort)
+                log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
+            if qp is not None:
+                qp.state = QpState.ERROR
+                qp.failure = qp.failure or event.reason
+        if qp is not None:
+            qp.on_event(qpn, event)

@@ -1,0 +1,234 @@
+"""The QP table: contexts (protection domains with their memory), their QPs, and what the
+controller API reads of them.
+
+A QP is created in RESET inside a context; :mod:`.connect` puts it on the wire (RTS); it
+ends in ERROR when its connection fails (the core's retry budget, the peer watch, or this
+side's :meth:`QpTable.abort`) and is gone when its owner destroys it or its context closes.
+Every event a failure produces goes through the node's event fan-out, as the transport's do.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from mrcstack.api.limits import QPN_LIMIT
+from mrcstack.core.connection import Connection
+from mrcstack.core.events import Event
+from mrcstack.core.memory import Access, MemoryRegion
+from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
+from mrcstack.daemons.mrcd.node.listeners import Listeners
+from mrcstack.daemons.mrcd.node.qps import Context, Qp, QpAttrs, QpState
+from mrcstack.daemons.mrcd.node.snapshot import Totals
+from mrcstack.errors import LocalError
+from mrcstack.fabric import Fabric
+
+OnEvent = Callable[[int, Event], None]
+
+
+class Running(Protocol):
+    """What the table reads of its node as it runs (:class:`.node.Node`)."""
+
+    transport: Transport | None
+
+    def running_transport(self) -> Transport: ...
+
+    def check_running(self) -> None: ...
+
+
+class QpTable:
+    """Contexts and QPs of one node; ``on_event`` is the node's event fan-out and
+    ``retired`` keeps the counters of destroyed connections (counters never go down)."""
+
+    def __init__(
+        self,
+        node: Running,
+        qps: dict[int, Qp],
+        rng: random.Random,
+        listeners: Listeners,
+        on_event: OnEvent,
+        retired: Totals,
+    ) -> None:
+        self.node = node
+        self.qps = qps
+        self.rng = rng
+        self.listeners = listeners
+        self.on_event = on_event
+        self.retired = retired
+        self.contexts: dict[int, Context] = {}
+        self._next_ctx = 1
+
+    # Contexts and memory ----------------------------------------------------------------
+    def open_context(self) -> Context:
+        ctx = Context(self._next_ctx)
+        self._next_ctx += 1
+        self.contexts[ctx.ident] = ctx
+        return ctx
+
+    def close_context(self, ctx: Context) -> None:
+        for qpn in list(ctx.qpns):
+            self.destroy_qp(qpn, reason="context closed")
+        self.listeners.forget(ctx)
+        for region in ctx.memory.regions():
+            ctx.memory.deregister(region.rkey)
+        self.contexts.pop(ctx.ident, None)
+
+    def register(self, ctx: Context, buffer: memoryview, access: Access) -> MemoryRegion:
+        return ctx.memory.register(buffer, access)
+
+    # QPs --------------------------------------------------------------------------------
+    def create_qp(self, ctx: Context, attrs: QpAttrs, on_event: OnEvent) -> int:
+        if ctx.ident not in self.contexts:
+            raise LocalError("context is closed")
+        self.node.check_running()
+        while True:
+            qpn = self.rng.randrange(1, QPN_LIMIT)
+            if qpn not in self.qps:
+                break
+        self.qps[qpn] = Qp(qpn, ctx, attrs, on_event, psn=self.rng.randrange(QPN_LIMIT))
+        ctx.qpns.add(qpn)
+        return qpn
+
+    def qp(self, qpn: int) -> Qp:
+        qp = self.qps.get(qpn)
+        if qp is None:
+            raise LocalError(f"no QP {qpn}")
+        return qp
+
+    def post_write(
+        self,
+        qpn: int,
+        wr_id: int,
+        local: memoryview,
+        remote_va: int,
+        rkey: int,
+        imm: int | None,
+    ) -> None:
+        qp = self.qp(qpn)
+        if qp.conn is None or qp.state is not QpState.RTS:
+            raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
+        self.node.check_running()
+        now = clock()
+        qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
+        qp.posted[wr_id] = now
+        self.node.running_transport().kick(qpn)
+
+    def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
+        """Pending writes complete FLUSHED (the owner hears each once), then the QP goes."""
+        qp = self.qps.get(qpn)
+        if qp is None:
+            return
+        self.abort(qpn, qp, reason)
+        del self.qps[qpn]
+        qp.ctx.qpns.discard(qpn)
+        if qp.conn is not None:
+            transport = self.node.transport
+            if transport is not None:
+                transport.remove(qpn)
+            self.retired.add(qp.conn.stats)
+
+    # Failing connections from this side ----------------------------------------------------
+    def abort(self, qpn: int, qp: Qp, reason: str) -> None:
+        """Fail a connection from this side, delivering what it has to say at once
+        (completions, ConnectionFailed) through the same path as the transport does."""
+        conn = qp.conn
+        if conn is None:
+            qp.state, qp.failure = QpState.ERROR, reason
+            return
+        if conn.failed is None:
+            qp.state, qp.failure = QpState.ERROR, reason  # ours: not logged as a failure
+            conn.abort(reason)
+        self._deliver(qpn, conn)
+
+    def fail_all(self, reason: str) -> int:
+        """Fail every live connection from this side: each pending write completes with
+        FLUSHED and each owner hears ConnectionFailed (the QPs stay, in the error state,
+        until their owners destroy them).  Returns how many writes were flushed."""
+        flushed = self.writes_in_flight()
+        for qpn, qp in list(self.qps.items()):
+            self.abort(qpn, qp, reason)
+        return flushed
+
+    def fail_peer(self, host: int, reason: str, qpns: list[int] | None = None) -> int:
+        """The peer ``host`` is gone: fail our live QPs to it (or those of ``qpns``) now,
+        as an exhausted retry budget would; returns how many failed."""
+        failed = 0
+        for qpn, qp in list(self.qps.items()):
+            conn = qp.conn
+            if (
+                conn is None
+                or qp.remote_host != host
+                or conn.failed is not None
+                or (qpns is not None and qpn not in qpns)
+            ):
+                continue
+            conn.peer_gone(reason)
+            failed += 1
+            self._deliver(qpn, conn)
+        return failed
+
+    def _deliver(self, qpn: int, conn: Connection) -> None:
+        while (event := conn.next_event()) is not None:
+            self.on_event(qpn, event)
+
+    # What the controller API and the metrics read ------------------------------------------
+    def writes_in_flight(self) -> int:
+        """Writes posted and not completed yet, over every QP."""
+        return sum(len(qp.posted) for qp in self.qps.values())
+
+    def connections(self) -> list[Connection]:
+        return [qp.conn for qp in self.qps.values() if qp.conn is not None]
+
+    def retry_budget(self) -> float:
+        """The longest retry budget of a live QP (0.0 with none)."""
+        live = [qp.conn for qp in self.qps.values() if qp.state is QpState.RTS and qp.conn]
+        return max((conn.retry_budget() for conn in live), default=0.0)
+
+    def ev_states(self, qpn: int | None = None) -> list[dict[str, object]]:
+        """Each EV of each QP (or one): plane, state, in use, drops (``mrcctl ev states``)."""
+        out: list[dict[str, object]] = []
+        for q, qp in sorted(self.qps.items()):
+            if (qpn is not None and q != qpn) or qp.conn is None:
+                continue
+            for ev in qp.conn.ev_states():
+                out.append(
+                    {
+                        "qpn": q,
+                        "ev": ev.value,
+                        "plane": ev.port,
+                        "state": ev.state.value,
+                        "in_use": ev.in_use,
+                        "drop_count": ev.drop_count,
+                    }
+                )
+        return out
+
+    def qp_info(self, qpn: int | None = None) -> list[dict[str, object]]:
+        """Each QP (or one) with its peer, state and retry budget (``mrcctl qp show``)."""
+        out: list[dict[str, object]] = []
+        for q, qp in sorted(self.qps.items()):
+            if qpn is not None and q != qpn:
+                continue
+            conn = qp.conn
+            doc: dict[str, object] = {
+                "qpn": q,
+                "state": qp.state.value,
+                "remote_host": Fabric.host_name(qp.remote_host) if qp.remote_host >= 0 else None,
+                "remote_qpn": qp.remote_qpn if qp.remote_qpn >= 0 else None,
+                "peer_instance": qp.peer_instance or None,
+                "failure": qp.failure,
+                "writes_in_flight": len(qp.posted),
+                "timeout": qp.attrs.timeout,
+                "linear_cnt": qp.attrs.linear_cnt,
+                "exp_cnt": qp.attrs.exp_cnt,
+            }
+            if conn is not None:
+                doc.update(
+                    max_rto=conn.cfg.max_rto,
+                    rto=conn.sender.rto(),
+                    srtt=conn.sender.srtt,
+                    retry_budget=conn.retry_budget(),
+                )
+            out.append(doc)
+        return out
