@@ -3,24 +3,20 @@ the writes by their immediates, checks what landed (``--verify``), hands slots b
 credit writes, and answers the client's END with its own counts.  See write_bw.py for the
 protocol and docs/tools.md for the output.
 
-It keeps its listener for the whole time: while the client's hello says another run follows
-(``-a``), it releases the run's QPs, CQ and memory and accepts the next run from the same
-host (for ``--timeout`` seconds), one table row or JSON document per run."""
+One :class:`BwServer` is one run; the run loop (runloop.py) keeps the listener for the whole
+time: while the client's hello says another run follows (``-a``), the run releases its QPs,
+CQ and memory and the loop accepts the next run from the same host (for ``--timeout``
+seconds), one table row or JSON document per run."""
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mrcstack.api import (
-    Context,
-    Device,
-    Listener,
-    QpCap,
+    ConnectRequest,
     QueuePair,
-    WcOpcode,
     WorkCompletion,
     WriteWr,
 )
@@ -35,36 +31,36 @@ from mrcstack.daemons.tools.common import (
     MASK31,
     MAX_CREDITS_OUT,
     POLL_N,
-    RECVS,
-    REPOST,
-    RESULT_CELL,
-    RESULT_SIZE,
+    Done,
     Events,
     Hello,
+    Receives,
     Result,
     ToolError,
     Welcome,
     align,
+    completions,
     crc31,
     delta31,
     end_stop,
-    naming_size,
+    qp_cap,
+    send_result,
     wait_hello,
 )
 from mrcstack.daemons.tools.flags import Options
 from mrcstack.daemons.tools.report import (
-    LINE,
-    MB,
     Series,
     bw_columns,
     bw_figures,
+    bw_figures_row,
     bw_interval_line,
-    bw_row,
     bw_series_entry,
-    emit,
     header,
+    qpns_text,
     say,
+    server_size_text,
 )
+from mrcstack.daemons.tools.runloop import Doc, NewRun, interval_closer
 
 PROG = BW_PROG
 
@@ -77,6 +73,7 @@ class _Peer:
     qp: QueuePair
     hello: Hello
     slots_off: int
+    recvs: Receives
     received: int = 0
     last_imm: int = 0
     verified: int = 0
@@ -84,7 +81,6 @@ class _Peer:
     first_mismatch: int | None = None
     credit_sent: int = 0
     credits_out: int = 0
-    recvs_left: int = RECVS
     ended: bool = False
     stop: bool = False  # its END said no run follows after all
     result_done: bool = False
@@ -93,30 +89,22 @@ class _Peer:
 class BwServer:
     """One run: its QPs, CQ and memory (:meth:`close` releases them for the next one)."""
 
-    def __init__(self, opts: Options, ctx: Context, host: int, listener: Listener) -> None:
-        self.opts = opts
-        self.ctx = ctx
-        self.host = host
-        self.listener = listener
-        self.events = Events(ctx, time.monotonic())
+    def __init__(self, new: NewRun) -> None:
+        self.opts = new.o
+        self.ctx = new.ctx
+        self.site = new.site
+        self.host = new.site.host
+        self.listener = new.listener
+        self.sweep = new.sweep  # -a: the client's sizes, a run each
+        self.events = Events(new.ctx, time.monotonic())
         self.peers: list[_Peer] = []
         self.by_qpn: dict[int, _Peer] = {}
 
-    def accept(self, client_host: int | None = None, after: int = 0) -> Hello:
-        """The first run's client (waits for ever), or the next run of ``client_host``'s -a
-        (for --timeout seconds)."""
+    def accept(self, req: ConnectRequest, first: Hello) -> None:
+        """Accept the run's QPs: the client's first request ``req``, then its others (each
+        within --timeout seconds)."""
         o = self.opts
         listener = self.listener
-        if client_host is None:
-            req, first = wait_hello(listener, KIND_BW, None)
-        else:
-            req, first = wait_hello(
-                listener,
-                KIND_BW,
-                o.timeout,
-                host=client_host,
-                waiting_for=f"the client's next run (after size {after})",
-            )
         self.client_host = req.remote_host
         size, slots, qps = first.size, first.slots, first.qps
         slots_len = qps * slots * size
@@ -126,13 +114,13 @@ class BwServer:
         self.buf = self.mr.buf
         self.cq = self.ctx.create_cq(65536)
         attr = o.qp_attr(MAX_CREDITS_OUT + 2)
-        cap = QpCap(max_send_wr=MAX_CREDITS_OUT + 8, max_recv_wr=RECVS)
+        cap = qp_cap(MAX_CREDITS_OUT + 8)
         hello = first
         for q in range(qps):
             if q:
                 req, hello = wait_hello(listener, KIND_BW, o.timeout, like=hello)
             qp = self.ctx.create_qp(self.cq, attr=attr, cap=cap)
-            qp.post_recv(range(RECVS))
+            recvs = Receives(qp)
             slots_off = q * slots * size
             welcome = Welcome(
                 self.mr.addr + slots_off,
@@ -140,11 +128,10 @@ class BwServer:
                 self.mr.addr + self.ctrl_base + q * CTRL_AREA,
             )
             listener.accept(req, qp, welcome.pack(), timeout=o.timeout)
-            peer = _Peer(q, qp, hello, slots_off)
+            peer = _Peer(q, qp, hello, slots_off, recvs)
             self.peers.append(peer)
             self.by_qpn[qp.qpn] = peer
         self.hello = first
-        return first
 
     @property
     def more(self) -> bool:
@@ -162,19 +149,14 @@ class BwServer:
         h = self.hello
         size = h.size
         placed = 0
-        for wc in wcs:
-            p = self.by_qpn.get(wc.qpn)
-            if p is None:
+        for p, what, wc in completions(wcs, self.by_qpn):
+            if what is Done.WROTE:  # one of our credit writes
+                p.credits_out -= 1
                 continue
-            if not wc.ok:
-                raise ToolError(f"QP {wc.qpn}: work request {wc.wr_id:#x} failed: {wc.status.name}")
-            if wc.opcode is WcOpcode.RDMA_WRITE:
-                if wc.wr_id & END_WR:
-                    p.result_done = True
-                else:
-                    p.credits_out -= 1
+            if what is Done.ENDED:  # our counts
+                p.result_done = True
                 continue
-            p.recvs_left -= 1
+            p.recvs.take()
             imm = wc.imm or 0
             if imm & END:
                 count = imm & MASK31
@@ -212,19 +194,9 @@ class BwServer:
             p.first_mismatch = write
 
     def _send_result(self, p: _Peer) -> None:
-        h = p.hello
         off = self.send_base + 64 + p.index * 64
-        Result(p.received, p.received * h.size, p.verified, p.mismatches).pack_into(self.buf, off)
-        imm = END | (p.mismatches & MASK31)
-        p.qp.post_send(
-            WriteWr(
-                END_WR | p.index,
-                (self.mr, off, RESULT_SIZE),
-                h.reply_addr + RESULT_CELL,
-                h.reply_rkey,
-                imm,
-            )
-        )
+        result = Result(p.received, p.received * p.hello.size, p.verified, p.mismatches)
+        send_result(p.qp, self.mr, off, p.hello, result, END_WR | p.index)
 
     def _credits(self) -> None:
         for p in self.peers:
@@ -242,19 +214,15 @@ class BwServer:
             p.credit_sent = p.verified
             p.credits_out += 1
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Doc:
         o, h = self.opts, self.hello
         start = time.monotonic()
         wall = time.time()
         self.events.start = start
         series = Series(o.interval, start)
-
-        def close(s: Series, t: float) -> dict[str, Any]:
-            entry = bw_series_entry(s, t)
-            if o.show_intervals and not o.json:
-                say(bw_interval_line(entry, o.interval, o.report_gbits))
-            return entry
-
+        close = interval_closer(
+            o, bw_series_entry, lambda e, _t: bw_interval_line(e, o.interval, o.report_gbits)
+        )
         total = 0
         last = start
         end = start
@@ -273,9 +241,7 @@ class BwServer:
             if h.verify:
                 self._credits()
             for p in self.peers:
-                if p.recvs_left <= RECVS - REPOST:
-                    p.qp.post_recv(range(REPOST))
-                    p.recvs_left += REPOST
+                p.recvs.top_up()
             if now >= series.next_tick:
                 series.tick(now, close)
                 self.events.check()
@@ -308,99 +274,60 @@ class BwServer:
             "events": self.events.seen,
         }
 
+    def serve(self, first: bool) -> tuple[Doc, bool]:
+        """The run after :meth:`accept`: its header if ``first``, its writes, its release."""
+        o = self.opts
+        if first and not o.json:
+            self._header()
+        doc = self.run()
+        more = self.more
+        self.close()
+        return doc, more
 
-def server_main(o: Options) -> int:
-    with Device.open(o.socket_path()) as dev:
-        attr = dev.query_device()
-        with dev.create_context() as ctx:
-            listener = ctx.listen(o.service)
-            if not o.json:
-                say(f" waiting for a client on service {o.service} (mrcd h{attr.host})")
-            return _serve(o, ctx, attr.host, dev, listener)
-
-
-def _serve(o: Options, ctx: Context, host: int, dev: Device, listener: Listener) -> int:
-    """Runs until one without FLAG_MORE is over; a table row or JSON document each."""
-    docs: list[dict[str, Any]] = []
-    sweep = False
-    client_host: int | None = None
-    while True:
-        server = BwServer(o, ctx, host, listener)
-        hello = server.accept(client_host, docs[-1]["size"] if docs else 0)
-        if not docs:
-            sweep = hello.more
-            client_host = server.client_host
-        with naming_size(hello.size, sweep):
-            if not docs and not o.json:
-                _header(o, server, hello, dev, host, sweep)
-            doc = server.run()
-            more = server.more
-            server.close()
-        if sweep:
-            doc["run"] = len(docs)
-        docs.append(doc)
-        if o.json:
-            emit(doc)
+    def _header(self) -> None:
+        o, hello = self.opts, self.hello
+        if self.sweep:
+            depth = f"the client's: {hello.tx_depth} at {hello.size} [B]"
         else:
-            if len(docs) == 1:
-                say(bw_columns(o.report_gbits))
-            say(
-                bw_row(
-                    doc["size"],
-                    doc["iterations"],
-                    doc["bw_peak_MB_s"] * MB,
-                    doc["bw_average_MB_s"] * MB,
-                    doc["msg_rate_mpps"] * 1e6,
-                    o.report_gbits,
-                )
+            depth = str(hello.tx_depth)
+        say(
+            header(
+                "RDMA_Write BW Test (MRC over mrcd): server",
+                [
+                    ("Device", self.site.device),
+                    ("Client", f"h{self.client_host} service {o.service}"),
+                    ("Number of qps", hello.qps),
+                    ("TX depth", depth),
+                    ("Message size", server_size_text(hello.size, self.sweep)),
+                    ("Verify", "ON (CRC-32 of what landed)" if hello.verify else "OFF"),
+                    ("QPNs", qpns_text([p.qp.qpn for p in self.peers], self.sweep)),
+                ],
             )
-        if doc["mismatches"]:
-            _end(o, docs, sweep)
-            where = f"size {doc['size']}: " if sweep else ""
-            print(
-                f"{PROG}: error: {where}verify: {doc['mismatches']} writes did not land intact "
-                f"(first: {doc['first_mismatch']})",
-                file=sys.stderr,
-            )
-            return 1
-        if not more:
-            _end(o, docs, sweep)
-            return 0
-
-
-def _header(
-    o: Options, server: BwServer, hello: Hello, dev: Device, host: int, sweep: bool
-) -> None:
-    if sweep:
-        size = f"the client's: from {hello.size} [B], a connection each"
-        depth = f"the client's: {hello.tx_depth} at {hello.size} [B]"
-        qpns = "new for every size (in --json)"
-    else:
-        size = f"{hello.size} [B]"
-        depth = str(hello.tx_depth)
-        qpns = " ".join(f"{p.qp.qpn:#06x}" for p in server.peers)
-    say(
-        header(
-            "RDMA_Write BW Test (MRC over mrcd): server",
-            [
-                ("Device", f"mrcd h{host} ({dev.path})"),
-                ("Client", f"h{server.client_host} service {o.service}"),
-                ("Number of qps", hello.qps),
-                ("TX depth", depth),
-                ("Message size", size),
-                ("Verify", "ON (CRC-32 of what landed)" if hello.verify else "OFF"),
-                ("QPNs", qpns),
-            ],
         )
-    )
 
 
-def _end(o: Options, docs: list[dict[str, Any]], sweep: bool) -> None:
-    if o.json:
-        return
-    say(LINE)
-    if docs[0]["verify"]:
+class BwServerTool:
+    """The server of ``mrc-write-bw`` in the shared run loop (:mod:`.runloop`)."""
+
+    prog = PROG
+    kind = KIND_BW
+
+    def start(self, new: NewRun) -> BwServer:
+        server = BwServer(new)
+        server.accept(new.req, new.hello)
+        return server
+
+    def show(self, o: Options, doc: Doc, docs: Sequence[Doc], sweep: bool) -> None:
+        if len(docs) == 1:
+            say(bw_columns(o.report_gbits))
+        say(bw_figures_row(doc["size"], doc["iterations"], doc, o.report_gbits))
+
+    def verified(self, docs: Sequence[Doc], sizes: str) -> str | None:
+        if not docs[0]["verify"]:
+            return None
         verified = sum(d["verified"] for d in docs)
         mismatches = sum(d["mismatches"] for d in docs)
-        sizes = f" over {len(docs)} sizes" if sweep else ""
-        say(f" verified: {verified} writes{sizes}, {mismatches} mismatches")
+        return f" verified: {verified} writes{sizes}, {mismatches} mismatches"
+
+    def failure(self, doc: Doc) -> str:
+        return f"{doc['mismatches']} writes did not land intact (first: {doc['first_mismatch']})"

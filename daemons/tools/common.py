@@ -23,6 +23,7 @@ over.
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import random
 import signal
@@ -31,17 +32,22 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from mrcstack.api import (
     ApiError,
     AsyncEventType,
     Context,
     Listener,
+    MemoryRegion,
+    QpCap,
     QueuePair,
+    WcOpcode,
+    WorkCompletion,
+    WriteWr,
 )
 from mrcstack.api.types import ConnectRequest
 
@@ -77,8 +83,21 @@ CREDIT_WR = 1 << 61  # wr_id bit of bw --verify's credit writes
 MAX_CREDITS_OUT = 16  # credit writes in flight per QP (credits are cumulative)
 RECVS = 4096  # receive buffers kept posted per QP (immediates)
 REPOST = 1024  # repost in batches of this many (each post_recv is a round trip to mrcd)
+LAT_SLOTS = 2  # lat: alternating write slots on each side (a source stays put while in flight)
 
 _HELLO = struct.Struct("<4sBBHHHQIIIQIQ")
+#: The hello's fields after magic, version, kind and flags, in their order on the wire.
+_HELLO_FIELDS = (
+    "qps",
+    "index",
+    "size",
+    "slots",
+    "imm_every",
+    "tx_depth",
+    "reply_addr",
+    "reply_rkey",
+    "data_addr",
+)
 _WELCOME = struct.Struct("<4sBBHQIQ")
 _RESULT = struct.Struct("<QQQQ")
 _END = struct.Struct("<QQ")
@@ -112,42 +131,18 @@ class Hello:
 
     def pack(self) -> bytes:
         flags = (FLAG_VERIFY if self.verify else 0) | (FLAG_MORE if self.more else 0)
-        return _HELLO.pack(
-            MAGIC,
-            VERSION,
-            self.kind,
-            flags,
-            self.qps,
-            self.index,
-            self.size,
-            self.slots,
-            self.imm_every,
-            self.tx_depth,
-            self.reply_addr,
-            self.reply_rkey,
-            self.data_addr,
-        )
+        fields = (getattr(self, name) for name in _HELLO_FIELDS)
+        return _HELLO.pack(MAGIC, VERSION, self.kind, flags, *fields)
 
     @classmethod
     def unpack(cls, data: bytes) -> Hello:
         """Raises ValueError (with the reason) for anything that is not our client."""
         if len(data) < _HELLO.size:
             raise ValueError(f"private data of {len(data)} bytes is not a tool's hello")
-        (
-            magic,
-            version,
-            kind,
-            flags,
-            qps,
-            index,
-            size,
-            slots,
-            imm_every,
-            tx_depth,
-            reply_addr,
-            reply_rkey,
-            data_addr,
-        ) = _HELLO.unpack_from(data)
+        magic, version, kind, flags, *rest = _HELLO.unpack_from(data)
+        fields: dict[str, int] = dict(zip(_HELLO_FIELDS, rest, strict=True))
+        qps, index, size = fields["qps"], fields["index"], fields["size"]
+        slots, imm_every, tx_depth = fields["slots"], fields["imm_every"], fields["tx_depth"]
         if magic != MAGIC:
             raise ValueError("private data is not a tool's hello (bad magic)")
         if version != VERSION:
@@ -161,18 +156,7 @@ class Hello:
         if not (1 <= slots <= 2 * MAX_DEPTH and imm_every >= 1 and 1 <= tx_depth <= MAX_DEPTH):
             raise ValueError(f"bad hello: slots={slots} imm_every={imm_every} depth={tx_depth}")
         return cls(
-            kind,
-            bool(flags & FLAG_VERIFY),
-            qps,
-            index,
-            size,
-            slots,
-            imm_every,
-            tx_depth,
-            reply_addr,
-            reply_rkey,
-            data_addr,
-            bool(flags & FLAG_MORE),
+            kind=kind, verify=bool(flags & FLAG_VERIFY), more=bool(flags & FLAG_MORE), **fields
         )
 
     def same_run(self, other: Hello) -> bool:
@@ -243,6 +227,38 @@ def pack_end(buf: memoryview, offset: int, count: int, stop: bool) -> None:
 def end_stop(buf: memoryview, offset: int) -> bool:
     """Whether the END write that landed at ``offset`` says no run follows after all."""
     return bool(_END.unpack_from(buf, offset)[1] & END_STOP)
+
+
+def send_end(
+    qp: QueuePair,
+    mr: MemoryRegion,
+    offset: int,
+    welcome: Welcome,
+    count: int,
+    stop: bool,
+    wr_id: int = END_WR,
+) -> None:
+    """The client's END: ``count`` (and :data:`END_STOP`) from ``offset`` of ``mr`` into the
+    server's control cell, with END and the count as the immediate."""
+    pack_end(mr.buf, offset, count, stop)
+    imm = END | (count & MASK31)
+    qp.post_send(WriteWr(wr_id, (mr, offset, END_LEN), welcome.ctrl_addr, welcome.rkey, imm))
+
+
+def send_result(
+    qp: QueuePair,
+    mr: MemoryRegion,
+    offset: int,
+    hello: Hello,
+    result: Result,
+    wr_id: int = END_WR,
+) -> None:
+    """The server's answer to an END: its counts from ``offset`` of ``mr`` into the client's
+    result cell, with END and the mismatches as the immediate."""
+    result.pack_into(mr.buf, offset)
+    dst = hello.reply_addr + RESULT_CELL
+    imm = END | (result.mismatches & MASK31)
+    qp.post_send(WriteWr(wr_id, (mr, offset, RESULT_SIZE), dst, hello.reply_rkey, imm))
 
 
 @contextlib.contextmanager
@@ -349,6 +365,68 @@ def wait_hello(
             listener.reject(req)
             continue
         return req, hello
+
+
+# QPs and their completions ------------------------------------------------------------------
+Owner = TypeVar("Owner")
+
+
+def qp_cap(max_send_wr: int) -> QpCap:
+    """A tool's QP: ``max_send_wr`` writes, and the receive buffers :class:`Receives` keeps."""
+    return QpCap(max_send_wr=max_send_wr, max_recv_wr=RECVS)
+
+
+def check_wc(wc: WorkCompletion) -> None:
+    """A failed work request ends the run."""
+    if not wc.ok:
+        raise ToolError(f"QP {wc.qpn}: work request {wc.wr_id:#x} failed: {wc.status.name}")
+
+
+class Done(enum.Enum):
+    """What a completion on a tool's QP says, as the tools number their work requests."""
+
+    WROTE = "wrote"  # one of our writes completed
+    ENDED = "ended"  # our END (client) or our counts (server) completed: END_WR in its wr_id
+    ARRIVED = "arrived"  # a write with immediate arrived (a receive buffer is taken)
+
+
+def done_of(wc: WorkCompletion) -> Done:
+    if wc.opcode is WcOpcode.RDMA_WRITE:
+        return Done.ENDED if wc.wr_id & END_WR else Done.WROTE
+    return Done.ARRIVED
+
+
+def completions(
+    wcs: Iterable[WorkCompletion], owners: Mapping[int, Owner]
+) -> Iterator[tuple[Owner, Done, WorkCompletion]]:
+    """The completions of the QPs in ``owners`` (by QPN), with their owner and what they
+    say; a failed one ends the run, those of other QPs are passed over."""
+    for wc in wcs:
+        owner = owners.get(wc.qpn)
+        if owner is None:
+            continue
+        check_wc(wc)
+        yield owner, done_of(wc), wc
+
+
+class Receives:
+    """The receive buffers kept posted on one QP: every immediate that arrives takes one."""
+
+    __slots__ = ("left", "qp")
+
+    def __init__(self, qp: QueuePair) -> None:
+        self.qp = qp
+        qp.post_recv(range(RECVS))
+        self.left = RECVS
+
+    def take(self) -> None:
+        self.left -= 1
+
+    def top_up(self) -> None:
+        """Post a batch of :data:`REPOST` once that many were taken."""
+        if self.left <= RECVS - REPOST:
+            self.qp.post_recv(range(REPOST))
+            self.left += REPOST
 
 
 # Events, interruption -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from mrcstack.api import ApiError, QpAttr, default_socket_path
 from mrcstack.daemons.tools.common import (
     DEFAULT_SERVICE,
     KIND_BW,
+    KIND_LAT,
     MAX_ALL_SIZE,
     MAX_DEPTH,
     MAX_QPS,
@@ -25,7 +26,6 @@ from mrcstack.daemons.tools.common import (
     ToolError,
     UsageError,
     all_sizes,
-    naming_size,
 )
 from mrcstack.fabric import format_size, parse_size
 
@@ -149,54 +149,6 @@ class Options:
             depth = default_depth(size)
         return dataclasses.replace(self, size=size, tx_depth=depth)
 
-    def run_sizes(
-        self,
-        run_one: Callable[[Options, int, bool], dict[str, Any]],
-        report: Callable[[Options, dict[str, Any]], int],
-    ) -> tuple[list[dict[str, Any]], int]:
-        """The client's run(s), one per size: ``run_one(options, index, more)`` gives a run's
-        document, ``report(options, doc)`` shows it and returns its exit status.  Stops at
-        the first run that fails or is interrupted; returns the documents and the status."""
-        sizes = self.sizes()
-        docs: list[dict[str, Any]] = []
-        status = 0
-        for i, size in enumerate(sizes):
-            ro = self.for_size(size)
-            with naming_size(size, self.all):
-                doc = run_one(ro, i, i + 1 < len(sizes))
-            if self.all:
-                doc["run"] = i
-            docs.append(doc)
-            status = report(ro, doc)
-            if status or doc["interrupted"]:
-                break
-        return docs, status
-
-    def all_summary(
-        self,
-        prog: str,
-        docs: Sequence[dict[str, Any]],
-        elapsed: float,
-        head: dict[str, Any],
-        body: dict[str, Any],
-    ) -> dict[str, Any]:
-        """-a's closing JSON document (docs/tools.md): the common head, the tool's ``head``
-        fields, the sizes, the tool's ``body`` (its rows, totals), the series' time."""
-        return {
-            "tool": prog,
-            "role": "client",
-            "report": "all",
-            "host": docs[0]["host"],
-            "server_host": self.server_host,
-            "service": self.service,
-            **head,
-            "verify": self.verify,
-            "sizes": [d["size"] for d in docs],
-            **body,
-            "duration_s": round(elapsed, 6),
-            "interrupted": docs[-1]["interrupted"],
-        }
-
     def size_text(self) -> str:
         """The header's message size."""
         if not self.all:
@@ -221,151 +173,241 @@ class Options:
         )
 
 
-def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
-    """Flags of either tool; UsageError (one line) for anything wrong."""
-    bw = kind == KIND_BW
-    what = "bandwidth" if bw else "latency"
-    p = _Parser(
-        prog=prog,
-        description=f"RDMA WRITE {what} over mrcd, like perftest's "
-        f"{'ib_write_bw' if bw else 'ib_write_lat'}. Without --server-host: the server "
-        "(registers memory, waits for one client, takes the client's parameters). "
-        "With --server-host: the client.",
-    )
-    add_version_flag(p)
-    p.add_argument(
-        "--socket",
-        type=Path,
-        help="mrcd's API socket (default: $MRCD_SOCKET or the one /run/mrcstack/mrcd*.sock)",
-    )
-    p.add_argument(
-        "--server-host",
-        type=_host,
-        metavar="HOST",
-        help="run as the client of the server on this fabric host (3 or h3)",
-    )
-    p.add_argument(
-        "--service",
-        type=_nonneg_int,
-        default=DEFAULT_SERVICE,
-        help=f"the service both sides agree on, like a port (default {DEFAULT_SERVICE})",
-    )
-    sizes = p.add_mutually_exclusive_group()
-    sizes.add_argument(
-        "-s",
-        "--size",
-        type=_size,
-        help=f"bytes per write (default {65536 if bw else 2}; 1MiB, 64KiB accepted)",
-    )
-    all_iters = ALL_ITERS_BW if bw else ALL_ITERS_LAT
-    sizes.add_argument(
-        "-a",
-        "--all",
-        action="store_true",
-        help="run every size 2, 4, 8, ... up to --max-size (perftest's -a), a table row or "
-        f"JSON document each, each for -n {'writes per QP' if bw else 'round trips'} "
-        f"(default with -a: {all_iters}) or -D seconds; the server takes the sizes from the "
-        "client (-a given there is ignored)",
-    )
-    p.add_argument(
-        "--max-size",
-        type=_max_size,
-        metavar="BYTES",
-        help=f"with -a: the largest size, a power of two (default {format_size(MAX_ALL_SIZE)})",
-    )
-    p.add_argument(
-        "-n",
-        "--iters",
-        type=_positive_int(1 << 40),
-        help=f"{'writes per QP' if bw else 'round trips'} (default {5000 if bw else 1000}; "
-        f"with -a, {all_iters} per size)",
-    )
-    p.add_argument(
-        "-D",
-        "--duration",
-        type=_seconds,
-        help="run this many seconds instead of a number of iterations",
-    )
-    if bw:
-        p.add_argument(
-            "-q",
-            "--qp",
+# The flags, as tables -----------------------------------------------------------------------
+#: One flag: its names and ``add_argument``'s keywords.
+Flag = tuple[tuple[str, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolWords:
+    """What the two tools' flags and help texts differ in."""
+
+    what: str  # the description's quantity
+    perftest: str  # the perftest tool it follows
+    size: int  # default -s
+    iters: int  # default -n
+    all_iters: int  # default -n with -a
+    unit: str  # what -n counts
+
+
+TOOLS = {
+    KIND_BW: ToolWords("bandwidth", "ib_write_bw", 65536, 5000, ALL_ITERS_BW, "writes per QP"),
+    KIND_LAT: ToolWords("latency", "ib_write_lat", 2, 1000, ALL_ITERS_LAT, "round trips"),
+}
+
+
+#: Which mrcd, which role, which service.
+WHERE_FLAGS: list[Flag] = [
+    (
+        ("--socket",),
+        dict(
+            type=Path,
+            help="mrcd's API socket (default: $MRCD_SOCKET or the one /run/mrcstack/mrcd*.sock)",
+        ),
+    ),
+    (
+        ("--server-host",),
+        dict(
+            type=_host,
+            metavar="HOST",
+            help="run as the client of the server on this fabric host (3 or h3)",
+        ),
+    ),
+    (
+        ("--service",),
+        dict(
+            type=_nonneg_int,
+            default=DEFAULT_SERVICE,
+            help=f"the service both sides agree on, like a port (default {DEFAULT_SERVICE})",
+        ),
+    ),
+]
+
+
+def _size_flags(t: ToolWords) -> list[Flag]:
+    """-s or -a (one excludes the other)."""
+    return [
+        (
+            ("-s", "--size"),
+            dict(type=_size, help=f"bytes per write (default {t.size}; 1MiB, 64KiB accepted)"),
+        ),
+        (
+            ("-a", "--all"),
+            dict(
+                action="store_true",
+                help="run every size 2, 4, 8, ... up to --max-size (perftest's -a), a table row "
+                f"or JSON document each, each for -n {t.unit} (default with -a: {t.all_iters}) "
+                "or -D seconds; the server takes the sizes from the client (-a given there is "
+                "ignored)",
+            ),
+        ),
+    ]
+
+
+def _length_flags(t: ToolWords) -> list[Flag]:
+    """How far -a goes, how long a run lasts."""
+    return [
+        (
+            ("--max-size",),
+            dict(
+                type=_max_size,
+                metavar="BYTES",
+                help="with -a: the largest size, a power of two "
+                f"(default {format_size(MAX_ALL_SIZE)})",
+            ),
+        ),
+        (
+            ("-n", "--iters"),
+            dict(
+                type=_positive_int(1 << 40),
+                help=f"{t.unit} (default {t.iters}; with -a, {t.all_iters} per size)",
+            ),
+        ),
+        (
+            ("-D", "--duration"),
+            dict(type=_seconds, help="run this many seconds instead of a number of iterations"),
+        ),
+    ]
+
+
+#: bw only: QPs, their depth, the unit of its table.
+BW_FLAGS: list[Flag] = [
+    (
+        ("-q", "--qp"),
+        dict(
             type=_positive_int(MAX_QPS),
             default=1,
             dest="qps",
             help="number of QPs (default 1)",
-        )
-        p.add_argument(
-            "-t",
-            "--tx-depth",
+        ),
+    ),
+    (
+        ("-t", "--tx-depth"),
+        dict(
             type=_positive_int(MAX_DEPTH),
             dest="tx_depth",
             help="writes outstanding per QP (default 128, fewer for big writes: "
             "at most 16 MiB outstanding)",
-        )
-        p.add_argument("--report_gbits", action="store_true", help="report Gbit/s, not MB/s")
-    p.add_argument(
-        "--run_infinitely",
-        action="store_true",
-        help="run until Ctrl-C, reporting every -D seconds (default 5)",
+        ),
+    ),
+    (("--report_gbits",), dict(action="store_true", help="report Gbit/s, not MB/s")),
+]
+
+#: What is reported, and how.
+OUTPUT_FLAGS: list[Flag] = [
+    (
+        ("--run_infinitely",),
+        dict(
+            action="store_true",
+            help="run until Ctrl-C, reporting every -D seconds (default 5)",
+        ),
+    ),
+    (("--json",), dict(action="store_true", help="results as JSON (one line per report)")),
+    (
+        ("--interval",),
+        dict(
+            type=_seconds,
+            help="length of the per-interval series in seconds (default 0.1, in the "
+            "JSON); given, the series is also printed",
+        ),
+    ),
+    (
+        ("--verify",),
+        dict(
+            action="store_true",
+            help="verify the data on arrival (bw: CRC-32 of every write that landed "
+            "in the server's memory; lat: CRC-32 of every echo)",
+        ),
+    ),
+]
+
+#: This side's QPs, and patience.
+QP_FLAGS: list[Flag] = [
+    (
+        ("--ev-profile",),
+        dict(
+            type=_nonneg_int,
+            default=0,
+            metavar="ID",
+            help="EV profile id for this side's QPs (mrcctl ev-profile; default 0)",
+        ),
+    ),
+    (
+        ("--cc-profile",),
+        dict(
+            type=_nonneg_int,
+            default=0,
+            metavar="ID",
+            help="CC profile id for this side's QPs (mrcctl cc-profile; default 0)",
+        ),
+    ),
+    (
+        ("-m", "--mtu"),
+        dict(
+            type=_positive_int(1 << 16),
+            metavar="BYTES",
+            help="payload bytes per packet (QP attribute mtu_payload; default mrcd's)",
+        ),
+    ),
+    (
+        ("--timeout",),
+        dict(
+            type=_seconds,
+            default=30.0,
+            help="seconds to wait for the server, a peer or progress (default 30)",
+        ),
+    ),
+]
+
+
+def _add(add_argument: Callable[..., argparse.Action], flags: list[Flag]) -> None:
+    for names, keywords in flags:
+        add_argument(*names, **keywords)
+
+
+def parser(prog: str, kind: int) -> argparse.ArgumentParser:
+    """Either tool's flags, in the order ``--help`` shows them."""
+    t = TOOLS[kind]
+    p = _Parser(
+        prog=prog,
+        description=f"RDMA WRITE {t.what} over mrcd, like perftest's {t.perftest}. Without "
+        "--server-host: the server (registers memory, waits for one client, takes the "
+        "client's parameters). With --server-host: the client.",
     )
-    p.add_argument("--json", action="store_true", help="results as JSON (one line per report)")
-    p.add_argument(
-        "--interval",
-        type=_seconds,
-        help="length of the per-interval series in seconds (default 0.1, in the "
-        "JSON); given, the series is also printed",
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="verify the data on arrival (bw: CRC-32 of every write that landed "
-        "in the server's memory; lat: CRC-32 of every echo)",
-    )
-    p.add_argument(
-        "--ev-profile",
-        type=_nonneg_int,
-        default=0,
-        metavar="ID",
-        help="EV profile id for this side's QPs (mrcctl ev-profile; default 0)",
-    )
-    p.add_argument(
-        "--cc-profile",
-        type=_nonneg_int,
-        default=0,
-        metavar="ID",
-        help="CC profile id for this side's QPs (mrcctl cc-profile; default 0)",
-    )
-    p.add_argument(
-        "-m",
-        "--mtu",
-        type=_positive_int(1 << 16),
-        metavar="BYTES",
-        help="payload bytes per packet (QP attribute mtu_payload; default mrcd's)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=30.0,
-        help="seconds to wait for the server, a peer or progress (default 30)",
-    )
-    ns = p.parse_args(list(argv))
+    add_version_flag(p)
+    _add(p.add_argument, WHERE_FLAGS)
+    _add(p.add_mutually_exclusive_group().add_argument, _size_flags(t))
+    _add(p.add_argument, _length_flags(t))
+    if kind == KIND_BW:
+        _add(p.add_argument, BW_FLAGS)
+    _add(p.add_argument, OUTPUT_FLAGS)
+    _add(p.add_argument, QP_FLAGS)
+    return p
+
+
+# Checks and defaults ------------------------------------------------------------------------
+def _check(ns: argparse.Namespace) -> None:
+    """What no single flag can say: the combinations refused."""
     if ns.all and ns.run_infinitely:
-        p.error("argument -a/--all: not allowed with argument --run_infinitely")
+        raise UsageError("argument -a/--all: not allowed with argument --run_infinitely")
     if ns.max_size is not None and not ns.all:
-        p.error("argument --max-size: only with -a/--all")
-    size = ns.size if ns.size is not None else (65536 if bw else 2)
+        raise UsageError("argument --max-size: only with -a/--all")
+
+
+def _options(prog: str, kind: int, ns: argparse.Namespace) -> Options:
+    """The options of the flags given, defaults filled in."""
+    t = TOOLS[kind]
+    size = ns.size if ns.size is not None else t.size
     iters = ns.iters
     if iters is None:
-        iters = all_iters if ns.all else (5000 if bw else 1000)
+        iters = t.all_iters if ns.all else t.iters
     duration = ns.duration
     if ns.run_infinitely and duration is None:
         duration = 5.0
-    qps = getattr(ns, "qps", 1)
     depth_flag = getattr(ns, "tx_depth", None)
     depth = depth_flag
     if depth is None:
-        depth = default_depth(size) if bw else 1
+        depth = default_depth(size) if kind == KIND_BW else 1
     return Options(
         prog=prog,
         socket=ns.socket,
@@ -374,7 +416,7 @@ def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
         size=size,
         iters=iters,
         duration=duration,
-        qps=qps,
+        qps=getattr(ns, "qps", 1),
         tx_depth=depth,
         report_gbits=bool(getattr(ns, "report_gbits", False)),
         run_infinitely=ns.run_infinitely,
@@ -391,6 +433,13 @@ def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
         max_size=ns.max_size if ns.max_size is not None else MAX_ALL_SIZE,
         depth_flag=depth_flag,
     )
+
+
+def parse_args(prog: str, kind: int, argv: Sequence[str]) -> Options:
+    """Flags of either tool; UsageError (one line) for anything wrong."""
+    ns = parser(prog, kind).parse_args(list(argv))
+    _check(ns)
+    return _options(prog, kind, ns)
 
 
 def run_main(

@@ -83,6 +83,13 @@ def bw_row(size: int, iters: int, peak_bps: float, avg_bps: float, rate: float, 
     return f" {size:<10} {iters:<14} {fmt(peak_bps):<18} {fmt(avg_bps):<21} {rate / 1e6:.6f}"
 
 
+def bw_figures_row(size: int, iters: int, fig: dict[str, Any], gbits: bool) -> str:
+    """:func:`bw_row` of the figures of :func:`bw_figures` (or of a document carrying them)."""
+    peak = fig["bw_peak_MB_s"] * MB
+    avg = fig["bw_average_MB_s"] * MB
+    return bw_row(size, iters, peak, avg, fig["msg_rate_mpps"] * 1e6, gbits)
+
+
 BW_ALL_KEYS = (
     "size",
     "tx_depth",
@@ -153,12 +160,49 @@ def lat_stats(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
+def rounded(stats: dict[str, float]) -> dict[str, float]:
+    """Latency figures as the JSON documents carry them (nanosecond resolution)."""
+    return {k: round(v, 3) for k, v in stats.items()}
+
+
+def lat_series_entry(s: Series, t: float) -> dict[str, Any]:
+    st = lat_stats(s.samples)
+    return {
+        "t": round(t, 6),
+        "iterations": len(s.samples),
+        "t_typical_us": round(st.get("t_typical_us", 0.0), 3),
+        "t_avg_us": round(st.get("t_avg_us", 0.0), 3),
+        "t_max_us": round(st.get("t_max_us", 0.0), 3),
+    }
+
+
+def lat_interval_line(entry: dict[str, Any], t: float, interval: float) -> str:
+    return (
+        f" [{t - interval:7.2f}-{t:7.2f} s] {entry['iterations']:>8} iterations "
+        f"t_typical {entry['t_typical_us']:.2f} usec"
+    )
+
+
 def lat_row(size: int, iters: int, st: dict[str, float]) -> str:
     return (
         f" {size:<7} {iters:<12} {st['t_min_us']:<12.2f} {st['t_max_us']:<12.2f} "
         f"{st['t_typical_us']:<16.2f} {st['t_avg_us']:<12.2f} {st['t_stdev_us']:<14.2f} "
         f"{st['t_99_us']:<21.2f} {st['t_99_9_us']:.2f}"
     )
+
+
+#: A header's QPN line under -a: each size has a connection of its own.
+QPNS_PER_SIZE = "new for every size (in --json)"
+
+
+def qpns_text(qpns: Sequence[int], sweep: bool) -> str:
+    """A header's QPN(s)."""
+    return QPNS_PER_SIZE if sweep else " ".join(f"{qpn:#06x}" for qpn in qpns)
+
+
+def server_size_text(size: int, sweep: bool) -> str:
+    """A server header's message size: the client's."""
+    return f"the client's: from {size} [B], a connection each" if sweep else f"{size} [B]"
 
 
 def header(title: str, lines: Sequence[tuple[str, object]]) -> str:

@@ -19,77 +19,67 @@ At the end the client sends an END write to each QP's control cell and the serve
 with its own counts (writes, bytes, verified, mismatches) in the client's result cell.
 
 With ``-a`` every size 2, 4, ... ``--max-size`` is such a run on a fresh context and
-connection; the hellos of all but the last say that another run follows (common.py).
+connection; the hellos of all but the last say that another run follows (common.py).  The
+run loop, headers and reports around a run are runloop.py's.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mrcstack.api import (
-    CompletionQueue,
     Context,
-    Device,
-    MemoryRegion,
-    QpCap,
     QueuePair,
-    WcOpcode,
     WorkCompletion,
     WriteWr,
 )
-from mrcstack.daemons.tools.bw_server import server_main
+from mrcstack.daemons.tools.bw_server import BwServerTool
 from mrcstack.daemons.tools.common import (
     BW_PROG,
     END,
     END_CELL,
-    END_LEN,
     END_WR,
     KIND_BW,
     MASK31,
     POLL_N,
-    RECVS,
-    REPLY_AREA,
-    REPOST,
     RESULT_CELL,
-    Events,
+    Done,
     Hello,
-    Pattern,
+    Receives,
     Result,
-    StopFlag,
     ToolError,
     Welcome,
-    align,
+    completions,
     connect,
     delta31,
-    pack_end,
+    qp_cap,
+    send_end,
 )
-from mrcstack.daemons.tools.flags import (
-    Options,
-    run_main,
-)
+from mrcstack.daemons.tools.flags import Options
 from mrcstack.daemons.tools.report import (
-    LINE,
-    MB,
     Series,
     bw_all_row,
     bw_columns,
     bw_figures,
+    bw_figures_row,
     bw_interval_line,
-    bw_row,
     bw_series_entry,
-    emit,
-    header,
-    say,
+    qpns_text,
+)
+from mrcstack.daemons.tools.runloop import (
+    ClientBase,
+    Doc,
+    Site,
+    tool_main,
 )
 
 PROG = BW_PROG
 
 
-# Client -------------------------------------------------------------------------------------
 @dataclass
 class _Link:
     """One client QP."""
@@ -98,43 +88,38 @@ class _Link:
     qp: QueuePair
     welcome: Welcome
     reply_off: int  # its REPLY_AREA in the client's region
+    recvs: Receives
     posted: int = 0
     completed: int = 0
     credited: int = 0  # --verify: writes the server has checked
-    recvs_left: int = RECVS
     end_done: bool = False
     result: Result | None = None
 
 
-class BwClient:
+class BwClient(ClientBase):
+    """One run of the client: its QPs write ``opts.size`` bytes each, ``tx_depth`` deep."""
+
+    prog = PROG
+
     def __init__(self, opts: Options, ctx: Context, host: int, more: bool = False) -> None:
-        self.opts = opts
-        self.more = more  # -a: another run follows this one
-        self.ctx = ctx
-        self.host = host
-        self.slots = 2 * opts.tx_depth if opts.verify else 1
-        self.src_len = opts.qps * self.slots * opts.size if opts.verify else opts.size
-        self.reply_base = align(self.src_len)
-        self.mr: MemoryRegion = ctx.reg_mr(self.reply_base + opts.qps * REPLY_AREA)
-        self.buf = self.mr.buf
-        self.pattern = Pattern(opts.size)
+        slots = 2 * opts.tx_depth if opts.verify else 1
+        src_len = opts.qps * slots * opts.size if opts.verify else opts.size
+        super().__init__(opts, ctx, host, more, src_len=src_len, qps=opts.qps, cq_size=65536)
+        self.slots = slots
         if not opts.verify:
             self.pattern.fill(self.buf[: opts.size], 0, 0)
-        self.cq: CompletionQueue = ctx.create_cq(65536)
         self.links: list[_Link] = []
         self.by_qpn: dict[int, _Link] = {}
         self.imm_every = 1 if opts.verify else max(1, opts.tx_depth // 4)
-        self.events = Events(ctx, time.monotonic())
-        self.stop = StopFlag()
 
     def connect(self, server: int) -> None:
         o = self.opts
         attr = o.qp_attr(o.tx_depth if o.verify else 2)
-        cap = QpCap(max_send_wr=o.tx_depth + 8, max_recv_wr=RECVS)
+        cap = qp_cap(o.tx_depth + 8)
         for q in range(o.qps):
             qp = self.ctx.create_qp(self.cq, attr=attr, cap=cap)
-            qp.post_recv(range(RECVS))
-            reply_off = self.reply_base + q * REPLY_AREA
+            recvs = Receives(qp)
+            reply_off = self.reply_off(q)
             hello = Hello(
                 KIND_BW,
                 o.verify,
@@ -149,7 +134,7 @@ class BwClient:
                 more=self.more,
             )
             welcome = connect(qp, server, o.service, hello, o.timeout)
-            link = _Link(q, qp, welcome, reply_off)
+            link = _Link(q, qp, welcome, reply_off, recvs)
             self.links.append(link)
             self.by_qpn[qp.qpn] = link
 
@@ -181,20 +166,14 @@ class BwClient:
 
     def _completions(self, wcs: list[WorkCompletion], series: Series) -> int:
         done = 0
-        for wc in wcs:
-            link = self.by_qpn.get(wc.qpn)
-            if link is None:
-                continue
-            if not wc.ok:
-                raise ToolError(f"QP {wc.qpn}: work request {wc.wr_id:#x} failed: {wc.status.name}")
-            if wc.opcode is WcOpcode.RDMA_WRITE:
-                if wc.wr_id & END_WR:
-                    link.end_done = True
-                else:
-                    link.completed += 1
-                    done += 1
-            else:
-                link.recvs_left -= 1
+        for link, what, wc in completions(wcs, self.by_qpn):
+            if what is Done.WROTE:
+                link.completed += 1
+                done += 1
+            elif what is Done.ENDED:
+                link.end_done = True
+            else:  # the server's credits, or its counts
+                link.recvs.take()
                 imm = wc.imm or 0
                 if imm & END:
                     link.result = Result.unpack_from(self.buf, link.reply_off + RESULT_CELL)
@@ -203,32 +182,24 @@ class BwClient:
         series.count += done
         series.bytes += done * self.opts.size
         for link in self.links:
-            if link.recvs_left <= RECVS - REPOST:
-                link.qp.post_recv(range(REPOST))
-                link.recvs_left += REPOST
+            link.recvs.top_up()
         return done
 
-    def run(self) -> dict[str, Any]:
+    def _run(self) -> Doc:
         o = self.opts
-        with self.stop:
-            return self._run(o)
-
-    def _run(self, o: Options) -> dict[str, Any]:
-        start = time.monotonic()
-        wall = time.time()
-        self.events.start = start
-        series = Series(o.interval, start)
-        stop_at = start + o.duration if o.duration is not None and not o.run_infinitely else None
-        period_at = start + o.duration if o.run_infinitely and o.duration else None
+        clock, series = self._begin()
+        start = clock.start
         period = {"start": start, "writes": 0, "entry": 0}
         total = 0
         last = start
         final = None if o.duration is not None else o.iters  # writes per QP
         stopping = False
-        on_close = self._on_interval(o)
+        on_close = self._closer(
+            bw_series_entry, lambda e, _t: bw_interval_line(e, o.interval, o.report_gbits)
+        )
         while True:
             now = time.monotonic()
-            if self.stop.set or (stop_at is not None and now >= stop_at):
+            if self.stop.set or (clock.stop_at is not None and now >= clock.stop_at):
                 stopping = True
             if not stopping:
                 for link in self.links:
@@ -238,7 +209,9 @@ class BwClient:
             if stopping and all(link.completed == link.posted for link in self.links):
                 break
             deadline = min(
-                series.next_tick, stop_at or series.next_tick, period_at or series.next_tick
+                series.next_tick,
+                clock.stop_at or series.next_tick,
+                clock.period_at or series.next_tick,
             )
             wcs = self.cq.poll_wait(POLL_N, timeout=max(0.0, min(deadline - now, 0.1)))
             now = time.monotonic()
@@ -252,72 +225,53 @@ class BwClient:
             if now >= series.next_tick:
                 series.tick(now, on_close)
                 self.events.check()
-            if period_at is not None and now >= period_at:
-                self._period_report(period, now, series)
+            if clock.period_at is not None and now >= clock.period_at:
+                self._period(period, now, series)
                 period = {"start": now, "writes": 0, "entry": len(series.entries)}
-                period_at = now + (o.duration or 5.0)
+                clock.next_period(o, now)
         end = last
         series.tick(time.monotonic(), on_close)
         self.events.check()
         results = self._finish()
-        size = o.size
-        nbytes = total * size
-        doc: dict[str, Any] = {
-            "tool": PROG,
-            "role": "client",
-            "host": self.host,
-            "server_host": o.server_host,
-            "service": o.service,
-            "size": size,
+        nbytes = total * o.size
+        figures = {
             "qps": o.qps,
             "tx_depth": o.tx_depth,
             "verify": o.verify,
             "iterations": total,
             "bytes": nbytes,
             **bw_figures(nbytes, total, end - start, series.entries, o.interval),
-            "start_time": wall,
-            "interval_s": o.interval,
-            "series": series.entries,
-            "qpns": [link.qp.qpn for link in self.links],
-            "qp_attr": {"ev_profile_id": o.ev_profile, "cc_profile_id": o.cc_profile},
-            "server": _sum_results(results),
-            "events": self.events.seen,
-            "interrupted": self.stop.set,
         }
-        return doc
+        qpns = [link.qp.qpn for link in self.links]
+        return self._document(figures, clock, series, qpns, _sum_results(results))
 
-    def _on_interval(self, o: Options) -> Callable[[Series, float], dict[str, Any]]:
-        def close(s: Series, t: float) -> dict[str, Any]:
-            entry = bw_series_entry(s, t)
-            if o.show_intervals and not o.json:
-                say(bw_interval_line(entry, o.interval, o.report_gbits))
-            return entry
-
-        return close
-
-    def _period_report(self, period: dict[str, Any], now: float, series: Series) -> None:
+    def _period(self, period: dict[str, Any], now: float, series: Series) -> None:
         o = self.opts
         elapsed = now - period["start"]
         writes = period["writes"]
         fig = bw_figures(
             writes * o.size, writes, elapsed, series.entries[period["entry"] :], o.interval
         )
-        if o.json:
-            emit(
-                {
-                    "tool": PROG,
-                    "role": "client",
-                    "report": "period",
-                    "size": o.size,
-                    "iterations": writes,
-                    "bytes": writes * o.size,
-                    **fig,
-                }
-            )
+        figures = {"iterations": writes, "bytes": writes * o.size, **fig}
+        self._report_period(figures, bw_figures_row(o.size, writes, fig, o.report_gbits))
+
+    def header_rows(self, site: Site) -> list[tuple[str, object]]:
+        o = self.opts
+        if o.all:
+            depth: object = o.depth_flag or "128, fewer from 256 KiB (at most 16 MiB outstanding)"
         else:
-            peak = fig["bw_peak_MB_s"] * MB
-            avg = fig["bw_average_MB_s"] * MB
-            say(bw_row(o.size, writes, peak, avg, fig["msg_rate_mpps"] * 1e6, o.report_gbits))
+            depth = o.tx_depth
+        return [
+            ("Device", site.device),
+            ("Remote", f"h{o.server_host} service {o.service}"),
+            ("Number of qps", o.qps),
+            ("Transport type", f"MRC, {site.planes} planes"),
+            ("TX depth", depth),
+            ("Message size", o.size_text()),
+            ("Verify", "ON (CRC-32 of every write, checked by the server)" if o.verify else "OFF"),
+            ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
+            ("QPNs", qpns_text([link.qp.qpn for link in self.links], o.all)),
+        ]
 
     def _finish(self) -> list[Result]:
         """END to every QP's control cell; wait for the server's counts (they come only
@@ -325,12 +279,8 @@ class BwClient:
         o = self.opts
         for link in self.links:
             off = link.reply_off + END_CELL
-            pack_end(self.buf, off, link.posted, stop=self.more and self.stop.set)
-            imm = END | (link.posted & MASK31)
-            w = link.welcome
-            link.qp.post_send(
-                WriteWr(END_WR | link.index, (self.mr, off, END_LEN), w.ctrl_addr, w.rkey, imm)
-            )
+            stop = self.more and self.stop.set
+            send_end(link.qp, self.mr, off, link.welcome, link.posted, stop, END_WR | link.index)
         deadline = time.monotonic() + o.timeout
         scratch = Series(o.interval, time.monotonic())
         while not all(link.result is not None for link in self.links):
@@ -350,109 +300,41 @@ def _sum_results(results: Sequence[Result]) -> dict[str, int]:
     }
 
 
-def client_main(o: Options) -> int:
-    server = o.server_host
-    if server is None:
-        raise ToolError("client without --server-host")
-    began = time.monotonic()
-    with Device.open(o.socket_path()) as dev:
-        attr = dev.query_device()
+class BwClientTool:
+    """The client of ``mrc-write-bw`` in the shared run loop (:mod:`.runloop`)."""
 
-        def run_one(ro: Options, i: int, more: bool) -> dict[str, Any]:
-            with dev.create_context() as ctx:
-                client = BwClient(ro, ctx, attr.host, more=more)
-                client.connect(server)
-                if i == 0 and not o.json:
-                    _header(o, ro, dev, attr.host, attr.planes, server, client)
-                return client.run()
+    prog = PROG
+    title = "RDMA_Write BW Test (MRC over mrcd)"
+    client = BwClient
 
-        docs, status = o.run_sizes(run_one, _report)
-    _end(o, docs, time.monotonic() - began)
-    return status
+    def columns(self, o: Options) -> str:
+        return bw_columns(o.report_gbits)
 
+    def row(self, o: Options, doc: Doc) -> str:
+        return bw_figures_row(o.size, doc["iterations"], doc, o.report_gbits)
 
-def _header(
-    o: Options,
-    ro: Options,
-    dev: Device,
-    host: int,
-    planes: int,
-    server: int,
-    client: BwClient,
-) -> None:
-    if o.all:
-        depth: object = o.depth_flag or "128, fewer from 256 KiB (at most 16 MiB outstanding)"
-        qpns = "new for every size (in --json)"
-    else:
-        depth = ro.tx_depth
-        qpns = " ".join(f"{link.qp.qpn:#06x}" for link in client.links)
-    say(
-        header(
-            "RDMA_Write BW Test (MRC over mrcd)",
-            [
-                ("Device", f"mrcd h{host} ({dev.path})"),
-                ("Remote", f"h{server} service {o.service}"),
-                ("Number of qps", o.qps),
-                ("Transport type", f"MRC, {planes} planes"),
-                ("TX depth", depth),
-                ("Message size", o.size_text()),
-                (
-                    "Verify",
-                    "ON (CRC-32 of every write, checked by the server)" if o.verify else "OFF",
-                ),
-                ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
-                ("QPNs", qpns),
-            ],
-        )
-    )
-    if o.run_infinitely or o.all:
-        say(bw_columns(o.report_gbits))
+    def failure(self, doc: Doc) -> str | None:
+        mismatches = doc["server"]["mismatches"]
+        return f"{mismatches} writes did not land intact" if mismatches else None
 
+    def summary(self, o: Options, docs: Sequence[Doc]) -> tuple[Doc, Doc]:
+        rows = [bw_all_row(d) for d in docs]
+        return {"qps": o.qps}, {"rows": rows, "server": _server_totals(docs)}
 
-def _report(o: Options, doc: dict[str, Any]) -> int:
-    """One run's JSON document or table row; 1 if the server found mismatches."""
-    if o.json:
-        emit(doc)
-    elif not o.run_infinitely:
-        if not o.all:
-            say(bw_columns(o.report_gbits))
-        peak = doc["bw_peak_MB_s"] * MB
-        avg = doc["bw_average_MB_s"] * MB
-        say(
-            bw_row(o.size, doc["iterations"], peak, avg, doc["msg_rate_mpps"] * 1e6, o.report_gbits)
-        )
-    mismatches = doc["server"]["mismatches"]
-    if mismatches:
-        where = f"size {o.size}: " if o.all else ""
-        print(
-            f"{PROG}: error: {where}verify: {mismatches} writes did not land intact",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-def _end(o: Options, docs: list[dict[str, Any]], elapsed: float) -> None:
-    """After the last run: the table's end (text), -a's summary document (JSON)."""
-    if not docs:
-        return
-    srv = _sum_results([Result(**d["server"]) for d in docs])
-    if o.json:
-        if o.all:
-            rows = [bw_all_row(d) for d in docs]
-            emit(o.all_summary(PROG, docs, elapsed, {"qps": o.qps}, {"rows": rows, "server": srv}))
-        return
-    say(LINE)
-    if o.verify:
-        sizes = f" over {len(docs)} sizes" if o.all else ""
-        say(
+    def verified(self, docs: Sequence[Doc], sizes: str) -> str:
+        srv = _server_totals(docs)
+        return (
             f" verified by the server: {srv['verified']} writes{sizes}, "
             f"{srv['mismatches']} mismatches"
         )
 
 
+def _server_totals(docs: Sequence[Doc]) -> dict[str, int]:
+    return _sum_results([Result(**d["server"]) for d in docs])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(PROG, KIND_BW, argv, lambda o: client_main(o) if o.client else server_main(o))
+    return tool_main(argv, BwClientTool(), BwServerTool())
 
 
 if __name__ == "__main__":
