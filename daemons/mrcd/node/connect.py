@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+from dataclasses import dataclass
 from typing import Protocol
 
 from mrcstack.core.config import ConnectionConfig
@@ -57,30 +58,26 @@ class SetupNode(Running, Protocol):
     control_client: ControlClient | None
 
 
+@dataclass(eq=False, slots=True)
 class ConnectionSetup:
     """Connects the QPs of ``table``; the other parts are the node's."""
 
-    def __init__(
-        self,
-        node: SetupNode,
-        table: QpTable,
-        listeners: Listeners,
-        profiles: ProfileStore,
-        addresses: Addresses,
-        ports: Ports,
-        events: EventFanout,
-        counters: NodeCounters,
-    ) -> None:
-        self.node = node
-        self.fabric = node.cfg.fabric
-        self.host = node.cfg.host
-        self.table = table
-        self.listeners = listeners
-        self.profiles = profiles
-        self.addresses = addresses
-        self.ports = ports
-        self.events = events
-        self.counters = counters
+    node: SetupNode
+    table: QpTable
+    listeners: Listeners
+    profiles: ProfileStore
+    addresses: Addresses
+    ports: Ports
+    events: EventFanout
+    counters: NodeCounters
+
+    @property
+    def fabric(self) -> Fabric:
+        return self.addresses.cfg.fabric
+
+    @property
+    def host(self) -> int:
+        return self.addresses.cfg.host
 
     def ready(
         self, qpn: int, remote_host: int, remote_qpn: int, remote_psn: int, key: bytes | None

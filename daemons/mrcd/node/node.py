@@ -5,9 +5,9 @@ data path (the plane sockets and the transport); each part is a module of this p
 ``qptable.py`` (contexts, QPs), ``connect.py`` (connection setup over the control channel),
 ``listeners.py`` (peers' connection requests), ``events.py`` (the event fan-out),
 ``ports.py``, ``peers.py`` (peer liveness), ``probing.py`` (EV probes, port status),
-``addresses.py``, ``profiles.py`` and ``snapshot.py`` (what a metrics scrape reads).  The
-rest of :class:`Node` is the one interface the API servers, the control server
-(``ControlHooks``) and the parts themselves call.
+``addresses.py``, ``profiles.py`` and ``snapshot.py`` (what a metrics scrape reads).
+:meth:`Node._bind` gives each call of the node's one interface (what the API servers, the
+control server's ``ControlHooks`` and the parts call) to the part that answers it.
 """
 
 from __future__ import annotations
@@ -18,13 +18,9 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Callable
 
-from mrcstack.core.connection import Connection
-from mrcstack.core.events import Event
-from mrcstack.core.memory import Access, MemoryRegion
 from mrcstack.daemons.mrcd.config import MrcdConfig
-from mrcstack.daemons.mrcd.control.client import Accept, ConnectRequest, ControlClient, Reject
+from mrcstack.daemons.mrcd.control.client import ControlClient
 from mrcstack.daemons.mrcd.control.server import ControlServer, ControlStats
 from mrcstack.daemons.mrcd.datapath.transport import (
     Address,
@@ -36,16 +32,15 @@ from mrcstack.daemons.mrcd.datapath.transport import (
 from mrcstack.daemons.mrcd.node.addresses import Addresses
 from mrcstack.daemons.mrcd.node.connect import ConnectionSetup
 from mrcstack.daemons.mrcd.node.events import EventFanout
-from mrcstack.daemons.mrcd.node.listeners import Listener, Listeners
+from mrcstack.daemons.mrcd.node.listeners import Listeners
 from mrcstack.daemons.mrcd.node.peers import PeerWatch
 from mrcstack.daemons.mrcd.node.ports import Ports
 from mrcstack.daemons.mrcd.node.probing import Probing
 from mrcstack.daemons.mrcd.node.profiles import ProfileStore
-from mrcstack.daemons.mrcd.node.qps import Accepted, Context, Qp, QpAttrs
+from mrcstack.daemons.mrcd.node.qps import Qp
 from mrcstack.daemons.mrcd.node.qptable import QpTable
 from mrcstack.daemons.mrcd.node.snapshot import NodeCounters, NodeSnapshot, scrape
 from mrcstack.errors import LocalError
-from mrcstack.wire import IcrcPath
 
 log = logging.getLogger("mrcd")
 
@@ -104,6 +99,45 @@ class Node:
             self, cfg, self.loop, self.addresses, self.ports, self._send_raw, self.on_port_status
         )
         self.prober = self.probing.prober
+        self._bind()
+
+    def _bind(self) -> None:
+        """The calls of the API servers, the control server and the parts, each answered by
+        the part that owns it."""
+        addresses, table, setup = self.addresses, self.table, self.setup
+        # Addresses (addresses.py).
+        self.data_address = addresses.data_address
+        self.icrc_paths = addresses.icrc_paths
+        self.host_of = addresses.host_of
+        # Contexts and QPs (qptable.py).
+        self.open_context = table.open_context
+        self.close_context = table.close_context
+        self.register = table.register
+        self.create_qp = table.create_qp
+        self.qp = table.qp
+        self.post_write = table.post_write
+        self.destroy_qp = table.destroy_qp
+        self.fail_all = table.fail_all
+        self.fail_peer = table.fail_peer
+        # Connection setup (connect.py, listeners.py); on_connect is a ControlHooks call.
+        self.ready = setup.ready
+        self.connect_qp = setup.connect_qp
+        self.on_connect = setup.on_connect
+        self.listen = self.listeners.listen
+        self.accept = setup.accept
+        self.reject = self.listeners.reject
+        # EV probes and port status (probing.py), our ports (ports.py).
+        self.probe = self.probing.probe
+        self.send_port_status = self.probing.send_port_status
+        self.port_up = self.ports.up
+        self.set_port_admin = self.ports.set_admin
+        self.set_port_link = self.ports.set_link
+        # What the controller API and the metrics read (qptable.py).
+        self.ev_states = table.ev_states
+        self.qp_info = table.qp_info
+        self.writes_in_flight = table.writes_in_flight
+        self.connections = table.connections
+        self.retry_budget = table.retry_budget
 
     # Lifecycle ---------------------------------------------------------------------------
     async def start(self, *, start_control: bool = True) -> None:
@@ -177,14 +211,9 @@ class Node:
             await asyncio.sleep(0.005)
         return True
 
-    def fail_all(self, reason: str) -> int:
-        """Fail every live connection from this side (:meth:`QpTable.fail_all`); returns
-        how many writes were flushed."""
-        return self.table.fail_all(reason)
-
     async def stop(self, drain_timeout: float = 2.0) -> None:
         """Stop gracefully: :meth:`quiesce`, let pending writes finish for up to
-        ``drain_timeout`` s (:meth:`drain`), fail the rest (:meth:`fail_all`), then destroy
+        ``drain_timeout`` s (:meth:`drain`), fail the rest (:meth:`QpTable.fail_all`), then destroy
         every QP and close the control channel and the sockets."""
         self.quiesce()
         if not await self.drain(drain_timeout):
@@ -231,82 +260,7 @@ class Node:
     def _send_raw(self, plane: int, data: bytes, dst: Address) -> bool:
         return self.running_transport().send_raw(plane, data, dst)
 
-    # Addresses (addresses.py) ---------------------------------------------------------------
-    def data_address(self, host: int, plane: int) -> Address:
-        return self.addresses.data_address(host, plane)
-
-    def icrc_paths(self, remote: int) -> tuple[IcrcPath, ...]:
-        return self.addresses.icrc_paths(remote)
-
-    def host_of(self, source: Address, plane: int) -> int | None:
-        return self.addresses.host_of(source, plane)
-
-    # Contexts and QPs (qptable.py) ----------------------------------------------------------
-    def open_context(self) -> Context:
-        return self.table.open_context()
-
-    def close_context(self, ctx: Context) -> None:
-        self.table.close_context(ctx)
-
-    def register(self, ctx: Context, buffer: memoryview, access: Access) -> MemoryRegion:
-        return self.table.register(ctx, buffer, access)
-
-    def create_qp(
-        self, ctx: Context, attrs: QpAttrs, on_event: Callable[[int, Event], None]
-    ) -> int:
-        return self.table.create_qp(ctx, attrs, on_event)
-
-    def qp(self, qpn: int) -> Qp:
-        return self.table.qp(qpn)
-
-    def post_write(
-        self,
-        qpn: int,
-        wr_id: int,
-        local: memoryview,
-        remote_va: int,
-        rkey: int,
-        imm: int | None,
-    ) -> None:
-        self.table.post_write(qpn, wr_id, local, remote_va, rkey, imm)
-
-    def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
-        self.table.destroy_qp(qpn, reason)
-
-    def fail_peer(self, host: int, reason: str, qpns: list[int] | None = None) -> int:
-        return self.table.fail_peer(host, reason, qpns)
-
-    # Connection setup (connect.py, listeners.py) --------------------------------------------
-    def ready(
-        self, qpn: int, remote_host: int, remote_qpn: int, remote_psn: int, key: bytes | None
-    ) -> None:
-        self.setup.ready(qpn, remote_host, remote_qpn, remote_psn, key)
-
-    async def connect_qp(
-        self,
-        qpn: int,
-        remote_host: int,
-        service: int,
-        private_data: bytes = b"",
-        timeout: float = 10.0,
-    ) -> bytes:
-        return await self.setup.connect_qp(qpn, remote_host, service, private_data, timeout)
-
-    def listen(self, ctx: Context, service: int, on_request: Listener) -> None:
-        self.listeners.listen(ctx, service, on_request)
-
-    def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:
-        return self.setup.accept(request_id, qpn, private_data)
-
-    def reject(self, request_id: int) -> None:
-        """The listening application refused: the peer's CONNECT is answered at once."""
-        self.listeners.reject(request_id)
-
-    # The control server's hooks (ControlHooks) ---------------------------------------------
-    async def on_connect(self, req: ConnectRequest) -> Accept | Reject:
-        """A peer's CONNECT, for the application listening on its service."""
-        return await self.setup.on_connect(req)
-
+    # The control server's hooks (ControlHooks; on_connect is connect.py's) -------------------
     def on_port_status(self, host: int, bitmap: int) -> None:
         """A peer's PORT_STATUS_UPDATE, applied to our QPs to that host as the port bitmap
         in its SACKs would be (:meth:`Ports.peer_status`)."""
@@ -316,39 +270,6 @@ class Node:
     def on_session_lost(self, peer_host: str, reason: str) -> None:
         """A peer's session to our control server ended."""
         self.peers.session_lost(peer_host, reason)
-
-    # EV probes and port status (probing.py) -------------------------------------------------
-    async def probe(self, remote_host: int, plane: int, ev: int, timeout: float = 1.0) -> float:
-        return await self.probing.probe(remote_host, plane, ev, timeout)
-
-    def send_port_status(self, host: int, bitmap: int) -> int:
-        return self.probing.send_port_status(host, bitmap)
-
-    # Ports (ports.py) -------------------------------------------------------------------
-    def port_up(self, plane: int) -> bool:
-        return self.ports.up(plane)
-
-    def set_port_admin(self, plane: int, enabled: bool) -> None:
-        self.ports.set_admin(plane, enabled)
-
-    def set_port_link(self, plane: int, up: bool) -> None:
-        self.ports.set_link(plane, up)
-
-    # What the controller API and the metrics read (qptable.py, snapshot.py) ----------------
-    def ev_states(self, qpn: int | None = None) -> list[dict[str, object]]:
-        return self.table.ev_states(qpn)
-
-    def qp_info(self, qpn: int | None = None) -> list[dict[str, object]]:
-        return self.table.qp_info(qpn)
-
-    def writes_in_flight(self) -> int:
-        return self.table.writes_in_flight()
-
-    def connections(self) -> list[Connection]:
-        return self.table.connections()
-
-    def retry_budget(self) -> float:
-        return self.table.retry_budget()
 
     def snapshot(self) -> NodeSnapshot:
         """Everything the metrics exporter shows, read at scrape time (:func:`.scrape`)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from mrcstack.api.limits import QPN_LIMIT
@@ -37,27 +38,19 @@ class Running(Protocol):
     def check_running(self) -> None: ...
 
 
+@dataclass(eq=False, slots=True)
 class QpTable:
     """Contexts and QPs of one node; ``on_event`` is the node's event fan-out and
     ``retired`` keeps the counters of destroyed connections (counters never go down)."""
 
-    def __init__(
-        self,
-        node: Running,
-        qps: dict[int, Qp],
-        rng: random.Random,
-        listeners: Listeners,
-        on_event: OnEvent,
-        retired: Totals,
-    ) -> None:
-        self.node = node
-        self.qps = qps
-        self.rng = rng
-        self.listeners = listeners
-        self.on_event = on_event
-        self.retired = retired
-        self.contexts: dict[int, Context] = {}
-        self._next_ctx = 1
+    node: Running
+    qps: dict[int, Qp]
+    rng: random.Random  # QPNs, first PSNs, each connection's seed
+    listeners: Listeners
+    on_event: OnEvent
+    retired: Totals
+    contexts: dict[int, Context] = field(default_factory=dict, init=False)
+    _next_ctx: int = field(default=1, init=False)
 
     # Contexts and memory ----------------------------------------------------------------
     def open_context(self) -> Context:
@@ -108,11 +101,12 @@ class QpTable:
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
-        self.node.check_running()
+        node = self.node
+        node.check_running()
         now = clock()
         qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
         qp.posted[wr_id] = now
-        self.node.running_transport().kick(qpn)
+        node.running_transport().kick(qpn)
 
     def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
         """Pending writes complete FLUSHED (the owner hears each once), then the QP goes."""
