@@ -182,35 +182,27 @@ def all_summary(
 
 
 # What a client run keeps -----------------------------------------------------------------
+@dataclass(eq=False)
 class ClientBase(ABC):
     """One run of a client (a tool's run says how it connects and goes).  Every run has its
-    options and context, one registered region (the writes' sources first, ``src_len``
-    bytes, then a REPLY_AREA per QP from ``reply_base``), the pattern it writes, a CQ, the
-    context's events, and Ctrl-C."""
+    options and context, one registered region (:meth:`_register`: the writes' sources,
+    then a REPLY_AREA per QP), the pattern it writes, a CQ, the context's events, Ctrl-C."""
 
     prog: ClassVar[str]
+    opts: Options
+    ctx: Context
+    host: int
+    more: bool = False  # -a: another run follows this one
 
-    def __init__(
-        self,
-        opts: Options,
-        ctx: Context,
-        host: int,
-        more: bool,
-        *,
-        src_len: int,
-        qps: int,
-        cq_size: int,
-    ) -> None:
-        self.opts = opts
-        self.ctx = ctx
-        self.host = host
-        self.more = more  # -a: another run follows this one
+    def _register(self, src_len: int, qps: int, cq_size: int) -> None:
+        """The run's region (``src_len`` bytes of sources, then from ``reply_base`` a
+        REPLY_AREA for each of ``qps`` QPs), its pattern, its CQ, its events, Ctrl-C."""
         self.reply_base = align(src_len)
-        self.mr: MemoryRegion = ctx.reg_mr(self.reply_base + qps * REPLY_AREA)
+        self.mr: MemoryRegion = self.ctx.reg_mr(self.reply_base + qps * REPLY_AREA)
         self.buf = self.mr.buf
-        self.pattern = Pattern(opts.size)
-        self.cq: CompletionQueue = ctx.create_cq(cq_size)
-        self.events = Events(ctx, time.monotonic())
+        self.pattern = Pattern(self.opts.size)
+        self.cq: CompletionQueue = self.ctx.create_cq(cq_size)
+        self.events = Events(self.ctx, time.monotonic())
         self.stop = StopFlag()
 
     @abstractmethod

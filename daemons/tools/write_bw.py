@@ -104,7 +104,8 @@ class BwClient(ClientBase):
     def __init__(self, opts: Options, ctx: Context, host: int, more: bool = False) -> None:
         slots = 2 * opts.tx_depth if opts.verify else 1
         src_len = opts.qps * slots * opts.size if opts.verify else opts.size
-        super().__init__(opts, ctx, host, more, src_len=src_len, qps=opts.qps, cq_size=65536)
+        super().__init__(opts, ctx, host, more)
+        self._register(src_len, opts.qps, cq_size=65536)
         self.slots = slots
         if not opts.verify:
             self.pattern.fill(self.buf[: opts.size], 0, 0)

@@ -78,9 +78,8 @@ class LatClient(ClientBase):
     def __init__(self, opts: Options, ctx: Context, host: int, more: bool = False) -> None:
         size = opts.size
         pong_base = align(LAT_SLOTS * size)
-        super().__init__(
-            opts, ctx, host, more, src_len=pong_base + LAT_SLOTS * size, qps=1, cq_size=4096
-        )
+        super().__init__(opts, ctx, host, more)
+        self._register(pong_base + LAT_SLOTS * size, 1, cq_size=4096)
         self.pong_base = pong_base
         self.crcs = [
             self.pattern.fill(self.buf[s * size : (s + 1) * size], 0, s) for s in range(LAT_SLOTS)
