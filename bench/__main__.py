@@ -67,9 +67,9 @@ def main() -> int:
     _profile(
         "property test, 50,000 cases",
         {"MRC_PROPERTY_CASES": "50000"},
-        "tests/test_connection.py::test_property_every_byte_lands_every_completion_once_in_order",
+        "tests/core/test_connection.py::test_property_every_byte_lands_every_completion_once_in_order",
     )
-    _profile("fuzz, 1,000,000 packets", {"MRC_FUZZ_COUNT": "1000000"}, "tests/test_wire_fuzz.py")
+    _profile("fuzz, 1,000,000 packets", {"MRC_FUZZ_COUNT": "1000000"}, "tests/wire/test_fuzz.py")
     return _verdict(failover_ok)
 
 

@@ -1,6 +1,6 @@
 """mrcd's ``encrypt = true``: payloads travel AES-GCM encrypted, and still land intact.
 
-Two mrcds in loopback data mode (tests/daemons/apiharness.py) move random bytes with a
+Two mrcds in loopback data mode (tests/support/apiharness.py) move random bytes with a
 write-with-immediate; the receiver's memory is compared byte for byte.  Meanwhile a raw
 IPv6 socket (CAP_NET_RAW: root) copies every UDP datagram sent to the receiver's plane
 ports off the loopback interface: with encryption no 64 bytes of any captured data packet

@@ -1,6 +1,6 @@
 """QP attributes that change what a connection does, seen from the application API.
 
-Two mrcds in loopback data mode (tests/daemons/apiharness.py).  Each test shows the
+Two mrcds in loopback data mode (tests/support/apiharness.py).  Each test shows the
 behaviour an attribute is for, by counting what the daemons did (ACKs sent, packets
 retransmitted), never by timing it: ``ack_coalesce`` (how many data packets one ACK stands
 for), the private-data limit of connect and accept, and ``timeout``/``linear_cnt``/``exp_cnt``

@@ -2,7 +2,7 @@
 
 - Pure: the handshake structs, patterns, figures, flags (one line, exit 2), the demo's
   scenario and report.
-- Loopback (no root): two mrcds in this process (tests/daemons/apiharness.py), the tools as
+- Loopback (no root): two mrcds in this process (tests/support/apiharness.py), the tools as
   subprocesses on their sockets; a hand-made client proves --verify catches a bad write
   (and that a server in the middle of -a stops there, or when the next run does not come);
   -a sweeps of both tools, every size verified.
