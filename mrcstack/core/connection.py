@@ -28,8 +28,9 @@ from mrcstack.core.events import (
     PortStateChanged,
     WcStatus,
 )
-from mrcstack.core.evs import EvEntry, EvSlot, EvStatus, EvTable
+from mrcstack.core.evs import EvEntry, EvSignal, EvSlot, EvStatus, EvTable
 from mrcstack.core.memory import MemoryTable
+from mrcstack.core.reasons import EvReason, RejectReason
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.errors import ConnectionFailedError, LocalError
@@ -207,24 +208,28 @@ class Connection:
         return self._peer_ports(bits)
 
     # Path control (the controller's EV operations) ------------------------------------
-    def deny_evs(self, values: Iterable[int], *, now: float, reason: str = "controller") -> int:
+    def deny_evs(
+        self, values: Iterable[int], *, now: float, reason: EvReason = EvReason.CONTROLLER
+    ) -> int:
         """DENY EVs (OCP MODIFY_EV_STATE): out of use and never probed until allowed.
 
         EVs not in this connection's set are ignored (a profile's denylist may name paths to
         other destinations).  Returns how many EVs changed state; the adapter should
         transmit afterwards, as after any call.
         """
-        return sum(self.evs.apply(v, "deny", reason, now) for v in values)
+        return sum(self.evs.apply(v, EvSignal.DENY, reason, now) for v in values)
 
-    def allow_evs(self, values: Iterable[int], *, now: float, reason: str = "controller") -> int:
+    def allow_evs(
+        self, values: Iterable[int], *, now: float, reason: EvReason = EvReason.CONTROLLER
+    ) -> int:
         """Take EVs off the denylist: they return ASSUMED_BAD and carry data again once
         ``probe_ok_needed`` probes came back.  Returns how many EVs changed state."""
-        changed = sum(self.evs.apply(v, "allow", reason, now) for v in values)
+        changed = sum(self.evs.apply(v, EvSignal.ALLOW, reason, now) for v in values)
         if changed:
             self._schedule_probes(now)  # the probe tick stops by itself when idle
         return changed
 
-    def replace_ev(self, old: int, new: EvEntry, *, reason: str = "controller") -> None:
+    def replace_ev(self, old: int, new: EvEntry, *, reason: EvReason = EvReason.CONTROLLER) -> None:
         """OCP REPLACE_EV: ``new`` (same plane) takes ``old``'s place in the set; see
         :meth:`EvTable.replace`.  Raises :class:`LocalError` on a mismatch."""
         self.evs.replace(old, new, reason)
@@ -290,7 +295,7 @@ class Connection:
         if self.failed is not None:
             return
         if not 0 <= port < self.cfg.planes:
-            stats.count(stats.rejected, "port")
+            stats.count(stats.rejected, RejectReason.PORT)
             return
         try:
             pkt = decode(data, self.integrity)
@@ -309,15 +314,15 @@ class Connection:
             return
         stats = self.stats
         if not 0 <= port < self.cfg.planes:
-            stats.count(stats.rejected, "port")
+            stats.count(stats.rejected, RejectReason.PORT)
             return
         if pkt.qpn != self.cfg.local_qpn:
-            stats.count(stats.rejected, "qpn")
+            stats.count(stats.rejected, RejectReason.QPN)
             return
         replay = self.replay
         if replay is not None and not (type(pkt) is DataPacket and pkt.trimmed):
             if not replay.check(pkt.tx_seq):
-                stats.count(stats.rejected, "replay")
+                stats.count(stats.rejected, RejectReason.REPLAY)
                 return
             replay.update(pkt.tx_seq)
         stats.packets_received[port] += 1
@@ -490,7 +495,7 @@ class Connection:
         rr[port] += 1
         slot = self.evs.reverse_ev(port, rr[port], self._reverse_evs)
         if slot is None:
-            self.stats.count(self.stats.rejected, "no_reverse_path")
+            self.stats.count(self.stats.rejected, RejectReason.NO_REVERSE_PATH)
             return
         entry = slot.entry
         out_port = entry.port

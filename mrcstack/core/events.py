@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from mrcstack.core.reasons import EvReason
+
 
 class WcStatus(enum.Enum):
     """Work-completion status (the verbs names, shortened)."""
@@ -52,7 +54,7 @@ class EvStateChanged:
     drop_count: int
     old: EvState
     new: EvState
-    reason: str
+    reason: EvReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,14 @@ an :class:`EvStateChanged` event.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from mrcstack.core.events import EvState, EvStateChanged
+from mrcstack.core.reasons import EvReason
 from mrcstack.errors import ConfigError, LocalError
 
 GOOD, SKIP, BAD, DENIED, UNKNOWN = (
@@ -27,43 +29,74 @@ GOOD, SKIP, BAD, DENIED, UNKNOWN = (
     EvState.UNKNOWN,
 )
 
+
+class EvSignal(enum.StrEnum):
+    """What the state machine is told about an EV: the inputs of :data:`TRANSITIONS`
+    (their values are the names ``docs/ev-states.md`` shows)."""
+
+    ECN = "ecn"  # an ACK echoed a CE mark
+    TRIM = "trim"  # a trim NACK (TRIMMED; the receiver's own last hop does not count)
+    SKIP_ONCE = "skip_once"  # the receiver's SACK said m = SKIP_ONCE
+    SKIP_EXPIRED = "skip_expired"
+    LOSS = "loss"  # a silent loss on the path
+    LOSSY = "lossy"  # a loss on a path the plane cannot replace
+    TIMEOUT = "timeout"  # a retransmission timeout
+    ALWAYS_SKIP = "always_skip"  # the receiver's SACK said m = ALWAYS_SKIP
+    PROBE_LOST = "probe_lost"
+    PROBE_OK = "probe_ok"
+    ACTIVATE = "activate"
+    RETIRE = "retire"
+    DENY = "deny"
+    ALLOW = "allow"
+    REPLACE = "replace"
+
+
 #: The EV state machine: (state, signal) -> new state.  Signals not listed for a state are
 #: ignored.  UNKNOWN is a backup EV that is not in use; ``activate`` puts it in use.
-TRANSITIONS: dict[tuple[EvState, str], EvState] = {
-    (GOOD, "ecn"): SKIP,  # a mark means this path is busier than the others
-    (GOOD, "trim"): SKIP,  # a trim means congestion on this path, not breakage
-    (GOOD, "skip_once"): SKIP,  # the receiver's SACK said m = SKIP_ONCE
-    (SKIP, "skip_once"): SKIP,
-    (SKIP, "ecn"): SKIP,  # extends the skip
-    (SKIP, "trim"): SKIP,
-    (SKIP, "skip_expired"): GOOD,
-    (GOOD, "loss"): BAD,  # a silent (non-trim) loss: stop using the path at once
-    (SKIP, "loss"): BAD,
-    (GOOD, "lossy"): SKIP,  # a loss, but no backup to swap in: avoid it for a while
-    (SKIP, "lossy"): SKIP,
-    (GOOD, "timeout"): BAD,
-    (SKIP, "timeout"): BAD,
-    (GOOD, "always_skip"): BAD,  # the receiver's SACK said m = ALWAYS_SKIP
-    (SKIP, "always_skip"): BAD,
-    (GOOD, "probe_lost"): BAD,  # the only evidence an ACK-only endpoint has
-    (SKIP, "probe_lost"): BAD,
-    (BAD, "probe_ok"): GOOD,  # enough consecutive probe replies: resurrect
-    (UNKNOWN, "activate"): GOOD,  # a backup swapped in
-    (BAD, "retire"): UNKNOWN,  # resurrected but not needed: back to the backup pool
-    (GOOD, "deny"): DENIED,
-    (SKIP, "deny"): DENIED,
-    (BAD, "deny"): DENIED,
-    (UNKNOWN, "deny"): DENIED,
-    (DENIED, "allow"): BAD,  # an allowed EV must prove itself with probes first
-    (GOOD, "replace"): UNKNOWN,  # the controller put another EV in its place: it leaves
-    (SKIP, "replace"): UNKNOWN,
-    (BAD, "replace"): UNKNOWN,
-    (DENIED, "replace"): UNKNOWN,
+TRANSITIONS: dict[tuple[EvState, EvSignal], EvState] = {
+    (GOOD, EvSignal.ECN): SKIP,  # a mark means this path is busier than the others
+    (GOOD, EvSignal.TRIM): SKIP,  # a trim means congestion on this path, not breakage
+    (GOOD, EvSignal.SKIP_ONCE): SKIP,  # the receiver's SACK said m = SKIP_ONCE
+    (SKIP, EvSignal.SKIP_ONCE): SKIP,
+    (SKIP, EvSignal.ECN): SKIP,  # extends the skip
+    (SKIP, EvSignal.TRIM): SKIP,
+    (SKIP, EvSignal.SKIP_EXPIRED): GOOD,
+    (GOOD, EvSignal.LOSS): BAD,  # a silent (non-trim) loss: stop using the path at once
+    (SKIP, EvSignal.LOSS): BAD,
+    (GOOD, EvSignal.LOSSY): SKIP,  # a loss, but no backup to swap in: avoid it for a while
+    (SKIP, EvSignal.LOSSY): SKIP,
+    (GOOD, EvSignal.TIMEOUT): BAD,
+    (SKIP, EvSignal.TIMEOUT): BAD,
+    (GOOD, EvSignal.ALWAYS_SKIP): BAD,  # the receiver's SACK said m = ALWAYS_SKIP
+    (SKIP, EvSignal.ALWAYS_SKIP): BAD,
+    (GOOD, EvSignal.PROBE_LOST): BAD,  # the only evidence an ACK-only endpoint has
+    (SKIP, EvSignal.PROBE_LOST): BAD,
+    (BAD, EvSignal.PROBE_OK): GOOD,  # enough consecutive probe replies: resurrect
+    (UNKNOWN, EvSignal.ACTIVATE): GOOD,  # a backup swapped in
+    (BAD, EvSignal.RETIRE): UNKNOWN,  # resurrected but not needed: back to the backup pool
+    (GOOD, EvSignal.DENY): DENIED,
+    (SKIP, EvSignal.DENY): DENIED,
+    (BAD, EvSignal.DENY): DENIED,
+    (UNKNOWN, EvSignal.DENY): DENIED,
+    (DENIED, EvSignal.ALLOW): BAD,  # an allowed EV must prove itself with probes first
+    (GOOD, EvSignal.REPLACE): UNKNOWN,  # the controller put another EV in its place: it leaves
+    (SKIP, EvSignal.REPLACE): UNKNOWN,
+    (BAD, EvSignal.REPLACE): UNKNOWN,
+    (DENIED, EvSignal.REPLACE): UNKNOWN,
 }
 
 USABLE = (GOOD, SKIP)
 #: Signals that condemn an EV (count a drop; bounded by ev_min_active).
-DEMOTIONS = frozenset({"loss", "timeout", "probe_lost", "always_skip"})
+DEMOTIONS = frozenset({EvSignal.LOSS, EvSignal.TIMEOUT, EvSignal.PROBE_LOST, EvSignal.ALWAYS_SKIP})
+#: Signals that skip an EV a while (:meth:`EvTable.skip`), with the reason each reports.
+SKIP_REASONS: dict[EvSignal, EvReason] = {
+    EvSignal.ECN: EvReason.ECN,
+    EvSignal.TRIM: EvReason.TRIM,
+    EvSignal.SKIP_ONCE: EvReason.SKIP_ONCE,
+    EvSignal.LOSSY: EvReason.LOSSY,
+}
+#: Congestion signals: one for an EV already skipped only extends its skip (no change).
+_CONGESTION = frozenset({EvSignal.ECN, EvSignal.TRIM, EvSignal.SKIP_ONCE})
 EV_MAX = 0xFFFFFFFF  # EVs travel in a 32-bit field
 #: One in this many of a plane's EVs is held back as a backup (at least one per plane that
 #: lists two or more), so an EV found bad is replaced from the same plane.
@@ -245,7 +278,7 @@ class EvTable:
         #: Per plane, how many EVs are in use at a time (the rest are its backups).
         self.in_use_target = [in_use_for(len(p), requested) for p in self.by_plane]
         for value in denied:
-            self.apply(value, "deny", "denylist")
+            self.apply(value, EvSignal.DENY, EvReason.DENYLIST)
         for port, plane_slots in enumerate(self.by_plane):
             for slot in plane_slots:
                 if self._in_use_count(port) >= self.in_use_target[port]:
@@ -259,8 +292,8 @@ class EvTable:
     def apply(
         self,
         value: int,
-        signal: str,
-        reason: str,
+        signal: EvSignal,
+        reason: EvReason,
         now: float = 0.0,
         *,
         skip_until: float | None = None,
@@ -273,26 +306,30 @@ class EvTable:
         Demoting would shrink the plane's spray set until probes bring the path back, and
         under random loss every path of the plane would go.  A path that went silent (RACK's
         losses with no reply on it, an RTO, lost probes) is demoted all the same.
+
+        Raises :class:`LocalError` for a signal or reason that is not an :class:`EvSignal`
+        or :class:`EvReason` (a bare string would never match the table).
         """
+        _check_signal(signal, reason)
         slot = self.slots.get(value)
         if slot is None:
             return False
         port = slot.entry.port
-        if signal == "probe_ok" and self._in_use_count(port) >= self.in_use_target[port]:
-            signal = "retire"  # healthy again, but the plane has its EVs: keep as backup
+        if signal is EvSignal.PROBE_OK and self._in_use_count(port) >= self.in_use_target[port]:
+            signal = EvSignal.RETIRE  # healthy again, but the plane has its EVs: keep as backup
         new = TRANSITIONS.get((slot.state, signal))
         if new is None:
             return False
         if signal in DEMOTIONS:
             slot.drop_count += 1
             if slot.in_use and not self._has_backup(port):
-                if signal == "loss" and skip_until is not None:
+                if signal is EvSignal.LOSS and skip_until is not None:
                     was = slot.state
-                    self.skip(value, skip_until, "lossy")
+                    self.skip(value, skip_until, EvSignal.LOSSY)
                     return slot.state is not was
                 if self.good_count() - 1 < self.ev_min_active:
                     return False  # ev_min_active: never demote below this many good EVs
-        if signal in ("ecn", "trim", "skip_once") and new is SKIP and slot.state is SKIP:
+        if signal in _CONGESTION and new is SKIP and slot.state is SKIP:
             return False  # the caller extends skip_until; no state change
         self._set(slot, new, reason)
         if new in (BAD, DENIED) and slot.in_use:
@@ -304,14 +341,16 @@ class EvTable:
         self._refresh_in_use()
         return True
 
-    def replace(self, old: int, new: EvEntry, reason: str) -> None:
+    def replace(self, old: int, new: EvEntry, reason: EvReason) -> None:
         """OCP REPLACE_EV: ``new`` takes the place of ``old`` in the set, on the same plane.
 
         ``old`` leaves (its state goes to UNKNOWN, reported); ``new`` starts as a backup,
         and if ``old`` was in use a backup of the plane (``new`` itself when it comes first)
         takes over at once.  Raises :class:`LocalError` when ``old`` is not in the set,
-        ``new`` already is, or ``new`` is on another plane (planes keep their EV counts).
+        ``new`` already is, or ``new`` is on another plane (planes keep their EV counts),
+        and for a reason that is not an :class:`EvReason`.
         """
+        _check_signal(EvSignal.REPLACE, reason)
         slot = self.slots.get(old)
         if slot is None:
             raise LocalError(f"EV {old:#x} is not in this EV set")
@@ -325,7 +364,7 @@ class EvTable:
         check_entries((new,), self.planes)
         was_in_use = slot.in_use
         if slot.state is not UNKNOWN:
-            self._set(slot, TRANSITIONS[(slot.state, "replace")], reason)
+            self._set(slot, TRANSITIONS[(slot.state, EvSignal.REPLACE)], reason)
         slot.in_use = False
         del self.slots[old]
         fresh = EvSlot(new, UNKNOWN)
@@ -336,16 +375,20 @@ class EvTable:
             self._replace(port)
         self._refresh_in_use()
 
-    def skip(self, value: int, until: float, reason: str) -> None:
-        """ECN echo, trim or the receiver's SKIP_ONCE: skip the EV until ``until`` (GOOD ->
-        SKIP, SKIP extended)."""
+    def skip(self, value: int, until: float, signal: EvSignal) -> None:
+        """ECN echo, trim or the receiver's SKIP_ONCE (or a loss the plane cannot replace):
+        skip the EV until ``until`` (GOOD -> SKIP, SKIP extended).  Raises
+        :class:`LocalError` for a signal that is not one of :data:`SKIP_REASONS`."""
+        reason = SKIP_REASONS.get(signal)
+        if reason is None:
+            raise LocalError(f"{signal!r} is not a signal that skips an EV")
         slot = self.slots.get(value)
         if slot is None or slot.state not in USABLE:
             return
         slot.skip_until = max(slot.skip_until, until)
         self.next_skip_expiry = min(self.next_skip_expiry, slot.skip_until)
         if slot.state is GOOD:
-            self._set(slot, TRANSITIONS[(GOOD, reason)], reason)
+            self._set(slot, TRANSITIONS[(GOOD, signal)], reason)
 
     def expire_skips(self, now: float) -> None:
         """Return SKIP EVs whose time is up to GOOD; cheap when nothing is due."""
@@ -355,7 +398,9 @@ class EvTable:
         for slot in self.slots.values():
             if slot.state is SKIP:
                 if slot.skip_until <= now:
-                    self._set(slot, TRANSITIONS[(SKIP, "skip_expired")], "skip_expired")
+                    self._set(
+                        slot, TRANSITIONS[(SKIP, EvSignal.SKIP_EXPIRED)], EvReason.SKIP_EXPIRED
+                    )
                 else:
                     nxt = min(nxt, slot.skip_until)
         self.next_skip_expiry = nxt
@@ -372,12 +417,12 @@ class EvTable:
             slot.probe_fails = 0
             slot.probe_oks += 1
             if slot.state is BAD and slot.probe_oks >= needed_ok:
-                self.apply(value, "probe_ok", "probes_ok", now)
+                self.apply(value, EvSignal.PROBE_OK, EvReason.PROBES_OK, now)
         else:
             slot.probe_oks = 0
             slot.probe_fails += 1
             if slot.state in USABLE and slot.probe_fails >= needed_fail:
-                self.apply(value, "probe_lost", "probes_lost", now)
+                self.apply(value, EvSignal.PROBE_LOST, EvReason.PROBES_LOST, now)
 
     def set_port(self, port: int, up: bool, *, remote: bool) -> bool:
         """A plane went down/up locally or at the peer; return True if usability changed."""
@@ -388,7 +433,7 @@ class EvTable:
         self._refresh_in_use()
         return True
 
-    def _set(self, slot: EvSlot, new: EvState, reason: str) -> None:
+    def _set(self, slot: EvSlot, new: EvState, reason: EvReason) -> None:
         old = slot.state
         if old is new:
             return
@@ -405,9 +450,9 @@ class EvTable:
             )
         )
 
-    def _activate(self, slot: EvSlot, reason: str) -> None:
+    def _activate(self, slot: EvSlot, reason: EvReason) -> None:
         slot.in_use = True
-        self._set(slot, TRANSITIONS[(UNKNOWN, "activate")], reason)
+        self._set(slot, TRANSITIONS[(UNKNOWN, EvSignal.ACTIVATE)], reason)
 
     def _replace(self, port: int) -> None:
         """Swap in a backup EV from the same plane (MRC keeps planes equally provisioned)."""
@@ -415,7 +460,7 @@ class EvTable:
             if self._in_use_count(port) >= self.in_use_target[port]:
                 return
             if not slot.in_use and slot.state is UNKNOWN:
-                self._activate(slot, "backup")
+                self._activate(slot, EvReason.BACKUP)
 
     def _has_backup(self, port: int) -> bool:
         return any(not s.in_use and s.state is UNKNOWN for s in self.by_plane[port])
@@ -540,5 +585,13 @@ def transitions_markdown() -> str:
     """The state table as Markdown; ``docs/ev-states.md`` embeds it (a test keeps them equal)."""
     lines = ["| state | signal | new state |", "|---|---|---|"]
     for (state, signal), new in TRANSITIONS.items():
-        lines.append(f"| {state.name} | `{signal}` | {new.name} |")
+        lines.append(f"| {state.name} | `{signal.value}` | {new.name} |")
     return "\n".join(lines) + "\n"
+
+
+def _check_signal(signal: EvSignal, reason: EvReason) -> None:
+    """An unknown signal or reason fails loudly: it would otherwise be ignored."""
+    if type(signal) is not EvSignal:
+        raise LocalError(f"unknown EV signal {signal!r}: not an EvSignal")
+    if type(reason) is not EvReason:
+        raise LocalError(f"unknown EV state change reason {reason!r}: not an EvReason")

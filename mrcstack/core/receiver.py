@@ -14,6 +14,7 @@ from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, WriteImmReceived
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import HALF
+from mrcstack.core.reasons import RejectReason
 from mrcstack.errors import AccessError
 from mrcstack.wire.packets import PSN_MASK, PSN_MOD, DataFlags, DataPacket, NackReason, SkipHint
 
@@ -108,7 +109,7 @@ class Receiver:
                 return None
             return self._feedback(pkt, seq, ecn, 0, port, dup=True)
         if delta >= self.cfg.max_window:
-            self.stats.count(self.stats.rejected, "psn_window")
+            self.stats.count(self.stats.rejected, RejectReason.PSN_WINDOW)
             return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW, port)
         if self.roce and delta:
             if self.nak_sent_at == nxt:
@@ -120,7 +121,7 @@ class Receiver:
         try:
             target = self.memory.target(pkt.rkey, pkt.va, size)
         except AccessError:
-            self.stats.count(self.stats.rejected, "rkey")
+            self.stats.count(self.stats.rejected, RejectReason.RKEY)
             return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS, port)
         target[:] = payload
         self.stats.data_bytes_placed += size

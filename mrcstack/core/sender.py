@@ -18,8 +18,9 @@ from collections.abc import Callable
 from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, SendCompleted, WcStatus
-from mrcstack.core.evs import EvSlot, EvTable
+from mrcstack.core.evs import EvSignal, EvSlot, EvTable
 from mrcstack.core.psn import HALF, to_psn, unwrap
+from mrcstack.core.reasons import NACK_NAMES, EvReason, RetxReason
 from mrcstack.wire.codec import DATA_HDR_LEN, DATA_IMM_HDR_LEN
 from mrcstack.wire.packets import (
     PSN_MASK,
@@ -58,6 +59,11 @@ _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _ALWAYS_SKIP = int(SkipHint.ALWAYS_SKIP)
 _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 _DUPLICATE = int(FeedbackFlags.DUPLICATE)
+# Enum members as module constants: a class attribute lookup costs more, once per ACK.
+_TLP = RetxReason.TLP
+_TIMEOUT = RetxReason.TIMEOUT
+_ECN_SIGNAL = EvSignal.ECN
+_SKIP_ONCE_SIGNAL = EvSignal.SKIP_ONCE
 #: RFC 6298 smoothing gains.
 RTT_ALPHA = 1 / 8
 RTT_BETA = 1 / 4
@@ -172,7 +178,7 @@ class Sender:
         self.ev_fifo: dict[int, deque[Tx]] = {}
         self.rto_heap: list[tuple[float, int, Tx]] = []
         self._heap_tie = 0
-        self.retx: deque[tuple[Tx, str]] = deque()
+        self.retx: deque[tuple[Tx, RetxReason]] = deque()
         self.sent_fifo: deque[Tx] = deque()  # every transmission, in send order (RACK)
         # Per plane (planes are separate networks, each with its own last-hop queue, so a
         # packet is never judged by another plane's deliveries): the latest send time of an
@@ -311,7 +317,7 @@ class Sender:
                 retx.appendleft((tx, reason))
                 return out
             self.stats.count(self.stats.retransmissions, reason)  # counted when resent
-            if reason == "tlp":
+            if reason is _TLP:
                 self.tlp_sent = (tx.seq, sent[0].ev)
             out.append(sent)
         seq = self.next_seq
@@ -378,7 +384,7 @@ class Sender:
         if newest is None:
             return
         self.tlp_out = True
-        self._lose(newest, "tlp")
+        self._lose(newest, _TLP)
 
     def _send(
         self,
@@ -472,14 +478,14 @@ class Sender:
         pkt.msn = wr.msn
         return pkt, length
 
-    def _lose(self, tx: Tx, reason: str) -> None:
+    def _lose(self, tx: Tx, reason: RetxReason) -> None:
         """Declare a transmission lost and queue its packet for retransmission."""
         if tx.acked or tx.lost or self.txs.get(tx.seq) is not tx:
             return
         tx.lost = True
         self.in_flight -= tx.size
         self.retx.append((tx, reason))
-        if reason == "timeout":
+        if reason is _TIMEOUT:
             rto_lost = self._rto_lost
             rto_lost[tx.seq] = None
             if len(rto_lost) > RTO_MEMORY:
@@ -534,10 +540,10 @@ class Sender:
                 self.stats.ecn_echoes += 1
             skip = ack.skip
             if (ecn or skip == _SKIP_ONCE) and self.srtt is not None:
-                reason = "ecn" if ecn else "skip_once"
-                self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, reason)
+                signal = _ECN_SIGNAL if ecn else _SKIP_ONCE_SIGNAL
+                self.evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * self.srtt, signal)
             elif skip == _ALWAYS_SKIP:
-                self.evs.apply(echo_tx.ev, "always_skip", "always_skip", now)
+                self.evs.apply(echo_tx.ev, EvSignal.ALWAYS_SKIP, EvReason.ALWAYS_SKIP, now)
         delta = (ack.cum_psn - snd_una) & PSN_MASK  # unwrap(), inline
         if delta >= HALF:
             delta -= PSN_MOD
@@ -606,7 +612,7 @@ class Sender:
             slot.condemned_seq = -1
             slot.last_evidence = now
             slot.silent_losses = 0
-            self.evs.apply(ev, "probe_ok", "late_arrival", now)
+            self.evs.apply(ev, EvSignal.PROBE_OK, EvReason.LATE_ARRIVAL, now)
 
     def _acked(
         self, seq: int, rtt: float | None, ecn: bool, now: float, echo_tx: Tx | None
@@ -650,9 +656,9 @@ class Sender:
                 continue  # it arrived after all (perhaps by another transmission), or its
                 # header did: a trim is congestion, and the trim NACK already resent it
             if current is tx and not tx.lost:
-                self._lose(tx, "sack")
+                self._lose(tx, RetxReason.SACK)
             skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
-            self.evs.apply(tx.ev, "loss", "sack_loss", now, skip_until=skip_until)
+            self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
 
     def _congested(self, slot: EvSlot, last_hop: bool, now: float) -> None:
         """A queue on this path (on every path of its plane, for the receiver's last hop)
@@ -733,7 +739,7 @@ class Sender:
                 fifo.popleft()
             else:
                 del fifo[index]
-            self._lose(tx, "rack")
+            self._lose(tx, RetxReason.RACK)
             slot = tx.slot
             if slot.last_evidence < tx.sent:
                 # Nothing on this EV came back since: a second such loss in a row
@@ -745,12 +751,12 @@ class Sender:
                     slot.last_evidence >= 0 or now - slot.first_sent >= self.rto(0)
                 ):
                     slot.silent_losses = 0
-                    if self.evs.apply(tx.ev, "loss", "rack_loss"):
+                    if self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.RACK_LOSS):
                         slot.condemned_seq = tx.seq
 
     def _on_nack(self, ack: AckPacket, seq: int, now: float) -> None:
         reason = ack.nack_reason
-        name = _NACK_NAMES.get(reason, "other")
+        name = NACK_NAMES.get(reason, "other")
         self.stats.count(self.stats.nacks_received, name)
         if reason == NackReason.REMOTE_ACCESS:
             tx = self.txs.get(seq)
@@ -762,7 +768,7 @@ class Sender:
                 )
             return
         if reason == NackReason.SEQ_ERROR or (self.roce and reason in _RETRY_NACKS):
-            self._go_back(unwrap(ack.cum_psn, self.snd_una) + 1, "nack")
+            self._go_back(unwrap(ack.cum_psn, self.snd_una) + 1, RetxReason.NACK)
             return
         tx = self.txs.get(seq)
         if tx is None or tx.ev != ack.echo_ev:
@@ -771,13 +777,13 @@ class Sender:
             self.cc.on_trim(now)
             if reason == NackReason.TRIMMED and self.srtt is not None:
                 # Congestion on this path (not the receiver's last hop): skip it a while.
-                self.evs.skip(tx.ev, now + self.cfg.skip_rtts * self.srtt, "trim")
+                self.evs.skip(tx.ev, now + self.cfg.skip_rtts * self.srtt, EvSignal.TRIM)
             tx.trimmed = True
-            self._lose(tx, "trim")
+            self._lose(tx, RetxReason.TRIM)
         elif reason in _RETRY_NACKS:
-            self._lose(tx, "nack")
+            self._lose(tx, RetxReason.NACK)
 
-    def _go_back(self, from_seq: int, reason: str) -> None:
+    def _go_back(self, from_seq: int, reason: RetxReason) -> None:
         """RoCE-like recovery: resend everything from ``from_seq`` in order."""
         for seq in range(max(from_seq, self.snd_una), self.next_seq):
             tx = self.txs.get(seq)
@@ -856,17 +862,17 @@ class Sender:
                 return
             self.cc.on_timeout(now)
             if self.roce:
-                self._go_back(tx.seq, "timeout")
+                self._go_back(tx.seq, _TIMEOUT)
                 continue
-            self._lose(tx, "timeout")
-            if self.evs.apply(tx.ev, "timeout", "rto", now):
+            self._lose(tx, _TIMEOUT)
+            if self.evs.apply(tx.ev, EvSignal.TIMEOUT, EvReason.RTO, now):
                 tx.slot.condemned_seq = tx.seq
             # The path is black-holed: everything else in flight on it is gone too.
             for other in self.ev_fifo.pop(tx.ev, ()):
                 other.queued = False
                 if other is not tx and not other.acked and not other.lost:
                     other.timeouts = max(other.timeouts, tx.timeouts - 1)
-                    self._lose(other, "timeout")
+                    self._lose(other, _TIMEOUT)
 
     def port_lost(self, port: int) -> None:
         """A plane went down: whatever is in flight on it will never arrive."""
@@ -874,7 +880,7 @@ class Sender:
             if fifo and fifo[0].slot.entry.port == port:  # (an EV replaced since, too)
                 for tx in fifo:
                     tx.queued = False
-                    self._lose(tx, "port")
+                    self._lose(tx, RetxReason.PORT)
                 del self.ev_fifo[ev]
 
     # Completions ----------------------------------------------------------------------
@@ -901,7 +907,6 @@ class Sender:
         self._end_stall()
 
 
-_NACK_NAMES = {r.value: r.name.lower() for r in NackReason}
 _TRIMS = frozenset({NackReason.TRIMMED, NackReason.TRIMMED_LASTHOP})
 _RETRY_NACKS = frozenset(
     {

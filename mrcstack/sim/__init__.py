@@ -41,7 +41,7 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
     arrival_fraction   float           bytes of flows whose last immediate arrived * 8 /
                                        arrival_time_s / capacity_bps: goodput as the
                                        receivers see it, without the last ACK's way back
-    retransmissions    {reason: int}   summed over all connections (core's reason names)
+    retransmissions    {reason: int}   summed over all connections (core.reasons.RetxReason)
     spurious_retransmissions  int      packets declared lost and resent that the
                                        receiver already had
     tlp_unneeded       int             tail-loss probes that found the tail had arrived

@@ -9,7 +9,8 @@ import pytest
 
 from mrcstack.core.connection import Datagram
 from mrcstack.core.events import EvState, EvStateChanged, SendCompleted, WcStatus
-from mrcstack.core.evs import EvEntry, EvStatus
+from mrcstack.core.evs import EvEntry, EvSignal, EvStatus
+from mrcstack.core.reasons import EvReason
 from mrcstack.errors import LocalError
 from mrcstack.wire import WRITE_OPCODES
 from tests.support.pairnet import LinkFaults, PairNet
@@ -66,11 +67,11 @@ def test_deny_and_allow_at_runtime() -> None:
     transfer(net, 256 * 400)
     assert not {ev for _, ev in log} & set(denied)
     # Allowed EVs come back ASSUMED_BAD and must pass probes before they carry data again.
-    assert sender.allow_evs(denied, now=net.now, reason="operator") == 2
+    assert sender.allow_evs(denied, now=net.now, reason=EvReason.DENYLIST) == 2
     assert all(sender.evs.state(v) is EvState.ASSUMED_BAD for v in denied)
     transfer(net, 256 * 2000, wr_id=2)
     assert changes(net, 0x000)[1:] == [
-        (EvState.DENIED, EvState.ASSUMED_BAD, "operator"),
+        (EvState.DENIED, EvState.ASSUMED_BAD, "denylist"),
         (EvState.ASSUMED_BAD, EvState.UNKNOWN, "probes_ok"),  # healthy: back to the backups
     ]
 
@@ -82,9 +83,9 @@ def test_replace_an_ev_in_use() -> None:
     transfer(net, 256 * 100)
     assert {ev for _, ev in log} == {0x000, 0x100}
     replaced_at = net.now
-    sender.replace_ev(0x000, EvEntry(0x0AB, 0), reason="operator")
+    sender.replace_ev(0x000, EvEntry(0x0AB, 0))
     net.kick()
-    assert changes(net, 0x000) == [(EvState.GOOD, EvState.UNKNOWN, "operator")]
+    assert changes(net, 0x000) == [(EvState.GOOD, EvState.UNKNOWN, "controller")]
     assert [(s.value, s.state, s.in_use) for s in sender.ev_states()][:2] == [
         (0x0AB, EvState.GOOD, True),  # the new EV took the old one's place, in use at once
         (0x001, EvState.UNKNOWN, False),  # the plane's backup stays a backup
@@ -99,6 +100,8 @@ def test_replace_an_ev_in_use() -> None:
         sender.replace_ev(0x0AB, EvEntry(0x1AB, 1))
     with pytest.raises(LocalError, match="32-bit"):
         sender.replace_ev(0x0AB, EvEntry(1 << 32, 0))
+    with pytest.raises(LocalError, match="not an EvReason"):
+        sender.replace_ev(0x0AB, EvEntry(0x0AC, 0), reason="operator")  # type: ignore[arg-type]
 
 
 def test_replace_a_backup_keeps_it_a_backup() -> None:
@@ -117,10 +120,10 @@ def test_ev_min_active_changes_online() -> None:
         sender.set_ev_min_active(-1)
     sender.set_ev_min_active(2)
     assert sender.ev_min_active == 2
-    assert sender.evs.apply(0x000, "timeout", "rto")  # the backup replaces it
-    assert not sender.evs.apply(0x001, "timeout", "rto")  # would leave one usable EV
+    assert sender.evs.apply(0x000, EvSignal.TIMEOUT, EvReason.RTO)  # the backup replaces it
+    assert not sender.evs.apply(0x001, EvSignal.TIMEOUT, EvReason.RTO)  # would leave one usable EV
     sender.set_ev_min_active(1)
-    assert sender.evs.apply(0x001, "timeout", "rto")
+    assert sender.evs.apply(0x001, EvSignal.TIMEOUT, EvReason.RTO)
 
 
 def test_rtt_samples_reach_the_callback() -> None:

@@ -11,12 +11,15 @@ from mrcstack.core.evs import (
     TRANSITIONS,
     EvEntry,
     EvField,
+    EvSignal,
     EvTable,
     generate_evs,
     in_use_for,
     listed_for,
     transitions_markdown,
 )
+from mrcstack.core.reasons import EvReason
+from mrcstack.errors import LocalError
 from tests.support import REPO
 
 ROOT = REPO
@@ -62,7 +65,7 @@ def test_spraying_alternates_planes_and_avoids_lost_ev() -> None:
 
 def test_loss_replaces_with_backup_from_same_plane_and_emits_events() -> None:
     t, events = table(planes=2, per_plane=3, ev_count=4)
-    assert t.apply(0x100, "loss", "sack_loss")
+    assert t.apply(0x100, EvSignal.LOSS, EvReason.SACK_LOSS)
     assert t.state(0x100) is EvState.ASSUMED_BAD
     assert (events[0].ev, events[0].new, events[0].drop_count) == (0x100, EvState.ASSUMED_BAD, 1)
     assert events[1].old is EvState.UNKNOWN and events[1].new is EvState.GOOD
@@ -86,22 +89,22 @@ def test_a_loss_without_a_backup_skips_the_ev_instead_of_demoting_it() -> None:
     the plane has one; without one, the EV is skipped for a while: the path still delivers,
     and demoting it would only shrink the plane's spray set."""
     t, events = table(planes=1, per_plane=4)  # 3 in use, 1 backup
-    assert t.apply(0x000, "loss", "sack_loss", 1.0, skip_until=2.0)
+    assert t.apply(0x000, EvSignal.LOSS, EvReason.SACK_LOSS, 1.0, skip_until=2.0)
     assert t.state(0x000) is EvState.ASSUMED_BAD and t.state(0x003) is EvState.GOOD
-    assert t.apply(0x001, "loss", "sack_loss", 1.0, skip_until=2.0)  # no backup left
+    assert t.apply(0x001, EvSignal.LOSS, EvReason.SACK_LOSS, 1.0, skip_until=2.0)  # no backup left
     assert t.state(0x001) is EvState.SKIP and t.slots[0x001].in_use
     assert t.slots[0x001].drop_count == 1 and events[-1].reason == "lossy"
     t.expire_skips(2.0)
     assert t.state(0x001) is EvState.GOOD
-    assert t.apply(0x001, "timeout", "rto")  # silence still condemns it
+    assert t.apply(0x001, EvSignal.TIMEOUT, EvReason.RTO)  # silence still condemns it
     assert t.state(0x001) is EvState.ASSUMED_BAD
 
 
 def test_ecn_and_trim_skip_then_expire() -> None:
     t, events = table()
-    t.skip(0x001, until=5.0, reason="ecn")
+    t.skip(0x001, until=5.0, signal=EvSignal.ECN)
     assert t.state(0x001) is EvState.SKIP
-    t.skip(0x001, until=7.0, reason="trim")  # extends, no new event
+    t.skip(0x001, until=7.0, signal=EvSignal.TRIM)  # extends, no new event
     assert len(events) == 1
     t.expire_skips(6.0)
     assert t.state(0x001) is EvState.SKIP
@@ -111,8 +114,8 @@ def test_ecn_and_trim_skip_then_expire() -> None:
 
 def test_ev_min_active_bounds_demotion() -> None:
     t, _ = table(planes=1, per_plane=3, ev_min_active=2)
-    assert t.apply(0x000, "loss", "x")
-    assert not t.apply(0x001, "loss", "x")  # would leave only one good EV
+    assert t.apply(0x000, EvSignal.LOSS, EvReason.SACK_LOSS)
+    assert not t.apply(0x001, EvSignal.LOSS, EvReason.SACK_LOSS)  # would leave only one good EV
     assert t.state(0x001) is EvState.GOOD
     assert t.slots[0x001].drop_count == 1
 
@@ -123,19 +126,19 @@ def test_ev_min_active_counts_only_evs_of_planes_that_are_up() -> None:
     t, _ = table(planes=2, per_plane=1, ev_min_active=1)
     t.set_port(1, False, remote=False)
     assert t.good_count() == 1
-    assert not t.apply(0x000, "timeout", "rto")
+    assert not t.apply(0x000, EvSignal.TIMEOUT, EvReason.RTO)
     assert t.state(0x000) is EvState.GOOD and t.next_ev() is not None
     t.set_port(1, True, remote=False)
-    assert t.apply(0x000, "timeout", "rto")  # plane 1 carries traffic again
+    assert t.apply(0x000, EvSignal.TIMEOUT, EvReason.RTO)  # plane 1 carries traffic again
 
 
 def test_probes_resurrect_and_retire_to_backup_when_plane_is_full() -> None:
     t, _ = table(planes=1, per_plane=3, ev_count=2)
-    t.apply(0x000, "timeout", "rto")  # 0x002 swapped in
+    t.apply(0x000, EvSignal.TIMEOUT, EvReason.RTO)  # 0x002 swapped in
     for i in range(3):
         t.probe_result(0x000, True, float(i), needed_ok=3, needed_fail=2)
     assert t.state(0x000) is EvState.UNKNOWN  # healthy again, kept as a backup
-    t.apply(0x001, "loss", "x")  # now 0x000 is swapped back in
+    t.apply(0x001, EvSignal.LOSS, EvReason.SACK_LOSS)  # now 0x000 is swapped back in
     assert t.state(0x000) is EvState.GOOD and t.slots[0x000].in_use
 
 
@@ -145,8 +148,23 @@ def test_deny_and_allow() -> None:
     for _ in range(5):
         slot = t.next_ev()
         assert slot is not None and slot.entry.value == 0x000
-    assert t.apply(0x001, "allow", "operator")
+    assert t.apply(0x001, EvSignal.ALLOW, EvReason.CONTROLLER)
     assert t.state(0x001) is EvState.ASSUMED_BAD  # must prove itself with probes
+
+
+def test_an_unknown_signal_or_reason_fails_loudly() -> None:
+    """A signal the table does not know is an error, not a signal ignored for that state."""
+    t, events = table(planes=1, per_plane=2)
+    with pytest.raises(LocalError, match="unknown EV signal"):
+        t.apply(0x000, "loss", EvReason.SACK_LOSS)  # type: ignore[arg-type]
+    with pytest.raises(LocalError, match="unknown EV signal"):
+        t.apply(0x7777, "los", EvReason.SACK_LOSS)  # type: ignore[arg-type]
+    with pytest.raises(LocalError, match="not an EvReason"):
+        t.apply(0x000, EvSignal.DENY, "operator")  # type: ignore[arg-type]
+    with pytest.raises(LocalError, match="not a signal that skips"):
+        t.skip(0x000, until=1.0, signal=EvSignal.LOSS)
+    assert t.state(0x000) is EvState.GOOD and events == []
+    assert not t.apply(0x000, EvSignal.ALLOW, EvReason.CONTROLLER)  # known, not for GOOD
 
 
 def test_plane_down_takes_its_evs_out_and_back() -> None:
@@ -162,21 +180,31 @@ def test_plane_down_takes_its_evs_out_and_back() -> None:
     st.lists(
         st.tuples(
             st.integers(0, 7),
-            st.sampled_from(["ecn", "trim", "loss", "timeout", "probe_ok", "deny", "allow"]),
+            st.sampled_from(
+                [
+                    EvSignal.ECN,
+                    EvSignal.TRIM,
+                    EvSignal.LOSS,
+                    EvSignal.TIMEOUT,
+                    EvSignal.PROBE_OK,
+                    EvSignal.DENY,
+                    EvSignal.ALLOW,
+                ]
+            ),
         ),
         max_size=60,
     )
 )
-def test_random_signals_keep_invariants(ops: list[tuple[int, str]]) -> None:
+def test_random_signals_keep_invariants(ops: list[tuple[int, EvSignal]]) -> None:
     t, events = table(planes=2, per_plane=4, ev_count=4, ev_min_active=1)
     for i, (idx, signal) in enumerate(ops):
         value = (idx // 4) << 8 | idx % 4
-        if signal in ("ecn", "trim"):
-            t.skip(value, until=float(i), reason=signal)
-        elif signal == "probe_ok":
+        if signal in (EvSignal.ECN, EvSignal.TRIM):
+            t.skip(value, until=float(i), signal=signal)
+        elif signal is EvSignal.PROBE_OK:
             t.probe_result(value, True, float(i), needed_ok=1, needed_fail=1)
         else:
-            t.apply(value, signal, "test", float(i))
+            t.apply(value, signal, EvReason.CONTROLLER, float(i))
         t.expire_skips(float(i))
         for port in range(2):
             assert sum(1 for s in t.by_plane[port] if s.in_use) <= t.in_use_target[port]
@@ -199,7 +227,7 @@ def test_a_plane_of_skip_evs_still_rotates_over_all_of_them() -> None:
     t, _ = table(planes=2, per_plane=4, ev_count=8)
     plane0 = [s.entry.value for s in t.by_plane[0] if s.in_use]
     for value in plane0:
-        t.skip(value, until=10.0, reason="ecn")
+        t.skip(value, until=10.0, signal=EvSignal.ECN)
     picks = [t.next_ev() for _ in range(16)]
     on_plane0 = [p.entry.value for p in picks if p is not None and p.entry.port == 0]
     assert len(on_plane0) == 8  # planes still alternate

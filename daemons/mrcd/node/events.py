@@ -19,6 +19,7 @@ from mrcstack.core.events import (
     SendCompleted,
     WcStatus,
 )
+from mrcstack.core.reasons import EvReason
 from mrcstack.daemons.mrcd.datapath.transport import clock
 from mrcstack.daemons.mrcd.node.qps import Qp, QpState
 from mrcstack.daemons.mrcd.node.snapshot import Buckets
@@ -50,7 +51,7 @@ class EventFanout:
         qp = self.qps.get(qpn)
         if type(event) is EvStateChanged:
             if event.new is EvState.ASSUMED_BAD:
-                if event.reason == "rto" and qp is not None:
+                if event.reason is EvReason.RTO and qp is not None:
                     self.path_timed_out(qp.remote_host)
                 log.warning(
                     "event=path_failed qpn=%d ev=%#x plane=%d drops=%d reason=%s",

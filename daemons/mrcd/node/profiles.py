@@ -24,6 +24,7 @@ from mrcstack.api.limits import U32, U64
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.events import EvState
 from mrcstack.core.evs import EvEntry, EvField, generate_evs
+from mrcstack.core.reasons import EvReason
 from mrcstack.daemons.mrcd import apiargs as a
 from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
 from mrcstack.daemons.mrcd.node.qps import Qp, QpAttrs
@@ -61,7 +62,7 @@ EV_FORMAT_FIELDS = (
     ("plane", addrplan.EV_PLANE_BITS),
     ("entropy", addrplan.EV_ENTROPY_BITS),
 )
-REASON = "controller"
+REASON = EvReason.CONTROLLER
 #: The EV format profiles, by the id an EV profile names (``fmt_profile_id``).
 FORMATS_BY_ID = {0: EvFormat.SRV6, 1: EvFormat.SRV6_SRH, 2: EvFormat.STEV}
 FORMAT_IDS = {fmt: ident for ident, fmt in FORMATS_BY_ID.items()}

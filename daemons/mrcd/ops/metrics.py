@@ -32,27 +32,23 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from mrcstack.core.events import EvState
+from mrcstack.core.reasons import NACK_NAMES, RejectReason, RetxReason
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
 from mrcstack.daemons.mrcd.datapath.probes import REASONS as PROBE_REASONS
 from mrcstack.daemons.mrcd.node.peers import SIGNALS as PEER_SIGNALS
 from mrcstack.daemons.mrcd.node.snapshot import HistogramSnapshot, NodeSnapshot
-from mrcstack.wire import DecodeReason, NackReason
+from mrcstack.wire import DecodeReason
 
 log = logging.getLogger("mrcd.metrics")
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
 #: Reasons always exported (as 0 until they happen) so ``rate()`` works from the start.
-RETRANSMIT_REASONS = ("timeout", "nack", "trim", "sack", "rack", "tlp", "port")
-NACK_REASONS = tuple(r.name.lower() for r in NackReason)
+RETRANSMIT_REASONS = tuple(r.value for r in RetxReason)
+NACK_REASONS = tuple(NACK_NAMES.values())
 REJECT_REASONS = (
     *(r.name.lower() for r in DecodeReason),  # the core counts DecodeReason names
-    "port",
-    "qpn",
-    "replay",
-    "rkey",
-    "psn_window",
-    "no_reverse_path",
+    *(r.value for r in RejectReason),
     "unknown_qpn",  # transport: no QP with that number
     "malformed",  # transport: not even a BTH
     *PROBE_REASONS,  # QPN 0: refused EV probes (daemons/mrcd/datapath/probes.py)
