@@ -33,6 +33,7 @@ from mrcstack.core.memory import MemoryTable
 from mrcstack.core.reasons import EvReason, RejectReason
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
+from mrcstack.core.tx import U64, Outgoing, new_record
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     MPR_UNIT,
@@ -65,9 +66,6 @@ _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _SKIP_NONE = int(SkipHint.NONE)
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
-U64 = (1 << 64) - 1
-#: ``object.__new__``: a slotted record made without its constructor (stores follow).
-_new = object.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +75,6 @@ class Datagram:
     data: bytes
     port: int
     ev: int
-
-
-#: A packet to send and the length of its datagram once encoded (``packets_to_send``).  It
-#: goes out on NIC port ``packet.port``, to the path that EV ``packet.ev`` names.
-Outgoing = tuple[Packet, int]
 
 
 class Connection:
@@ -502,7 +495,7 @@ class Connection:
         self._tx_seq += 1
         # AckPacket(...), its fields stored one by one: a dataclass's constructor call
         # costs more than its stores, once per data packet received.
-        ack = _new(AckPacket)
+        ack = new_record(AckPacket)
         ack.qpn = self._remote_qpn
         ack.cum_psn = cum_psn
         ack.msn = msn

@@ -21,6 +21,7 @@ from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.evs import EvSignal, EvSlot, EvTable
 from mrcstack.core.psn import HALF, to_psn, unwrap
 from mrcstack.core.reasons import NACK_NAMES, EvReason, RetxReason
+from mrcstack.core.tx import U64, Outgoing, Tx, WorkRequest, new_record
 from mrcstack.wire.codec import DATA_HDR_LEN, DATA_IMM_HDR_LEN
 from mrcstack.wire.packets import (
     PSN_MASK,
@@ -30,7 +31,6 @@ from mrcstack.wire.packets import (
     DataPacket,
     FeedbackFlags,
     NackReason,
-    Packet,
     SkipHint,
 )
 
@@ -67,85 +67,6 @@ _SKIP_ONCE_SIGNAL = EvSignal.SKIP_ONCE
 #: RFC 6298 smoothing gains.
 RTT_ALPHA = 1 / 8
 RTT_BETA = 1 / 4
-U64 = (1 << 64) - 1
-
-
-class WorkRequest:
-    """A posted RDMA WRITE (or WRITE with immediate), cut into packets lazily."""
-
-    __slots__ = ("acked", "first", "imm", "length", "msn", "npkts", "rkey", "src", "va", "wr_id")
-
-    def __init__(
-        self,
-        wr_id: int,
-        src: memoryview,
-        va: int,
-        rkey: int,
-        imm: int | None,
-        first: int,
-        mtu: int,
-        msn: int = 0,
-    ) -> None:
-        self.wr_id = wr_id
-        self.msn = msn  # the message's sequence number on the wire (METH), mod 2**16
-        self.src = src
-        self.va = va
-        self.rkey = rkey
-        self.imm = imm
-        self.length = src.nbytes
-        self.first = first
-        self.npkts = (self.length + mtu - 1) // mtu
-        self.acked = 0
-
-
-class Tx:
-    """One transmission of one packet (a retransmission is a new Tx)."""
-
-    __slots__ = (
-        "acked",
-        "deadline",
-        "ev",
-        "lost",
-        "order",
-        "queued",
-        "retx",
-        "sent",
-        "seq",
-        "size",
-        "slot",
-        "timeouts",
-        "trimmed",
-        "wr",
-    )
-
-    def __init__(
-        self, seq: int, wr: WorkRequest, size: int, slot: EvSlot, sent: float, order: int
-    ) -> None:
-        self.seq = seq
-        # Send order: a burst leaves at one ``now``, so time alone cannot say which of its
-        # packets left first (RFC 8985 breaks such ties by sequence; ours by send order,
-        # which also places retransmissions right).
-        self.order = order
-        self.slot = slot
-        ev = slot.entry.value
-        self.wr = wr
-        self.size = size
-        self.ev = ev
-        self.sent = sent
-        self.deadline = 0.0
-        self.timeouts = 0
-        self.acked = False
-        self.lost = False
-        self.queued = False  # in its EV's FIFO
-        self.retx = False  # a retransmission: an ack may be for an earlier transmission
-        self.trimmed = False  # a switch trimmed it: congestion, not a broken path
-
-
-#: ``object.__new__``: a slotted record made without its constructor (stores follow).
-_new_tx = object.__new__
-
-#: A packet to send and the length of its datagram once encoded.
-Outgoing = tuple[Packet, int]
 
 
 class Sender:
@@ -415,7 +336,7 @@ class Sender:
         self._tx_order += 1
         # Tx(seq, wr, size, slot, now, order), written out: once per data packet, and a
         # constructor call costs more than its stores.
-        tx = _new_tx(Tx)
+        tx = new_record(Tx)
         tx.seq = seq
         tx.order = self._tx_order
         tx.slot = slot
@@ -462,7 +383,7 @@ class Sender:
         stats.bytes_sent[port] += length
         # DataPacket(...), its fields stored one by one: a dataclass's constructor call
         # costs more than its stores, once per data packet.
-        pkt = _new_tx(DataPacket)
+        pkt = new_record(DataPacket)
         pkt.qpn = self._remote_qpn
         pkt.psn = seq & PSN_MASK
         pkt.va = wr.va + offset

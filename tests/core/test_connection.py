@@ -21,7 +21,7 @@ from mrcstack.core.events import (
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
-from mrcstack.core.sender import Tx
+from mrcstack.core.tx import Tx
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     WRITE_OPCODES,
