@@ -3,8 +3,9 @@
 In: API calls (``post_write``, ``set_port_state``, ``set_peer_ports``, the EV controls
 ``deny_evs``, ``allow_evs``, ``replace_ev``, ``set_ev_min_active``),
 ``receive_datagram(data, now, port)``, ``handle_timer(now)``.  Out: ``datagrams_to_send(now)``
-and ``next_event()``; ``get_timer()`` is the one deadline the adapter arms.  Nothing here
-reads a clock, opens a socket or draws global randomness.
+and ``next_event()``; ``get_timer()`` is the one deadline the adapter arms: the earliest of
+loss recovery's (:mod:`mrcstack.core.recovery`) and the EV probe tick.  Nothing here reads a
+clock, opens a socket or draws global randomness.
 
 The codec sits at the edge: ``receive_datagram`` is ``decode`` then ``receive_packet``, and
 ``datagrams_to_send`` is ``packets_to_send`` then ``encode``.  An adapter whose packets never
@@ -120,6 +121,8 @@ class Connection:
         self.sender = Sender(
             config, self.evs, self.cc, self.stats, self._emit, trailer_len=self._trailer_len
         )
+        # Packets in flight, their loss and the timers that decide it (the sender's).
+        self.recovery = self.sender.recovery
         self.receiver = Receiver(config, memory, self.stats, self._emit)
         self._control: deque[Outgoing] = deque()
         self._coalesce = config.ack_coalesce > 1  # else every data packet is ACKed at once
@@ -187,7 +190,7 @@ class Connection:
         if self.evs.set_port(port, up, remote=False):
             self._emit(PortStateChanged(port, up, remote=False))
             if not up:
-                self.sender.port_lost(port)
+                self.recovery.port_lost(port)
 
     def set_peer_ports(self, bits: int, now: float) -> bool:
         """The peer's port bitmap (bit p set iff its plane-p port is up) from outside the data
@@ -249,11 +252,11 @@ class Connection:
     def on_rtt(self) -> Callable[[float], None] | None:
         """Called with every RTT sample the connection takes (seconds; from ACKs and probe
         replies), e.g. to feed a metrics histogram.  ``None``: no callback."""
-        return self.sender.on_rtt
+        return self.recovery.on_rtt
 
     @on_rtt.setter
     def on_rtt(self, callback: Callable[[float], None] | None) -> None:
-        self.sender.on_rtt = callback
+        self.recovery.on_rtt = callback
 
     def abort(self, reason: str) -> None:
         """Local teardown (QP destroyed, daemon stopping): pending writes complete FLUSHED."""
@@ -268,7 +271,7 @@ class Connection:
     def retry_budget(self) -> float:
         """Seconds without progress before this connection fails on its own, with today's
         RTO base (``ConnectionConfig.retry_budget``)."""
-        return self.cfg.retry_budget(self.sender.rto())
+        return self.cfg.retry_budget(self.recovery.rto())
 
     def next_event(self) -> Event | None:
         return self.events.popleft() if self.events else None
@@ -355,7 +358,7 @@ class Connection:
             self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             if self._probes.pop(pkt.echo_ev, None) is not None:
                 stats.probe_replies += 1
-                self.sender.rtt_sample(now - pkt.echo_ts_ns / 1e9)
+                self.recovery.rtt_sample(now - pkt.echo_ts_ns / 1e9)
                 self.evs.probe_result(
                     pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
                 )
@@ -384,7 +387,7 @@ class Connection:
                 changed = True
                 self._emit(PortStateChanged(port, up, remote=True))
                 if not up:
-                    self.sender.port_lost(port)
+                    self.recovery.port_lost(port)
         return changed
 
     # Output ---------------------------------------------------------------------------
@@ -568,9 +571,9 @@ class Connection:
         out: list[Outgoing] = []
         if self._pending_acks:
             self._flush_acks()
-        sender = self.sender
-        if sender.rack_due:
-            sender.run_rack(now)
+        recovery = self.recovery
+        if recovery.rack_due:
+            recovery.run_rack(now)
         control = self._control
         while control and len(out) < limit:
             out.append(control.popleft())
@@ -582,7 +585,7 @@ class Connection:
         room = limit - len(out) if data_limit is None else min(limit - len(out), data_limit)
         if room <= 0:
             return out
-        sent = sender.next_packets(now, room)
+        sent = self.sender.next_packets(now, room)
         if sent:
             tx_seq = self._tx_seq
             for pkt, _ in sent:
@@ -598,7 +601,7 @@ class Connection:
     def get_timer(self) -> float | None:
         if self.failed is not None:
             return None
-        deadline = self.sender.next_deadline()
+        deadline = self.recovery.next_deadline()
         probe = self._next_probe
         if probe is not None and (deadline is None or probe < deadline):
             return probe
@@ -607,9 +610,10 @@ class Connection:
     def handle_timer(self, now: float) -> None:
         if self.failed is not None:
             return
-        self.sender.on_timer(now)
-        if self.sender.failed is not None:
-            self._fail(*self.sender.failed)
+        recovery = self.recovery
+        recovery.on_timer(now)
+        if recovery.failed is not None:
+            self._fail(*recovery.failed)
             return
         if self._next_probe is not None and self._next_probe <= now:
             self._probe_tick(now)
@@ -618,7 +622,7 @@ class Connection:
     def _probe_interval(self) -> float:
         if self.cfg.probe_interval is not None:
             return self.cfg.probe_interval
-        srtt = self.sender.srtt
+        srtt = self.recovery.srtt
         return max(srtt if srtt is not None else self.cfg.timeout, self.cfg.timeout / 4)
 
     def _schedule_probes(self, now: float) -> None:

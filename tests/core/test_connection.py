@@ -21,6 +21,7 @@ from mrcstack.core.events import (
     WriteImmReceived,
 )
 from mrcstack.core.memory import Access
+from mrcstack.core.recovery import GoBackN
 from mrcstack.core.tx import Tx
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
@@ -302,8 +303,9 @@ def test_roce_mode_is_single_path_and_recovers_with_go_back_n() -> None:
     assert net.conns[0].stats.packets_sent[1] == 0  # one EV, one plane
     assert net.conns[0].stats.retransmissions.get("nack", 0) > 0
     # Go-back-N keeps no per-path or time-ordered record: nothing pins the sent buffers.
-    sender = net.conns[0].sender
-    assert not sender.sent_fifo and not any(sender.ev_fifo.values()) and not sender.txs
+    recovery = net.conns[0].recovery
+    assert type(recovery) is GoBackN  # the mode chooses the recovery
+    assert not recovery.sent_fifo and not any(recovery.ev_fifo.values()) and not recovery.txs
 
 
 PROFILE = int(os.environ.get("MRC_PROPERTY_CASES", "2000"))
@@ -446,7 +448,7 @@ def test_duplicate_reports_widen_the_reordering_window() -> None:
     assert backing[GUARD : GUARD + len(data)] == data
     assert net.conns[1].stats.duplicates > 0
     assert net.conns[0].stats.spurious_retransmissions > 0
-    assert net.conns[0].sender.reo_fraction > 0.25
+    assert net.conns[0].recovery.reo_fraction > 0.25
 
 
 def test_a_reliability_probe_gets_the_receivers_state_in_a_sack() -> None:
@@ -511,7 +513,7 @@ def test_transmission_records_have_every_slot_set() -> None:
     _, va, rkey = region(net, 1, 4096)
     net.conns[0].post_write(3, b"\x07" * 3000, va, rkey, imm=9, now=0.0)
     net.conns[0].packets_to_send(0.0)
-    txs = list(net.conns[0].sender.txs.values())
+    txs = list(net.conns[0].recovery.txs.values())
     assert txs
     for tx in txs:
         ref = Tx(tx.seq, tx.wr, tx.size, tx.slot, tx.sent, tx.order)

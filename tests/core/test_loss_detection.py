@@ -130,7 +130,7 @@ def test_rack_waits_for_the_whole_receive_batch() -> None:
     feed(a, acks, 2.02e-3)
     a.datagrams_to_send(2.02e-3)
     assert a.stats.retransmissions == {}
-    assert not a.sender.txs
+    assert not a.recovery.txs
     completions = []
     while (event := a.next_event()) is not None:
         if isinstance(event, SendCompleted):
@@ -163,16 +163,16 @@ def test_rto_restarts_while_acks_keep_coming() -> None:
     x, y = send_all(a, 0.0)
     feed(a, deliver(b, [y], 0.9e-3), 0.9e-3)  # progress at 0.9 ms
     a.datagrams_to_send(0.9e-3)
-    timer = a.sender.rto_deadline()
+    timer = a.recovery.rto_deadline()
     assert timer is not None and timer <= 1e-3  # x's original deadline
     a.handle_timer(1e-3)
     assert a.stats.retransmissions == {}
-    restarted = a.sender.rto_deadline()
+    restarted = a.recovery.rto_deadline()
     assert restarted is not None and restarted > 1.5e-3  # from the last progress on
     feed(a, deliver(b, [x], 1.2e-3), 1.2e-3)
     a.datagrams_to_send(1.2e-3)
     assert a.stats.retransmissions == {}
-    assert not a.sender.txs
+    assert not a.recovery.txs
 
 
 def test_rto_fires_when_the_connection_is_silent() -> None:
@@ -182,14 +182,14 @@ def test_rto_fires_when_the_connection_is_silent() -> None:
     a.datagrams_to_send(20e-6)
     a.post_write(2, bytes(2 * MTU), va, rkey, imm=None, now=1e-3)
     send_all(a, 1e-3)  # both lost
-    deadline = a.sender.rto_deadline()
+    deadline = a.recovery.rto_deadline()
     assert deadline is not None and deadline == 2e-3  # the 1 ms floor from its send time
     a.handle_timer(deadline)
     assert a.datagrams_to_send(deadline)  # a packet goes out at once
     # Both are declared lost (the newest by the tail probe that came due meanwhile); with no
     # progress since the timeout, one packet at a time is in flight.
-    assert a.sender.rto_rounds == 1
-    assert sorted(reason for _, reason in a.sender.retx) + sorted(a.stats.retransmissions) == [
+    assert a.recovery.rto_rounds == 1
+    assert sorted(reason for _, reason in a.recovery.retx) + sorted(a.stats.retransmissions) == [
         "timeout",
         "tlp",
     ]
@@ -199,16 +199,16 @@ def test_initial_rto_holds_until_the_first_rtt_sample() -> None:
     a, b, va, rkey = pair(timeout=1e-3, initial_rto=50e-3)
     a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
     data = send_all(a, T0)
-    assert a.sender.next_deadline() == T0 + 50e-3  # no RTT yet: no probe timer either
+    assert a.recovery.next_deadline() == T0 + 50e-3  # no RTT yet: no probe timer either
     a.handle_timer(10e-3)
     assert a.stats.retransmissions == {}
     feed(a, deliver(b, data, 10e-3), 20e-3)
     a.datagrams_to_send(20e-3)
     a.post_write(2, bytes(MTU), va, rkey, imm=None, now=30e-3)
     send_all(a, 30e-3)
-    srtt, rttvar = a.sender.srtt, a.sender.rttvar
+    srtt, rttvar = a.recovery.srtt, a.recovery.rttvar
     assert srtt is not None
-    assert a.sender.rto_deadline() == pytest.approx(30e-3 + srtt + 4 * rttvar)  # measured
+    assert a.recovery.rto_deadline() == pytest.approx(30e-3 + srtt + 4 * rttvar)  # measured
     assert [e for e in iter(a.next_event, None) if isinstance(e, SendCompleted)] == [
         SendCompleted(1, WcStatus.SUCCESS, MTU)
     ]
@@ -261,7 +261,7 @@ def test_a_probe_that_finds_the_tail_arrived_is_no_spurious_retransmission() -> 
     a.post_write(2, bytes(4 * MTU), va, rkey, imm=7, now=100e-6)
     burst = send_all(a, 100e-6)
     acks = deliver(b, burst, 110e-6)  # everything arrives; the acks are held back
-    window = a.sender.reo_fraction
+    window = a.recovery.reo_fraction
     probe = run_timers(a, 100e-6 + 5 * 20e-6)
     assert a.stats.retransmissions == {"tlp": 1} and len(probe) == 1
     feed(a, acks + deliver(b, probe, 210e-6), 220e-6)
@@ -269,7 +269,7 @@ def test_a_probe_that_finds_the_tail_arrived_is_no_spurious_retransmission() -> 
     assert b.stats.duplicates == 1  # the receiver did see the probe as a duplicate
     assert a.stats.tlp_unneeded == 1
     assert a.stats.spurious_retransmissions == 0
-    assert a.sender.reo_fraction == window
+    assert a.recovery.reo_fraction == window
     done = [e for e in iter(a.next_event, None) if isinstance(e, SendCompleted)]
     assert [e.wr_id for e in done] == [1, 2]
 
@@ -288,11 +288,11 @@ def test_a_needless_timeout_counts_as_spurious_but_is_no_reordering() -> None:
     acks = deliver(b, sent, 1.01e-3)  # arrived; acks held back past the RTO
     again = run_timers(a, 5e-3)
     assert a.stats.retransmissions.get("timeout", 0) >= 1
-    window = a.sender.reo_fraction
+    window = a.recovery.reo_fraction
     feed(a, deliver(b, again, 5.1e-3) + acks, 5.2e-3)
     a.datagrams_to_send(5.2e-3)
     assert a.stats.spurious_retransmissions >= 2  # both packets, resent by the RTO
-    assert a.sender.reo_fraction == window
+    assert a.recovery.reo_fraction == window
 
 
 def test_the_tail_probe_stays_quiet_while_acks_come() -> None:
@@ -300,7 +300,7 @@ def test_the_tail_probe_stays_quiet_while_acks_come() -> None:
     a.post_write(1, bytes(4 * MTU), va, rkey, imm=None, now=T0)
     feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
     a.datagrams_to_send(20e-6)
-    assert a.sender.tlp_deadline is None  # nothing in flight: no probe armed
+    assert a.recovery.tlp_deadline is None  # nothing in flight: no probe armed
     assert a.stats.retransmissions == {}
 
 

@@ -220,8 +220,8 @@ class QpTable:
             if conn is not None:
                 doc.update(
                     max_rto=conn.cfg.max_rto,
-                    rto=conn.sender.rto(),
-                    srtt=conn.sender.srtt,
+                    rto=conn.recovery.rto(),
+                    srtt=conn.recovery.srtt,
                     retry_budget=conn.retry_budget(),
                 )
             out.append(doc)

@@ -1,0 +1,599 @@
+"""Loss recovery: when a packet in flight is declared lost, and when to look again.
+
+Owns every transmission from the moment it leaves until it is acknowledged or declared
+lost (the bytes in flight, the queue of packets to resend) and the timers that decide: the
+RTT estimate and the per-packet RTO (RFC 6298) with its retry rounds, RACK's reordering
+timer, the tail-loss probe and the stall timer.  The connection arms one timer at
+:meth:`Recovery.next_deadline`; the sender hands over each transmission and each ACK.
+
+MRC's detection is path-aware: packets on one EV follow one path and arrive in order, so
+when a later packet on an EV is acknowledged while an earlier one on the same EV is not, the
+earlier one was lost (a silent loss: the path is broken, the EV becomes ASSUMED_BAD).  RACK
+(RFC 8985) finds by time the losses the path's order cannot show (an EV's last packets, a
+path gone silent), the tail-loss probe a lost tail, the RTO the rest (black-holed paths).
+When nothing can be sent at all (every port down, every EV bad or denied), the stall timer
+spends the same retry budget, so the connection fails with a clear reason instead of
+waiting forever.  The RoCE baseline (:class:`GoBackN`) infers nothing from order or time:
+a timeout or a NACK resends everything from the lost packet on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from heapq import heappop, heappush
+from typing import Protocol
+
+from mrcstack.core.cc import CongestionController
+from mrcstack.core.config import ConnectionConfig, ConnectionStats
+from mrcstack.core.events import WcStatus
+from mrcstack.core.evs import EvSignal, EvTable
+from mrcstack.core.psn import to_psn
+from mrcstack.core.reasons import EvReason, RetxReason
+from mrcstack.core.tx import Tx
+
+#: RACK reordering window: a quarter of the smoothed RTT (RFC 8985 uses min_rtt/4), and
+#: never less than a microsecond so packets sent in one burst are never compared.
+RACK_REO_FRACTION = 0.25
+#: The window widens (doubling, up to this many smoothed RTTs) on each spurious retransmission
+#: and narrows back after RACK_REO_DECAY acks without one (RFC 8985 section 6.2 adapts alike).
+RACK_REO_MAX_FRACTION = 2.0
+RACK_REO_DECAY = 4096
+RACK_MIN_REO = 1e-6
+#: Tail-loss probe (RFC 8985 section 7): with packets in flight and no ack for this many
+#: smoothed RTTs, the newest one is sent again on another EV, so that a lost tail is found
+#: by the ack of the probe (and RACK) within about two RTTs instead of an RTO.
+TLP_RTTS = 2.0
+#: Packets declared lost by the RTO that are remembered, to tell their duplicate reports from
+#: those of RACK's misjudgments (the oldest are forgotten first).
+RTO_MEMORY = 4096
+#: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
+RACK_LOSSES_TO_BLAME = 2
+#: RFC 6298 smoothing gains.
+RTT_ALPHA = 1 / 8
+RTT_BETA = 1 / 4
+#: A timeout's back-off doubles at most this many times (then ``max_rto`` caps it anyway).
+MAX_BACKOFF_EXPONENT = 16
+
+_TIMEOUT = RetxReason.TIMEOUT
+
+
+class SendWindow(Protocol):
+    """The sender's sequence space, as recovery reads it."""
+
+    snd_una: int  # the oldest unacknowledged packet
+    next_seq: int  # the next new packet
+    end_seq: int  # one past the last packet posted
+
+
+class Recovery:
+    """MRC's loss recovery for one sending direction: same-path evidence, RACK, the
+    tail-loss probe, the per-packet RTO and the stall timer.
+
+    The sender hands it every transmission as it leaves (:meth:`track`), every packet an
+    ACK acknowledges (:meth:`delivered`) and the ACK's other news (:meth:`duplicate`,
+    :meth:`late_arrival`, :meth:`rtt_sample`, :meth:`after_ack`); lost packets wait in
+    ``retx`` for the sender to resend them; a spent retry budget is left in ``failed``.
+    :class:`GoBackN` overrides the hooks where the RoCE baseline differs.
+    """
+
+    def __init__(
+        self,
+        config: ConnectionConfig,
+        evs: EvTable,
+        cc: CongestionController,
+        stats: ConnectionStats,
+        window: SendWindow,
+    ) -> None:
+        self.cfg = config
+        self.evs = evs
+        self.cc = cc
+        self.stats = stats
+        self.window = window
+        self.txs: dict[int, Tx] = {}  # current transmission of every unacked sent packet
+        self.in_flight = 0  # bytes sent, not acked, not declared lost
+        self.retx: deque[tuple[Tx, RetxReason]] = deque()  # lost, in the order to resend
+        self.failed: tuple[str, WcStatus] | None = None
+        self._cc_on_ack = cc.on_ack
+        # RTT and RTO.
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.on_rtt: Callable[[float], None] | None = None  # e.g. a metrics histogram
+        # rto()'s base (RFC 6298's, before any back-off) and rto(0), set when they change.
+        self._rto_base = config.timeout if config.initial_rto is None else config.initial_rto
+        self.rto_now = min(config.max_rto, self._rto_base)
+        self.rto_heap: list[tuple[float, int, Tx]] = []
+        self._heap_tie = 0
+        self.last_progress = -1.0  # when an ack last acknowledged a packet
+        # Retransmission timeouts without progress, counted once per backed-off RTO: the
+        # connection's retry budget (ConnectionConfig.retry_budget).  While it is not zero
+        # only one packet is in flight at a time: nothing floods a dead path.
+        self.rto_rounds = 0
+        self.round_at = 0.0
+        # Packets the RTO declared lost (insertion-ordered, oldest dropped past RTO_MEMORY):
+        # a duplicate report for one of them is spurious, but says nothing of reordering.
+        self._rto_lost: dict[int, None] = {}
+        # No usable EV while work waits: when to retry, how many retries so far, since when.
+        self.stall_deadline: float | None = None
+        self.stall_retries = 0
+        self.stall_since = 0.0
+        # Same-path evidence: each EV's transmissions in send order.
+        self.ev_fifo: dict[int, deque[Tx]] = {}
+        # RACK.  Per plane (planes are separate networks, each with its own last-hop queue,
+        # so a packet is never judged by another plane's deliveries): the latest send time
+        # of an acknowledged transmission and its RTT (RFC 8985 RACK.xmit_ts and RACK.rtt).
+        self.sent_fifo: deque[Tx] = deque()  # every transmission, in send order
+        self.rack_rtt = [0.0] * config.planes
+        self.rack_order = [-1] * config.planes  # send order of the newest delivered, per plane
+        self.rack_timer: float | None = None  # the reordering timer (RFC 8985 6.3)
+        self.rack_due = False  # acks arrived since RACK last ran (see run_rack)
+        self.reo_fraction = RACK_REO_FRACTION  # reordering window, in smoothed RTTs
+        self._reo_acks = 0
+        # The tail-loss probe.
+        self.tlp_deadline: float | None = None  # its timer (RFC 8985 7)
+        self.tlp_out = False  # a probe is out and no ack came since
+        # (seq, EV) of the last probe sent: a duplicate report for it means the tail had
+        # arrived after all, which is a probe's expected outcome, not a needless retransmission.
+        self.tlp_sent: tuple[int, int] | None = None
+
+    # RTT and RTO ----------------------------------------------------------------------
+    def rto(self, timeouts: int = 0) -> float:
+        """The retransmission timeout after ``timeouts`` timeouts: ``linear_cnt`` of them at
+        the base (``srtt + 4 * rttvar``, at least ``timeout``; ``initial_rto`` before the
+        first sample), then doubling, capped at ``max_rto``."""
+        extra = timeouts - self.cfg.linear_cnt
+        if extra <= 0:
+            return self.rto_now
+        return min(self.cfg.max_rto, self._rto_base * (1 << min(extra, MAX_BACKOFF_EXPONENT)))
+
+    def rtt_sample(self, rtt: float) -> None:
+        if rtt < 0:
+            return
+        self.stats.rtt_samples += 1
+        if self.on_rtt is not None:
+            self.on_rtt(rtt)
+        srtt = self.srtt
+        if srtt is None:
+            srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar += RTT_BETA * (abs(srtt - rtt) - self.rttvar)
+            srtt += RTT_ALPHA * (rtt - srtt)
+        self.srtt = srtt
+        # The RTO's base and rto(0) follow (written out: once per ACK).
+        cfg = self.cfg
+        base = srtt + 4 * self.rttvar
+        if not base > cfg.timeout:
+            base = cfg.timeout
+        self._rto_base = base
+        self.rto_now = base if base < cfg.max_rto else cfg.max_rto
+
+    def rto_deadline(self) -> float | None:
+        """The earliest retransmission timeout of a packet in flight."""
+        heap = self.rto_heap
+        while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
+            heappop(heap)
+        return heap[0][0] if heap else None
+
+    # Transmissions in and out ---------------------------------------------------------
+    def track(self, tx: Tx) -> None:
+        """A transmission left, its ``deadline`` set: it is in flight, its RTO is armed, and
+        it joins its EV's FIFO and the send order (same-path evidence, RACK)."""
+        self.txs[tx.seq] = tx
+        ev = tx.ev
+        fifo = self.ev_fifo.get(ev)
+        if fifo is None:
+            fifo = self.ev_fifo[ev] = deque()
+        fifo.append(tx)
+        tx.queued = True
+        self.sent_fifo.append(tx)
+        self._heap_tie += 1
+        heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
+        self.in_flight += tx.size
+
+    def lose(self, tx: Tx, reason: RetxReason) -> None:
+        """Declare a transmission lost and queue its packet for retransmission."""
+        if tx.acked or tx.lost or self.txs.get(tx.seq) is not tx:
+            return
+        tx.lost = True
+        self.in_flight -= tx.size
+        self.retx.append((tx, reason))
+        if reason is _TIMEOUT:
+            rto_lost = self._rto_lost
+            rto_lost[tx.seq] = None
+            if len(rto_lost) > RTO_MEMORY:
+                del rto_lost[next(iter(rto_lost))]
+
+    def delivered(
+        self, seq: int, rtt: float | None, ecn: bool, now: float, echo_tx: Tx | None
+    ) -> None:
+        """An ACK acknowledges packet ``seq`` (``echo_tx``: the transmission it echoes)."""
+        tx = self.txs.pop(seq, None)
+        if tx is None:
+            return
+        tx.acked = True
+        self.last_progress = now
+        self.rto_rounds = 0
+        self._reo_acks += 1
+        # RFC 8985 6.2 step 2: an ack for a retransmitted packet may be for the original, so
+        # its send time moves RACK only when the ack names this transmission (its EV echo).
+        port = tx.slot.entry.port
+        order = tx.order
+        if (not tx.retx or tx is echo_tx) and order > self.rack_order[port]:
+            self.rack_order[port] = order
+            self.rack_rtt[port] = now - tx.sent
+        size = tx.size
+        if not tx.lost:
+            self.in_flight -= size
+        tx.wr.acked += 1
+        self._cc_on_ack(size, rtt, ecn, now)
+
+    # What an ACK says beside what it acknowledges ---------------------------------------
+    def duplicate(self, seq: int, ev: int) -> None:
+        """The receiver already had packet ``seq`` when its copy sent on ``ev`` arrived."""
+        if self.tlp_sent == (seq, ev):
+            # The probe found the tail already there: nothing was lost and nothing was
+            # misjudged (the probe fired for want of acks, not on a reordering guess).
+            self.tlp_sent = None
+            self.stats.tlp_unneeded += 1
+        elif seq in self._rto_lost:
+            # The RTO resent a packet that had arrived: a stalled host or peer (every
+            # packet in flight times out at once), not reordering, so the window stays;
+            # doubling it per duplicate of such a storm left RACK finding every loss
+            # for the next half second two RTTs late.
+            self.stats.spurious_retransmissions += 1
+        else:
+            # The receiver already had that packet: our retransmission was spurious, so
+            # packets get reordered more than the window allows (TCP's DSACK, RFC 8985
+            # 6.2).
+            self.stats.spurious_retransmissions += 1
+            self.reo_fraction = min(RACK_REO_MAX_FRACTION, self.reo_fraction * 2)
+            self._reo_acks = 0
+
+    def late_arrival(self, ev: int, seq: int, now: float) -> None:
+        """A transmission given up for lost arrived after all.  If its loss is what demoted
+        its EV, the path works (the peer or this host stalled, a queue outlasted the RTO):
+        the EV is reinstated at once, as enough probe replies would have done, instead of
+        waiting out the probes with the plane short of paths."""
+        slot = self.evs.slots.get(ev)
+        if slot is not None and slot.condemned_seq == seq:
+            slot.condemned_seq = -1
+            slot.last_evidence = now
+            slot.silent_losses = 0
+            self.evs.apply(ev, EvSignal.PROBE_OK, EvReason.LATE_ARRIVAL, now)
+
+    def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
+        """An ACK was taken in: the probe timer rearms (no probe is out now), the echoed
+        packet's path shows what it lost, and RACK runs before the next transmission."""
+        self.tlp_out = False
+        # _arm_tlp(now), inline (no probe is out now)
+        if not self.txs:
+            self.tlp_deadline = None
+        elif self.srtt is not None:
+            self.tlp_deadline = now + TLP_RTTS * self.srtt
+        if echo_tx is not None and not nack:
+            # A NACK says nothing about the packets before it on that path: a trimmed
+            # header jumps the queue those packets still wait in.
+            self._detect_losses(echo_tx, now)
+        self.rack_due = True
+
+    def after_send(self, now: float) -> None:
+        """Packets left: a path was usable after all, and the probe timer rearms."""
+        if self.stall_deadline is not None:
+            self._end_stall()
+        self._arm_tlp(now)
+
+    def retry_nack(self, tx: Tx | None, cum: int) -> None:
+        """A NACK asks for ``tx`` again (the receiver had no room for it; None: the NACK is
+        not for the current transmission).  ``cum``: one past its cumulative PSN."""
+        if tx is not None:
+            self.lose(tx, RetxReason.NACK)
+
+    def go_back(self, from_seq: int, reason: RetxReason) -> None:
+        """RoCE-like recovery: resend everything from ``from_seq`` in order."""
+        window = self.window
+        for seq in range(max(from_seq, window.snd_una), window.next_seq):
+            tx = self.txs.get(seq)
+            if tx is not None:
+                self.lose(tx, reason)
+
+    def port_lost(self, port: int) -> None:
+        """A plane went down: whatever is in flight on it will never arrive."""
+        for ev, fifo in list(self.ev_fifo.items()):
+            if fifo and fifo[0].slot.entry.port == port:  # (an EV replaced since, too)
+                for tx in fifo:
+                    tx.queued = False
+                    self.lose(tx, RetxReason.PORT)
+                del self.ev_fifo[ev]
+
+    # Same-path evidence ---------------------------------------------------------------
+    def _detect_losses(self, echo_tx: Tx, now: float) -> None:
+        """Same-path evidence: packets sent on the echoed EV before the echoed one and
+        still unacknowledged were lost on that path (paths keep order).  This also blames
+        the EV for losses RACK already declared, since only here is the path known.  (With
+        no backup in its plane, the EV is skipped a while instead: see ``EvTable.apply``.)"""
+        fifo = self.ev_fifo.get(echo_tx.ev)
+        if not fifo or not echo_tx.queued:
+            return
+        txs = self.txs
+        while fifo:
+            tx = fifo.popleft()
+            tx.queued = False
+            if tx is echo_tx:
+                return
+            current = txs.get(tx.seq)
+            if current is None or tx.acked or tx.trimmed:
+                continue  # it arrived after all (perhaps by another transmission), or its
+                # header did: a trim is congestion, and the trim NACK already resent it
+            if current is tx and not tx.lost:
+                self.lose(tx, RetxReason.SACK)
+            skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
+            self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
+
+    # RACK -----------------------------------------------------------------------------
+    def run_rack(self, now: float) -> None:
+        """Run RACK if acks arrived since it last ran.
+
+        The connection calls this when asked what to send, that is after the adapter fed
+        it everything that had arrived: a software endpoint reads its plane sockets in
+        turn, so an ack waiting in one socket must not be taken for a loss because a later
+        ack was read from another first.
+        """
+        if self.rack_due:
+            self.rack_due = False
+            self._rack(now)
+
+    def _rack(self, now: float) -> None:
+        """Time-based loss detection (RACK, RFC 8985) across all paths.
+
+        A packet still unacknowledged although one sent after it on the same plane was
+        acknowledged, and outstanding for longer than that one's RTT plus a reordering
+        window, is lost
+        (RFC 8985 6.2; the reordering timer looks again when it is not overdue yet).  The
+        exception: its own path reported congestion (a trim, an ECN mark) after it was
+        sent.  Switches trim instead of dropping, so such a packet is queued, and a busier
+        path's queue must not be read as a loss.  This catches the losses the per-EV order
+        cannot see (the last packets on an EV, a path gone silent) without an RTO.
+        """
+        fifo = self.sent_fifo
+        txs = self.txs
+        srtt = self.srtt if self.srtt is not None else self.cfg.timeout
+        if self._reo_acks >= RACK_REO_DECAY:
+            self._reo_acks = 0
+            self.reo_fraction = max(RACK_REO_FRACTION, self.reo_fraction / 2)
+        reo = max(srtt * self.reo_fraction, RACK_MIN_REO)
+        rack_order, rack_rtt = self.rack_order, self.rack_rtt
+        newest = max(rack_order)
+        self.rack_timer = None
+        index = 0
+        while index < len(fifo):
+            tx = fifo[index]
+            if tx.acked or tx.lost or txs.get(tx.seq) is not tx:
+                if index == 0:
+                    fifo.popleft()
+                else:
+                    index += 1
+                continue
+            if tx.order >= newest:
+                return  # nothing sent after it was delivered yet, on any plane
+            port = tx.slot.entry.port
+            if tx.order >= rack_order[port] or tx.slot.congested_until > tx.sent:
+                # Its plane delivered nothing sent later yet; or its path reported
+                # congestion while it was in flight (a longer queue, not a loss: same-path
+                # evidence or the RTO decides).
+                index += 1
+                continue
+            due = tx.sent + rack_rtt[port] + reo
+            if now < due:
+                # Not overdue yet: the reordering timer looks again (RFC 8985 6.3).
+                if self.rack_timer is None or due < self.rack_timer:
+                    self.rack_timer = due
+                index += 1
+                continue
+            if index == 0:
+                fifo.popleft()
+            else:
+                del fifo[index]
+            self.lose(tx, RetxReason.RACK)
+            slot = tx.slot
+            if slot.last_evidence < tx.sent:
+                # Nothing on this EV came back since: a second such loss in a row
+                # means the path is dead, not unlucky.  A path that never answered yet is
+                # given one RTO from its first packet first: at the start its packets may
+                # wait in a queue that other paths of the plane do not have.
+                slot.silent_losses += 1
+                if slot.silent_losses >= RACK_LOSSES_TO_BLAME and (
+                    slot.last_evidence >= 0 or now - slot.first_sent >= self.rto(0)
+                ):
+                    slot.silent_losses = 0
+                    if self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.RACK_LOSS):
+                        slot.condemned_seq = tx.seq
+
+    # The tail-loss probe --------------------------------------------------------------
+    def _arm_tlp(self, now: float) -> None:
+        """(Re)arm the probe timer while packets are in flight; it needs a measured RTT."""
+        if self.txs and not self.tlp_out and self.srtt is not None:
+            self.tlp_deadline = now + TLP_RTTS * self.srtt
+        elif not self.txs:
+            self.tlp_deadline = None
+
+    def _tail_probe(self, now: float) -> None:
+        """The probe timer fired: send the newest packet in flight again, on another EV."""
+        self.tlp_deadline = None
+        window = self.window
+        if self.retx or (window.next_seq < window.end_seq and self.in_flight < self.cc.cwnd):
+            return  # the connection is still sending: its own packets will bring acks
+        newest = max(
+            (tx for tx in self.txs.values() if not tx.lost and not tx.acked),
+            key=lambda tx: tx.seq,
+            default=None,
+        )
+        if newest is None:
+            return
+        self.tlp_out = True
+        self.lose(newest, RetxReason.TLP)
+
+    def tail_probe_sent(self, seq: int, ev: int) -> None:
+        """The tail-loss probe for packet ``seq`` left on ``ev``."""
+        self.tlp_sent = (seq, ev)
+
+    # The stall timer ------------------------------------------------------------------
+    def no_path(self, now: float, timeouts: int) -> None:
+        """No EV is usable although a packet waits: arm the stall timer (once per stall).
+
+        The packet neither leaves nor times out, so without this nothing would ever fail
+        the connection.  The stall counts retries on the RTO schedule, starting from the
+        waiting packet's own timeouts: the same budget as unanswered retransmissions.
+        """
+        if self.stall_deadline is None:
+            self.stall_since = now
+            self.stall_retries = max(timeouts, self.rto_rounds)
+            self.stall_deadline = now + self.rto(self.stall_retries)
+
+    def _end_stall(self) -> None:
+        self.stall_deadline = None
+        self.stall_retries = 0
+
+    def _stall_expired(self, now: float) -> None:
+        if self.evs.up_planes:
+            self._end_stall()  # a path came back: the next transmission resumes
+            return
+        self.stall_retries += 1
+        if self.stall_retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
+            self.failed = (
+                f"retry limit exhausted: no usable path for {now - self.stall_since:.3g} s "
+                f"({self.evs.unusable_reason()}), {self.stall_retries} retries",
+                WcStatus.RETRY_EXCEEDED,
+            )
+            self._end_stall()
+            return
+        self.stall_deadline = now + self.rto(self.stall_retries)
+
+    # The one deadline and its timers --------------------------------------------------
+    def next_deadline(self) -> float | None:
+        """The earliest of the RTO, the reordering timer, the probe timer and the stall."""
+        heap = self.rto_heap  # rto_deadline(), inline: the adapter asks after every input
+        deadline: float | None
+        while heap:
+            deadline, _, tx = heap[0]
+            if tx.acked or tx.lost or deadline != tx.deadline:
+                heappop(heap)
+                continue
+            break
+        else:
+            deadline = None
+        timer = self.rack_timer
+        if timer is not None and (deadline is None or timer < deadline):
+            deadline = timer
+        timer = self.tlp_deadline
+        if timer is not None and (deadline is None or timer < deadline):
+            deadline = timer
+        stall = self.stall_deadline
+        if stall is not None and (deadline is None or stall < deadline):
+            return stall
+        return deadline
+
+    def on_timer(self, now: float) -> None:
+        """Run whatever is due: RACK's look again, the probe, the stall, expired RTOs."""
+        if self.rack_timer is not None and self.rack_timer <= now:
+            self._rack(now)
+        if self.tlp_deadline is not None and self.tlp_deadline <= now:
+            self._tail_probe(now)
+        stall = self.stall_deadline
+        if stall is not None and stall <= now:
+            self._stall_expired(now)
+            if self.failed is not None:
+                return
+        heap = self.rto_heap
+        while heap and heap[0][0] <= now:
+            deadline, _, tx = heappop(heap)
+            if tx.acked or tx.lost or deadline != tx.deadline or self.txs.get(tx.seq) is not tx:
+                continue
+            if self.last_progress > tx.sent:
+                # Acks kept coming since this packet left, so the connection is not stalled:
+                # its timer restarts from the latest one (RFC 6298 5.3).  A packet lost on a
+                # live connection is RACK's to find; the RTO is for silence, and a burst
+                # sent at once must not time out as one because its tail queued behind it.
+                restart = self.last_progress + self.rto(tx.timeouts)
+                if restart > now:
+                    tx.deadline = restart
+                    self._heap_tie += 1
+                    heappush(heap, (restart, self._heap_tie, tx))
+                    continue
+            tx.timeouts += 1
+            if not self.rto_rounds or now >= self.round_at + self.rto(self.rto_rounds - 1):
+                self.rto_rounds += 1  # a new round: the last one's backed-off RTO has passed
+                self.round_at = now
+            retries = max(tx.timeouts, self.rto_rounds)
+            if retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
+                self.failed = (
+                    f"retry limit exhausted: PSN {to_psn(tx.seq)} timed out {retries} times "
+                    f"with no progress",
+                    WcStatus.RETRY_EXCEEDED,
+                )
+                self.cc.on_timeout(now)
+                return
+            self.cc.on_timeout(now)
+            self._timed_out(tx, now)
+
+    def _timed_out(self, tx: Tx, now: float) -> None:
+        """``tx`` timed out: it is lost, its EV is condemned, and since the path is
+        black-holed, everything else in flight on it is gone too."""
+        self.lose(tx, _TIMEOUT)
+        if self.evs.apply(tx.ev, EvSignal.TIMEOUT, EvReason.RTO, now):
+            tx.slot.condemned_seq = tx.seq
+        for other in self.ev_fifo.pop(tx.ev, ()):
+            other.queued = False
+            if other is not tx and not other.acked and not other.lost:
+                other.timeouts = max(other.timeouts, tx.timeouts - 1)
+                self.lose(other, _TIMEOUT)
+
+    def clear(self) -> None:
+        """The connection failed: nothing is in flight any more, no timer runs."""
+        self.txs.clear()
+        self.retx.clear()
+        self.sent_fifo.clear()
+        self.rack_timer = self.tlp_deadline = None
+        self.rto_heap.clear()
+        self.ev_fifo.clear()
+        self.in_flight = 0
+        self._end_stall()
+
+
+class GoBackN(Recovery):
+    """The RoCE baseline's recovery: it infers nothing from order or time (no same-path
+    evidence, no RACK, no tail-loss probe), and a timeout or a NACK asking for a retry
+    resends everything from that packet on, as a RoCE NIC does."""
+
+    def track(self, tx: Tx) -> None:
+        self.txs[tx.seq] = tx
+        self._heap_tie += 1
+        heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
+        self.in_flight += tx.size
+
+    def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
+        pass
+
+    def after_send(self, now: float) -> None:
+        if self.stall_deadline is not None:
+            self._end_stall()
+
+    def retry_nack(self, tx: Tx | None, cum: int) -> None:
+        self.go_back(cum, RetxReason.NACK)
+
+    def _timed_out(self, tx: Tx, now: float) -> None:
+        self.go_back(tx.seq, _TIMEOUT)
+
+
+#: Loss recovery by connection mode (``ConnectionConfig.mode``).
+STRATEGIES: dict[str, type[Recovery]] = {"mrc": Recovery, "roce": GoBackN}
+
+
+def create(
+    config: ConnectionConfig,
+    evs: EvTable,
+    cc: CongestionController,
+    stats: ConnectionStats,
+    window: SendWindow,
+) -> Recovery:
+    """The loss recovery ``config.mode`` names."""
+    return STRATEGIES[config.mode](config, evs, cc, stats, window)
