@@ -147,6 +147,7 @@ class Recovery:
         return min(self.cfg.max_rto, self._rto_base * (1 << min(extra, MAX_BACKOFF_EXPONENT)))
 
     def rtt_sample(self, rtt: float) -> None:
+        """An RTT measured (seconds; from an ACK's or a probe reply's echoed timestamp)."""
         if rtt < 0:
             return
         self.stats.rtt_samples += 1
@@ -176,8 +177,11 @@ class Recovery:
 
     # Transmissions in and out ---------------------------------------------------------
     def track(self, tx: Tx) -> None:
-        """A transmission left, its ``deadline`` set: it is in flight, its RTO is armed, and
-        it joins its EV's FIFO and the send order (same-path evidence, RACK)."""
+        """A transmission left, its ``deadline`` set: a path was usable after all (a stall
+        ends), it is in flight with its RTO armed, it joins its EV's FIFO and the send order
+        (same-path evidence, RACK), and the probe timer rearms (it needs a measured RTT)."""
+        if self.stall_deadline is not None:
+            self._end_stall()
         self.txs[tx.seq] = tx
         ev = tx.ev
         fifo = self.ev_fifo.get(ev)
@@ -189,6 +193,9 @@ class Recovery:
         self._heap_tie += 1
         heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
         self.in_flight += tx.size
+        srtt = self.srtt
+        if srtt is not None and not self.tlp_out:
+            self.tlp_deadline = tx.sent + TLP_RTTS * srtt
 
     def lose(self, tx: Tx, reason: RetxReason) -> None:
         """Declare a transmission lost and queue its packet for retransmission."""
@@ -262,25 +269,43 @@ class Recovery:
             self.evs.apply(ev, EvSignal.PROBE_OK, EvReason.LATE_ARRIVAL, now)
 
     def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
-        """An ACK was taken in: the probe timer rearms (no probe is out now), the echoed
-        packet's path shows what it lost, and RACK runs before the next transmission."""
+        """An ACK was taken in: the probe timer rearms (no probe is out now), RACK is due
+        before the next transmission, and the echoed packet's path shows what it lost.
+
+        Same-path evidence: packets sent on the echoed EV before the echoed one and still
+        unacknowledged were lost on that path (paths keep order).  This also blames the EV
+        for losses RACK already declared, since only here is the path known.  (With no
+        backup in its plane, the EV is skipped a while instead: see ``EvTable.apply``.)  A
+        NACK says nothing about the packets before it on that path: a trimmed header jumps
+        the queue those packets still wait in.
+        """
         self.tlp_out = False
-        # _arm_tlp(now), inline (no probe is out now)
         if not self.txs:
             self.tlp_deadline = None
-        elif self.srtt is not None:
-            self.tlp_deadline = now + TLP_RTTS * self.srtt
-        if echo_tx is not None and not nack:
-            # A NACK says nothing about the packets before it on that path: a trimmed
-            # header jumps the queue those packets still wait in.
-            self._detect_losses(echo_tx, now)
+        else:
+            srtt = self.srtt
+            if srtt is not None:
+                self.tlp_deadline = now + TLP_RTTS * srtt
         self.rack_due = True
-
-    def after_send(self, now: float) -> None:
-        """Packets left: a path was usable after all, and the probe timer rearms."""
-        if self.stall_deadline is not None:
-            self._end_stall()
-        self._arm_tlp(now)
+        if echo_tx is None or nack or not echo_tx.queued:
+            return
+        fifo = self.ev_fifo.get(echo_tx.ev)
+        if not fifo:
+            return
+        txs = self.txs
+        while fifo:
+            tx = fifo.popleft()
+            tx.queued = False
+            if tx is echo_tx:
+                return
+            current = txs.get(tx.seq)
+            if current is None or tx.acked or tx.trimmed:
+                continue  # it arrived after all (perhaps by another transmission), or its
+                # header did: a trim is congestion, and the trim NACK already resent it
+            if current is tx and not tx.lost:
+                self.lose(tx, RetxReason.SACK)
+            skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
+            self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
 
     def retry_nack(self, tx: Tx | None, cum: int) -> None:
         """A NACK asks for ``tx`` again (the receiver had no room for it; None: the NACK is
@@ -305,45 +330,15 @@ class Recovery:
                     self.lose(tx, RetxReason.PORT)
                 del self.ev_fifo[ev]
 
-    # Same-path evidence ---------------------------------------------------------------
-    def _detect_losses(self, echo_tx: Tx, now: float) -> None:
-        """Same-path evidence: packets sent on the echoed EV before the echoed one and
-        still unacknowledged were lost on that path (paths keep order).  This also blames
-        the EV for losses RACK already declared, since only here is the path known.  (With
-        no backup in its plane, the EV is skipped a while instead: see ``EvTable.apply``.)"""
-        fifo = self.ev_fifo.get(echo_tx.ev)
-        if not fifo or not echo_tx.queued:
-            return
-        txs = self.txs
-        while fifo:
-            tx = fifo.popleft()
-            tx.queued = False
-            if tx is echo_tx:
-                return
-            current = txs.get(tx.seq)
-            if current is None or tx.acked or tx.trimmed:
-                continue  # it arrived after all (perhaps by another transmission), or its
-                # header did: a trim is congestion, and the trim NACK already resent it
-            if current is tx and not tx.lost:
-                self.lose(tx, RetxReason.SACK)
-            skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
-            self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
-
     # RACK -----------------------------------------------------------------------------
     def run_rack(self, now: float) -> None:
-        """Run RACK if acks arrived since it last ran.
-
-        The connection calls this when asked what to send, that is after the adapter fed
-        it everything that had arrived: a software endpoint reads its plane sockets in
-        turn, so an ack waiting in one socket must not be taken for a loss because a later
-        ack was read from another first.
-        """
-        if self.rack_due:
-            self.rack_due = False
-            self._rack(now)
-
-    def _rack(self, now: float) -> None:
         """Time-based loss detection (RACK, RFC 8985) across all paths.
+
+        The connection runs it when acks arrived since it last ran (``rack_due``), once it
+        is asked what to send, that is after the adapter fed it everything that had
+        arrived: a software endpoint reads its plane sockets in turn, so an ack waiting in
+        one socket must not be taken for a loss because a later ack was read from another
+        first.  The reordering timer runs it too.
 
         A packet still unacknowledged although one sent after it on the same plane was
         acknowledged, and outstanding for longer than that one's RTT plus a reordering
@@ -354,6 +349,7 @@ class Recovery:
         path's queue must not be read as a loss.  This catches the losses the per-EV order
         cannot see (the last packets on an EV, a path gone silent) without an RTO.
         """
+        self.rack_due = False
         fifo = self.sent_fifo
         txs = self.txs
         srtt = self.srtt if self.srtt is not None else self.cfg.timeout
@@ -409,13 +405,6 @@ class Recovery:
                         slot.condemned_seq = tx.seq
 
     # The tail-loss probe --------------------------------------------------------------
-    def _arm_tlp(self, now: float) -> None:
-        """(Re)arm the probe timer while packets are in flight; it needs a measured RTT."""
-        if self.txs and not self.tlp_out and self.srtt is not None:
-            self.tlp_deadline = now + TLP_RTTS * self.srtt
-        elif not self.txs:
-            self.tlp_deadline = None
-
     def _tail_probe(self, now: float) -> None:
         """The probe timer fired: send the newest packet in flight again, on another EV."""
         self.tlp_deadline = None
@@ -495,7 +484,9 @@ class Recovery:
     def on_timer(self, now: float) -> None:
         """Run whatever is due: RACK's look again, the probe, the stall, expired RTOs."""
         if self.rack_timer is not None and self.rack_timer <= now:
-            self._rack(now)
+            due = self.rack_due  # acks that arrived meanwhile still want their own look
+            self.run_rack(now)
+            self.rack_due = due
         if self.tlp_deadline is not None and self.tlp_deadline <= now:
             self._tail_probe(now)
         stall = self.stall_deadline
@@ -565,6 +556,8 @@ class GoBackN(Recovery):
     resends everything from that packet on, as a RoCE NIC does."""
 
     def track(self, tx: Tx) -> None:
+        if self.stall_deadline is not None:
+            self._end_stall()
         self.txs[tx.seq] = tx
         self._heap_tie += 1
         heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
@@ -572,10 +565,6 @@ class GoBackN(Recovery):
 
     def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
         pass
-
-    def after_send(self, now: float) -> None:
-        if self.stall_deadline is not None:
-            self._end_stall()
 
     def retry_nack(self, tx: Tx | None, cum: int) -> None:
         self.go_back(cum, RetxReason.NACK)

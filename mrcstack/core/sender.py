@@ -103,7 +103,9 @@ class Sender:
         self._overhead = DATA_HDR_LEN + trailer_len
         self._imm_overhead = DATA_IMM_HDR_LEN + trailer_len
         self._remote_qpn = config.remote_qpn
-        self._track = self.recovery.track  # once per packet sent
+        # Bound once: called once per packet sent and once per packet acknowledged.
+        self._track = self.recovery.track
+        self._delivered = self.recovery.delivered
         # The base class's on_sent only checks its argument, which is always valid here:
         # a controller that does not override it is not called once per packet.
         self._on_sent = None if type(cc).on_sent is CongestionController.on_sent else cc.on_sent
@@ -147,7 +149,7 @@ class Sender:
                 return out
             retx.popleft()
             rto = rec.rto(max(tx.timeouts, rounds))
-            sent = self._send(tx.seq, tx.wr, now, ts_ns, rto, tx.ev, tx)
+            sent = self._send(tx.seq, tx.wr, tx.size, now, ts_ns, rto, tx.ev, tx)
             if sent is None:
                 retx.appendleft((tx, reason))
                 return out
@@ -172,7 +174,7 @@ class Sender:
                     size = mtu
                 if rec.in_flight + size > cwnd and rec.in_flight > 0:
                     break
-                sent = send(seq, wr, now, ts_ns, rto, None, None)
+                sent = send(seq, wr, size, now, ts_ns, rto, None, None)
                 if sent is None:
                     break
                 out.append(sent)
@@ -181,21 +183,21 @@ class Sender:
                 self.next_seq = seq
                 if seq == wr.first + wr.npkts:
                     self.send_wr_index += 1
-        if out:
-            rec.after_send(now)
         return out
 
     def _send(
         self,
         seq: int,
         wr: WorkRequest,
+        size: int,
         now: float,
         ts_ns: int,
         rto: float,
         avoid: int | None,
         retx: Tx | None,
     ) -> Outgoing | None:
-        """Send packet ``seq`` of ``wr`` on the next EV, its timeout ``rto`` from now."""
+        """Send packet ``seq`` of ``wr`` (``size`` bytes of payload) on the next EV, its
+        timeout ``rto`` from now."""
         slot = self.evs.next_ev(avoid)
         if slot is None:
             self.recovery.no_path(now, retx.timeouts if retx is not None else 0)
@@ -206,15 +208,13 @@ class Sender:
         if slot.first_sent < 0:
             slot.first_sent = now
         offset = (seq - wr.first) * self.mtu
-        size = wr.length - offset
-        if size > self.mtu:
-            size = self.mtu
-        self._tx_order += 1
+        order = self._tx_order + 1
+        self._tx_order = order
         # Tx(seq, wr, size, slot, now, order), written out: once per data packet, and a
         # constructor call costs more than its stores.
         tx = new_record(Tx)
         tx.seq = seq
-        tx.order = self._tx_order
+        tx.order = order
         tx.slot = slot
         tx.wr = wr
         tx.size = size
@@ -290,7 +290,14 @@ class Sender:
         if rtt is not None and not nack:
             rec.rtt_sample(rtt)
         if echo_tx is not None:
-            self._path_feedback(echo_tx, ack.skip, ecn, nack, now)
+            # The echoed packet's path delivers; anything else it says is rarer news.
+            slot = self.evs.slots.get(echo_tx.ev)
+            if slot is not None:
+                slot.last_evidence = now
+                slot.silent_losses = 0
+            skip = ack.skip
+            if ecn or nack or skip:
+                self._path_news(slot, echo_tx.ev, skip, ecn, nack, now)
         cum = unwrap(ack.cum_psn, snd_una) + 1
         if cum > self.next_seq:
             return  # acknowledges what we never sent: ignore
@@ -298,14 +305,15 @@ class Sender:
             self._on_nack(ack, echo_seq, cum, now)
             if self.failed:
                 return
-        acked = rec.delivered
-        while self.snd_una < cum:
-            seq = self.snd_una
+        acked = self._delivered
+        seq = snd_una
+        while seq < cum:
             if seq == echo_seq:
                 acked(seq, rtt, ecn, now, echo_tx)
             else:
                 acked(seq, None, False, now, echo_tx)
-            self.snd_una = seq + 1
+            seq += 1
+        self.snd_una = seq
         if ack.sack_bitmap:
             self._on_sack(ack, echo_seq, rtt, ecn, now, echo_tx)
         rec.after_ack(echo_tx, nack, now)
@@ -335,7 +343,7 @@ class Sender:
         else:  # an older ACK, reordered: skip what the newer one reported
             bitmap &= ~(self._sack_seen << -shift)
         txs = self.recovery.txs
-        acked = self.recovery.delivered
+        acked = self._delivered
         while bitmap:
             low = bitmap & -bitmap
             seq = base + low.bit_length() - 1
@@ -346,24 +354,22 @@ class Sender:
                 else:
                     acked(seq, None, False, now, echo_tx)
 
-    def _path_feedback(self, echo_tx: Tx, skip: int, ecn: bool, nack: int, now: float) -> None:
-        """What an ACK says of the echoed packet's path: it delivers (evidence), it is busy
-        (an ECN echo, a trim: congested, skipped a while), or the receiver asks to skip it."""
-        evs = self.evs
-        slot = evs.slots.get(echo_tx.ev)
-        if slot is not None:
-            slot.last_evidence = now
-            slot.silent_losses = 0
-            if ecn or (nack and nack in _TRIMS):
-                self._congested(slot, nack == NackReason.TRIMMED_LASTHOP, now)
+    def _path_news(
+        self, slot: EvSlot | None, ev: int, skip: int, ecn: bool, nack: int, now: float
+    ) -> None:
+        """What an ACK says of the echoed packet's path (EV ``ev``, ``slot``) beside that it
+        delivers: it is busy (an ECN echo, a trim: congested, skipped a while), or the
+        receiver asks to skip it."""
+        if slot is not None and (ecn or (nack and nack in _TRIMS)):
+            self._congested(slot, nack == NackReason.TRIMMED_LASTHOP, now)
         if ecn:
             self.stats.ecn_echoes += 1
         srtt = self.recovery.srtt
         if (ecn or skip == _SKIP_ONCE) and srtt is not None:
             signal = _ECN_SIGNAL if ecn else _SKIP_ONCE_SIGNAL
-            evs.skip(echo_tx.ev, now + self.cfg.skip_rtts * srtt, signal)
+            self.evs.skip(ev, now + self.cfg.skip_rtts * srtt, signal)
         elif skip == _ALWAYS_SKIP:
-            evs.apply(echo_tx.ev, EvSignal.ALWAYS_SKIP, EvReason.ALWAYS_SKIP, now)
+            self.evs.apply(ev, EvSignal.ALWAYS_SKIP, EvReason.ALWAYS_SKIP, now)
 
     def _congested(self, slot: EvSlot, last_hop: bool, now: float) -> None:
         """A queue on this path (on every path of its plane, for the receiver's last hop)
