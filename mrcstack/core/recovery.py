@@ -575,14 +575,3 @@ class GoBackN(Recovery):
 
 #: Loss recovery by connection mode (``ConnectionConfig.mode``).
 STRATEGIES: dict[str, type[Recovery]] = {"mrc": Recovery, "roce": GoBackN}
-
-
-def create(
-    config: ConnectionConfig,
-    evs: EvTable,
-    cc: CongestionController,
-    stats: ConnectionStats,
-    window: SendWindow,
-) -> Recovery:
-    """The loss recovery ``config.mode`` names."""
-    return STRATEGIES[config.mode](config, evs, cc, stats, window)

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from mrcstack.core import recovery as recovery_mod
 from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.evs import EvSignal, EvSlot, EvTable
 from mrcstack.core.psn import unwrap
 from mrcstack.core.reasons import NACK_NAMES, EvReason, RetxReason
+from mrcstack.core.recovery import STRATEGIES
 from mrcstack.core.tx import U64, Outgoing, Tx, WorkRequest, new_record
 from mrcstack.wire.codec import DATA_HDR_LEN, DATA_IMM_HDR_LEN
 from mrcstack.wire.packets import (
@@ -97,7 +97,7 @@ class Sender:
         self._tx_order = 0  # send order of the last transmission (Tx.order)
         self.failed: tuple[str, WcStatus] | None = None
         self.posted = 0  # work requests posted: the next one's message sequence number
-        self.recovery = recovery_mod.create(config, evs, cc, stats, self)
+        self.recovery = STRATEGIES[config.mode](config, evs, cc, stats, self)
         # What a data packet's datagram adds to its payload (``trailer_len``: the ICRC or
         # the AEAD tag), with and without an immediate.
         self._overhead = DATA_HDR_LEN + trailer_len
