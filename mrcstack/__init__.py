@@ -1,4 +1,14 @@
-"""mrcstack: a reference open implementation of MRC (Multipath Reliable Connection)."""
+"""mrcstack: a reference open implementation of MRC (Multipath Reliable Connection).
+
+The packages follow the README's architecture drawing, lowest first: :mod:`.wire`,
+:mod:`.core` (the sans-IO QP), :mod:`.sim`, :mod:`.api`, :mod:`.netns` (the testbed),
+:mod:`.daemons` (mrcd and its tools), :mod:`.experiments`.  Modules at this level:
+:mod:`.fabric` and :mod:`.addrplan` (the fabric description and its uSID address plan),
+:mod:`.render` (switch configurations), :mod:`.errors` (errors that name their side),
+:mod:`.resources` (shipped data files), :mod:`.stats` (the one quantile), :mod:`.progress`
+(progress lost to a fault), :mod:`.cli` and :mod:`.demo` / :mod:`.demoreport` (the
+``mrcstack`` command and ``make demo``).
+"""
 
 import argparse
 

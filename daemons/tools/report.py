@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mrcstack.stats import Method, quantile
+
 MB = 1 << 20  # perftest's MB/sec is MiB/s
 GBIT = 1e9
 LINE = "-" * 87
@@ -144,19 +146,23 @@ def lat_stats(samples: Sequence[float]) -> dict[str, float]:
     """perftest's latency figures (microseconds) of one-way samples in seconds."""
     if not samples:
         return {}
-    s = sorted(samples)
-    n = len(s)
-    avg = sum(s) / n
-    var = sum((x - avg) ** 2 for x in s) / n
+    n = len(samples)
+    avg = sum(samples) / n
+    var = sum((x - avg) ** 2 for x in samples) / n
     us = 1e6
+
+    def at(q: float) -> float:  # a measured sample, as perftest reports its percentiles
+        value = quantile(samples, q, method=Method.NEAREST_RANK)
+        return math.nan if value is None else value * us
+
     return {
-        "t_min_us": s[0] * us,
-        "t_max_us": s[-1] * us,
-        "t_typical_us": s[n // 2] * us,
+        "t_min_us": min(samples) * us,
+        "t_max_us": max(samples) * us,
+        "t_typical_us": at(0.5),
         "t_avg_us": avg * us,
         "t_stdev_us": math.sqrt(var) * us,
-        "t_99_us": s[min(n - 1, int(n * 0.99))] * us,
-        "t_99_9_us": s[min(n - 1, int(n * 0.999))] * us,
+        "t_99_us": at(0.99),
+        "t_99_9_us": at(0.999),
     }
 
 

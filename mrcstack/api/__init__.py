@@ -14,6 +14,14 @@ Programs talk to their local mrcd over a Unix socket::
         [wc] = cq.poll()
 
 See ``docs/api.md`` for how every call maps to mrc.h / mrc_ctl.h.
+
+- :mod:`.verbs`: devices, contexts, regions, QPs (``Device.open`` is the entry)
+- :mod:`.completion`: completion queues and channels (a pollable fd)
+- :mod:`.ctl`: the controller API (``Controller``: ports, EV and CC profiles, probes)
+- :mod:`.requests`, :mod:`.types`: work requests, regions, attributes, statuses, events
+- :mod:`.client`, :mod:`.wire`, :mod:`.shm`: the Unix socket to mrcd, its messages, and the
+  shared memory regions travel in
+- :mod:`.errors`, :mod:`.limits`: ``ApiError`` (with an errno) and the API's limits
 """
 
 from mrcstack.api.completion import CompletionChannel, CompletionQueue

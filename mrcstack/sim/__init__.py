@@ -7,9 +7,11 @@ It is how the protocol core is tested, and a what-if tool::
 
 or from Python: ``run(SimConfig(...)).to_json()``.  Layers: :mod:`.engine` (event heap),
 :mod:`.network` (links, switch queues, trimming, ECN, faults), :mod:`.runner` (scenario ->
-connections -> result), :mod:`.cli`.  The same configuration and seed always give the same
-JSON, byte for byte (``json.dumps(result.to_json(), sort_keys=True)``; floats keep 9
-significant digits).
+connections -> result), :mod:`.cli`; beside them :mod:`.config` (``SimConfig``, flows,
+faults), :mod:`.scenario` (TOML scenario files), :mod:`.collectives` (collectives as
+dependent steps), :mod:`.content` (what each write's bytes must be) and :mod:`.result`.
+The same configuration and seed always give the same JSON, byte for byte
+(``json.dumps(result.to_json(), sort_keys=True)``; floats keep 9 significant digits).
 
 Accounting: a packet occupies ``len(datagram) + 48`` bytes on the wire (outer IPv6 40 +
 UDP 8; no Ethernet framing).  Goodput counts payload only while capacity is raw line rate,

@@ -144,7 +144,7 @@ class Controller:
     def __init__(self, node: Node, endpoint_ops: EndpointOps | None = None) -> None:
         self.node = node
         self.endpoint_ops = endpoint_ops
-        # The node's store when it keeps one (Node.ready builds connections from it).
+        # The node's store when it keeps one (connection setup builds connections from it).
         self.profiles: ProfileStore = node.profiles
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self.subscribers: dict[Subscriber, int] = {}  # subscriber -> events dropped since last

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mrcstack.core.reasons import RetxReason
 from mrcstack.experiments.analysis import mean, quantile
 from mrcstack.experiments.base import Claim, Op, Outcome, Plot, Table
 from mrcstack.experiments.plots import bars, cdf
@@ -80,7 +81,8 @@ def _read(seed: int, r: SimResult, alone_bps: float) -> _Run:
         # The receiver's links while the incast lasts (the victim ends earlier).
         utilization=r.receiver_utilization[f"h{RECEIVER}"] * r.completion_time_s / end,
         victim_kept=r.flows[-1].goodput_bps / alone_bps,
-        late=r.retransmissions.get("timeout", 0) + r.retransmissions.get("tlp", 0),
+        late=r.retransmissions.get(RetxReason.TIMEOUT, 0)
+        + r.retransmissions.get(RetxReason.TLP, 0),
     )
 
 
