@@ -11,7 +11,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from mrcstack.api.limits import MAX_PRIVATE_DATA
-from mrcstack.daemons.mrcd.control.auth import Credentials, Initiator, Responder, generate_keypair
+from mrcstack.daemons.mrcd.control.auth import (
+    MSG2_SIZE,
+    Credentials,
+    Initiator,
+    Responder,
+    generate_keypair,
+)
 from mrcstack.daemons.mrcd.control.client import (
     Accept,
     ConnectRejectedError,
@@ -23,11 +29,18 @@ from mrcstack.daemons.mrcd.control.client import (
 from mrcstack.daemons.mrcd.control.records import (
     ControlError,
     RecordLayer,
+    decode_busy,
     derive_qp_key,
+    encode_busy,
     encode_frame,
     read_frame,
 )
-from mrcstack.daemons.mrcd.control.server import ControlServer, LogLimit
+from mrcstack.daemons.mrcd.control.server import (
+    BUSY_RETRY_AFTER,
+    ControlServer,
+    LogLimit,
+    admission,
+)
 from mrcstack.errors import LocalError
 
 PSK = bytes(range(32))
@@ -512,20 +525,122 @@ async def test_slowloris_handshake_times_out(server: ControlServer) -> None:
     await still_serves(server)
 
 
+BUSY_FRAME = encode_frame(encode_busy(BUSY_RETRY_AFTER))
+
+
 async def test_too_many_handshakes_at_once(hooks: Hooks) -> None:
+    """Past the limit a peer gets the busy frame, and nothing else."""
     srv = ControlServer(SERVER, psk(SERVER), hooks, ("::1", 0), max_handshakes=1)
     await srv.start()
     try:
         _, idle = await asyncio.open_connection(*srv.address)
         while srv.stats.connections < 1:
             await asyncio.sleep(0.001)
-        assert await send_raw(srv, b"") == b""
+        assert await send_raw(srv, b"") == BUSY_FRAME
         assert srv.stats.rejected == {"busy": 1}
         idle.close()
         while srv.stats.rejected.get("eof", 0) < 1:
             await asyncio.sleep(0.001)
         await still_serves(srv)
     finally:
+        await srv.stop()
+
+
+def test_admission_keeps_room_per_source_and_for_new_sources() -> None:
+    def admit(total: int, from_source: int) -> str | None:
+        return admission(total, from_source, limit=10, per_source=3, reserve=4)
+
+    assert admit(0, 0) is None and admit(5, 2) is None
+    assert admit(1, 3) == "source_busy"  # a source at its share, however empty the server
+    assert admit(6, 1) == "busy" and admit(6, 0) is None  # the reserve: new sources only
+    assert admit(9, 0) is None and admit(10, 0) == "busy"  # the limit holds for everyone
+
+
+def test_the_busy_frame_carries_only_a_retry_hint() -> None:
+    assert decode_busy(encode_busy(0.25)) == 0.25
+    assert decode_busy(encode_busy(1e-9)) == 0.001  # at least a millisecond
+    assert decode_busy(b"MRCCBUSY") is None and decode_busy(encode_busy(1.0) + b"x") is None
+    assert len(encode_busy(1.0)) < MSG2_SIZE  # never taken for a handshake message
+
+
+async def test_a_connection_that_sends_nothing_is_closed_early(hooks: Hooks) -> None:
+    """An idle connection goes at the idle timeout, not the handshake's (it says which)."""
+    srv = ControlServer(
+        SERVER, psk(SERVER), hooks, ("::1", 0), handshake_timeout=30.0, idle_timeout=0.2
+    )
+    await srv.start()
+    try:
+        reader, writer = await asyncio.open_connection(*srv.address)
+        assert await asyncio.wait_for(closed_by_server(reader), 10) == b""
+        writer.close()
+        assert srv.stats.rejected == {"idle": 1}
+    finally:
+        await srv.stop()
+
+
+async def hold(port: int, source: str) -> asyncio.StreamWriter:
+    """An idle connection to 127.0.0.1:``port`` from loopback address ``source``."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    return writer
+
+
+async def test_one_source_at_its_share_leaves_room_for_others(hooks: Hooks) -> None:
+    """Sources A and B hold idle connections: A up to its share, B into the reserve.  Both
+    are then told busy; a new source still gets a session."""
+    srv = ControlServer(
+        SERVER, psk(SERVER), hooks, ("127.0.0.1", 0), handshake_timeout=30.0,
+        idle_timeout=30.0, max_handshakes=4, max_per_source=2, new_source_reserve=1,
+    )  # fmt: skip
+    await srv.start()
+    port = srv.address[1]
+    held: list[asyncio.StreamWriter] = []
+    try:
+        held += [await hold(port, "127.0.0.2") for _ in range(2)]
+        held.append(await hold(port, "127.0.0.3"))
+        while srv.stats.connections < 3:
+            await asyncio.sleep(0.001)
+
+        async def refused(source: str) -> bytes:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0)
+            )
+            try:
+                return await reader.read()
+            finally:
+                writer.close()
+
+        assert await refused("127.0.0.2") == BUSY_FRAME  # A: its share
+        assert await refused("127.0.0.3") == BUSY_FRAME  # B: the last slot is a new source's
+        assert srv.stats.rejected == {"source_busy": 1, "busy": 1}
+        await still_serves(srv)  # from 127.0.0.1: new
+    finally:
+        for w in held:
+            w.close()
+        await srv.stop()
+
+
+async def test_a_busy_peer_is_retried_until_it_has_room(hooks: Hooks) -> None:
+    """The client says busy (not refused credentials) when its time runs out, and gets
+    through once the server has room, within one open_session call."""
+    srv = ControlServer(SERVER, psk(SERVER), hooks, ("::1", 0), max_handshakes=1)
+    await srv.start()
+    cli = ControlClient("h0", psk("h0"))
+    try:
+        _, idle = await asyncio.open_connection(*srv.address)
+        while srv.stats.connections < 1:
+            await asyncio.sleep(0.001)
+        with pytest.raises(ControlError, match=r"is busy.*still busy after") as info:
+            await cli.open_session(SERVER, srv.address, timeout=0.3)
+        assert info.value.reason == "busy" and "credentials" not in str(info.value)
+        opening = asyncio.create_task(cli.open_session(SERVER, srv.address, timeout=30))
+        refused = srv.stats.rejected["busy"]
+        while srv.stats.rejected["busy"] == refused:  # it has been told busy once more
+            await asyncio.sleep(0.001)
+        idle.close()
+        sess = await opening
+        assert await sess.ping() >= 0
+    finally:
+        await cli.close()
         await srv.stop()
 
 
@@ -615,7 +730,7 @@ async def test_flood_of_garbage_connections(server: ControlServer) -> None:
     payloads = [rng.randbytes(rng.randrange(0, 400)) for _ in range(200)]
     payloads += [encode_frame(rng.randbytes(rng.randrange(0, 256))) for _ in range(100)]
     replies = await asyncio.gather(*(send_raw(server, p) for p in payloads))
-    assert set(replies) == {b""}
+    assert set(replies) <= {b"", BUSY_FRAME}  # at most told to come back later
     assert sum(server.stats.rejected.values()) == len(payloads)
     assert not server.stats.auth_failures  # junk fails the handshake, not authentication
     assert server.stats.sessions == 0

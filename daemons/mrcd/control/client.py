@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import random
 import re
 import socket
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from mrcstack.daemons.mrcd.control.records import (
     ControlError,
     Message,
     RecordLayer,
+    decode_busy,
     derive_qp_key,
     encode_frame,
     read_frame,
@@ -48,6 +50,9 @@ log = logging.getLogger("mrcd.control")
 Address = tuple[str, int]
 
 HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from accept: slow peers are cut off
+#: Retrying a busy peer: the first wait (or the peer's hint, if longer), doubled each time
+#: up to the last, with up to a quarter more at random so refused peers do not return as one.
+BUSY_BACKOFF = (0.05, 1.0)
 FRAME_TIMEOUT = 30.0  # the rest of a frame once its length has arrived
 REQUEST_TIMEOUT = 10.0
 _HOST_INDEX = re.compile(r"h(\d+)")
@@ -386,9 +391,11 @@ class ControlClient:
         """The open session to ``peer_host``, or a new one (``address`` or the peers table;
         ``timeout`` for connect and handshake, default the client's handshake timeout).
 
+        A peer that says it is busy is asked again, with backoff, until ``timeout`` is spent.
+
         ControlError reasons: ``no_listener`` (the peer host refused the TCP connection:
-        no mrcd listens there), ``unreachable``, ``timeout``, ``refused`` (credentials),
-        ``lost``."""
+        no mrcd listens there), ``unreachable``, ``timeout``, ``busy`` (still, when the
+        time ran out), ``refused`` (it closed the handshake: credentials), ``lost``."""
         lock = self._locks.setdefault(peer_host, asyncio.Lock())
         async with lock:
             session = self._sessions.get(peer_host)
@@ -398,16 +405,32 @@ class ControlClient:
                 address = self.peers.get(peer_host)
                 if address is None:
                     raise LocalError(f"no control address for {peer_host}")
-            session = await self._open(peer_host, address, timeout)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            deadline = start + (self.handshake_timeout if timeout is None else timeout)
+            wait, tries = BUSY_BACKOFF[0], 1
+            while True:
+                try:
+                    session = await self._open(peer_host, address, deadline)
+                    break
+                except ControlError as exc:
+                    if exc.reason != "busy":
+                        raise
+                    pause = max(wait, exc.retry_after) * random.uniform(1.0, 1.25)
+                    if loop.time() + pause >= deadline:
+                        raise ControlError(
+                            "busy",
+                            f"{exc.detail}; still busy after {tries} tries in "
+                            f"{loop.time() - start:.1f} s",
+                        ) from None
+                    await asyncio.sleep(pause)
+                    wait, tries = min(2 * wait, BUSY_BACKOFF[1]), tries + 1
             self._sessions[peer_host] = session
             return session
 
-    async def _open(self, peer_host: str, address: Address, timeout: float | None) -> Session:
+    async def _open(self, peer_host: str, address: Address, deadline: float) -> Session:
         where = f"{peer_host} at [{address[0]}]:{address[1]}"
         initiator = Initiator(self.creds, peer_host)
-        deadline = asyncio.get_running_loop().time() + (
-            self.handshake_timeout if timeout is None else timeout
-        )
         try:
             async with asyncio.timeout_at(deadline):
                 reader, writer = await asyncio.open_connection(*address)
@@ -425,6 +448,12 @@ class ControlClient:
                 if msg2 is None:
                     raise ControlError(
                         "refused", f"{where} ended the handshake: it refuses our credentials"
+                    )
+                if (retry_after := decode_busy(msg2)) is not None:
+                    raise ControlError(
+                        "busy",
+                        f"{where} is busy (too many connections being set up there)",
+                        retry_after=retry_after,
                     )
                 msg3 = initiator.receive(msg2)
                 if msg3 is not None:

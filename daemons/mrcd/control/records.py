@@ -38,10 +38,11 @@ class ControlError(PeerError):
     ``reason`` is the short code the server counts; ``str()`` is one line for logs.
     """
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, retry_after: float = 0.0) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.retry_after = retry_after  # seconds the peer asked us to wait (``busy``)
 
 
 # Keys -------------------------------------------------------------------------------------
@@ -71,16 +72,45 @@ def encode_frame(body: bytes) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
+#: The one frame a server sends to a peer it has not authenticated: "busy, try again in this
+#: many milliseconds", instead of a handshake message.  It carries nothing the peer could not
+#: learn by connecting, and is told apart from message 2 by its start and size.
+BUSY = b"MRCCBUSY"
+_BUSY_TAIL = struct.Struct("!H")
+
+
+def encode_busy(retry_after: float) -> bytes:
+    """The busy frame (body), asking to retry after ``retry_after`` seconds."""
+    return BUSY + _BUSY_TAIL.pack(min(0xFFFF, max(1, round(retry_after * 1000))))
+
+
+def decode_busy(body: bytes) -> float | None:
+    """The retry hint in seconds if ``body`` is a busy frame, else None."""
+    if len(body) != len(BUSY) + _BUSY_TAIL.size or not body.startswith(BUSY):
+        return None
+    (ms,) = _BUSY_TAIL.unpack_from(body, len(BUSY))
+    return float(ms) / 1000
+
+
 async def read_frame(
-    reader: asyncio.StreamReader, limit: int, body_timeout: float | None = None
+    reader: asyncio.StreamReader,
+    limit: int,
+    body_timeout: float | None = None,
+    start_timeout: float | None = None,
 ) -> bytes | None:
-    """One frame's body, or None on a clean end of stream between frames."""
+    """One frame's body, or None on a clean end of stream between frames.
+
+    ``start_timeout``: the frame's length prefix must arrive within it (ControlError
+    ``idle``), so a connection that sends nothing is cut off early."""
     try:
-        header = await reader.readexactly(LENGTH.size)
+        async with asyncio.timeout(start_timeout):
+            header = await reader.readexactly(LENGTH.size)
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             return None
         raise ControlError("truncated", "stream ended inside a length prefix") from None
+    except TimeoutError:
+        raise ControlError("idle", f"nothing sent within {start_timeout} s") from None
     (size,) = LENGTH.unpack(header)
     if size > limit:
         raise ControlError("oversized", f"frame of {size} bytes (limit {limit})")

@@ -4,7 +4,8 @@ It listens on the control address, authenticates every peer (``auth.py``'s hands
 ``handshake_timeout``), then answers its requests (``control.py`` has the messages).  Bad
 input never takes the server down: the connection is closed, the reason counted in
 :attr:`ControlServer.stats` (authentication failures apart from other rejections) and logged
-in one line.  A peer that has not authenticated gets no byte back.
+in one line.  A peer that has not authenticated gets no byte back, but for the busy frame
+that tells a refused one when to try again.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from mrcstack.daemons.mrcd.control.records import (
     ControlError,
     Message,
     RecordLayer,
+    encode_busy,
     encode_frame,
     read_frame,
 )
@@ -54,12 +56,28 @@ from mrcstack.errors import LocalError
 log = logging.getLogger("mrcd.control")
 
 MAX_INFLIGHT = 64  # requests one session may have outstanding at the server
-MAX_HANDSHAKES = 128  # concurrent unauthenticated connections; more are closed at once
+MAX_HANDSHAKES = 128  # concurrent unauthenticated connections; more are told busy
+#: Handshakes one source address may have in progress: one host holding connections open
+#: cannot take the server's room from the others.
+MAX_HANDSHAKES_PER_SOURCE = 8
+#: Of MAX_HANDSHAKES, the slots only a source with no handshake in progress may take, so a
+#: new peer gets in even while many sources each hold their share.
+NEW_SOURCE_RESERVE = 32
+#: A connection must start its first frame within this (an mrcd sends it at once); one that
+#: sends nothing is closed long before the whole handshake's timeout.
+IDLE_TIMEOUT = 1.0
+#: What a busy server asks a refused peer to wait before trying again.
+BUSY_RETRY_AFTER = 0.1
+#: How long a refused connection is read (and discarded) after the busy frame, so closing
+#: it does not reset the connection before the peer reads that frame.
+BUSY_LINGER = 0.5
 LOG_BURST = 20  # rejection log lines per second; the rest are counted, then summarized
 #: Why a connection was closed, other than failed authentication (auth.CREDENTIAL_FAILURES).
 #: A bounded set: metrics export each one (zero until it happens); anything else is a bug.
 REJECT_REASONS = (
-    "busy",  # MAX_HANDSHAKES handshakes already in progress
+    "busy",  # MAX_HANDSHAKES handshakes in progress (or all but the new sources' reserve)
+    "source_busy",  # MAX_HANDSHAKES_PER_SOURCE from this address in progress
+    "idle",  # nothing sent within IDLE_TIMEOUT of connecting
     "timeout",  # no handshake within handshake_timeout, or a frame left unfinished
     "eof",  # closed during the handshake
     "malformed",  # not an mrcd handshake, or a record too short to be one
@@ -118,8 +136,26 @@ class LogLimit:
         return held
 
 
+def admission(
+    total: int, from_source: int, *, limit: int, per_source: int, reserve: int
+) -> str | None:
+    """Why a new handshake must wait (a REJECT_REASONS entry), or None to let it in.
+
+    ``total`` handshakes are in progress, ``from_source`` of them from the new connection's
+    address.  A source at its share is refused first; the last ``reserve`` slots go only to
+    sources with nothing in progress, so one that keeps its share busy leaves them room."""
+    if from_source >= per_source:
+        return "source_busy"
+    if total >= limit or (from_source and total >= limit - reserve):
+        return "busy"
+    return None
+
+
 class ControlServer:
-    """Listens on the control address and answers authenticated peers' requests."""
+    """Listens on the control address and answers authenticated peers' requests.
+
+    Handshakes are admitted by :func:`admission`; a refused peer gets one busy frame (a
+    retry hint, nothing else) and is closed."""
 
     def __init__(
         self,
@@ -131,6 +167,9 @@ class ControlServer:
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         max_message: int = MAX_MESSAGE,
         max_handshakes: int = MAX_HANDSHAKES,
+        max_per_source: int = MAX_HANDSHAKES_PER_SOURCE,
+        new_source_reserve: int = NEW_SOURCE_RESERVE,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.host_name = host_name
         self.creds = credentials(host_name, auth)
@@ -139,11 +178,15 @@ class ControlServer:
         self.handshake_timeout = handshake_timeout
         self.max_message = max_message
         self.max_handshakes = max_handshakes
+        self.max_per_source = max_per_source
+        self.new_source_reserve = min(new_source_reserve, max_handshakes - 1)
+        self.idle_timeout = idle_timeout
         self.stats = ControlStats()
         self._replay = ReplayCache()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._handshaking = 0
+        self._by_source: dict[str, int] = {}  # handshakes in progress per source address
         self._log_limit = LogLimit()
 
     @property
@@ -197,12 +240,26 @@ class ControlServer:
             self._tasks.add(task)
         name = writer.get_extra_info("peername")
         peer = f"[{name[0]}]:{name[1]}" if name else "?"
+        source = str(name[0]) if name else "?"
         self.stats.connections += 1
         try:
-            if self._handshaking >= self.max_handshakes:
-                self._reject(peer, "busy", f"{self._handshaking} handshakes in progress")
+            from_source = self._by_source.get(source, 0)
+            busy = admission(
+                self._handshaking,
+                from_source,
+                limit=self.max_handshakes,
+                per_source=self.max_per_source,
+                reserve=self.new_source_reserve,
+            )
+            if busy is not None:
+                self._reject(
+                    peer, busy, f"{self._handshaking} handshakes in progress, {from_source} "
+                    f"from {source}"
+                )  # fmt: skip
+                await self._refuse(reader, writer)
                 return
             self._handshaking += 1
+            self._by_source[source] = from_source + 1
             try:
                 keys = await self._handshake(reader, writer)
             except AuthError as exc:
@@ -219,6 +276,9 @@ class ControlServer:
                 return
             finally:
                 self._handshaking -= 1
+                left = self._by_source.pop(source) - 1
+                if left:
+                    self._by_source[source] = left
             await self._session(keys, reader, writer, peer)
         except Exception:  # a bug must cost one connection, never the server
             self.stats.reject("internal")
@@ -232,13 +292,28 @@ class ControlServer:
             if task is not None:
                 self._tasks.discard(task)
 
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Send the busy frame and end the connection cleanly: what the peer sent is read
+        and dropped for a moment, since closing with unread data would reset the connection
+        and could destroy the frame before the peer reads it."""
+        try:
+            writer.write(encode_frame(encode_busy(BUSY_RETRY_AFTER)))
+            if writer.can_write_eof():
+                writer.write_eof()
+            async with asyncio.timeout(BUSY_LINGER):
+                while await reader.read(4096):
+                    pass
+        except (OSError, TimeoutError):
+            pass  # gone, or still talking: it has had its answer
+
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> SessionKeys:
         responder = Responder(self.creds, replay=self._replay)
         async with asyncio.timeout(self.handshake_timeout):
-            for _ in range(2):
-                body = await read_frame(reader, MAX_HANDSHAKE_MESSAGE)
+            for i in range(2):
+                start = self.idle_timeout if i == 0 else None
+                body = await read_frame(reader, MAX_HANDSHAKE_MESSAGE, start_timeout=start)
                 if body is None:
                     raise ControlError("eof", "closed during the handshake")
                 reply = responder.receive(body)
