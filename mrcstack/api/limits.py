@@ -26,6 +26,11 @@ QPN_LIMIT = QPN_MASK + 1
 #: a REP, 92 in a REQ).  Enough for addresses, rkeys and a small handshake.
 MAX_PRIVATE_DATA = 256
 
+#: How long mrcd tries to connect a QP when the application does not say (seconds), and the
+#: most it may ask for.
+CONNECT_TIMEOUT = 10.0
+MAX_CONNECT_TIMEOUT = 3600.0
+
 
 def check_private_data(data: bytes, what: str = "private_data") -> bytes:
     """``data`` if it fits in :data:`MAX_PRIVATE_DATA`, else ApiError(EINVAL) saying so."""

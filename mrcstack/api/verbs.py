@@ -41,6 +41,8 @@ SOCKET_ENV = "MRCD_SOCKET"
 RUN_DIR = Path("/run/mrcstack")
 NETNS_DIR = Path("/run/netns")  # where iproute2 keeps named network namespaces
 DEFAULT_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+#: How much longer than its timeout a connect waits for mrcd, whose own error says more.
+CONNECT_MARGIN = 2.0
 
 
 def namespace_socket(netns: str) -> Path:
@@ -159,9 +161,15 @@ class QueuePair:
         timeout: float | None = None,
     ) -> bytes:
         """Connect to the QP a listener on ``remote_host`` accepts for ``service`` (the
-        out-of-band exchange plus RESET -> RTS); returns the peer's private data."""
+        out-of-band exchange plus RESET -> RTS); returns the peer's private data.
+
+        ``timeout``: how long mrcd may try (a busy peer is asked again until then; default
+        mrcd's 10 s); this call waits a little longer, for mrcd's answer."""
+        args = self._connect_args(remote_host, service, private_data)
+        if timeout is not None:
+            args["timeout"] = timeout
         result = self.context.conn.call(
-            "connect", self._connect_args(remote_host, service, private_data), timeout=timeout
+            "connect", args, timeout=None if timeout is None else timeout + CONNECT_MARGIN
         )
         return bytes.fromhex(result["private_data"])
 

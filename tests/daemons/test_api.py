@@ -321,6 +321,29 @@ def test_connect_without_listener_is_refused(daemons: Daemons) -> None:
         a.qp.connect(0, 1, timeout=WAIT)
 
 
+def test_a_busy_peer_is_retried_and_reported_as_busy(daemons: Daemons) -> None:
+    """h3's control channel takes no new session from h0 (its share is 0): h0's mrcd asks
+    again until the application's connect timeout, then says the peer is busy.  Given
+    room, the next connect goes through."""
+    server, client = daemons.nodes[3].control_server, daemons.nodes[0].control_client
+    assert server is not None and client is not None
+
+    def share(n: int) -> None:
+        server.max_per_source = n
+
+    daemons.on_loop(lambda: share(0))
+    daemons.run(client.close())  # h0 must open a new session to h3
+    a, b = end(daemons, 0, 4096), end(daemons, 3, 4096)
+    b.ctx.listen(9)
+    with pytest.raises(ApiError) as err:
+        a.qp.connect(3, 9, timeout=0.5)
+    assert err.value.errno == errno.ECONNREFUSED
+    assert "mrcd on h3 is busy" in str(err.value) and "credentials" not in str(err.value)
+    assert daemons.on_loop(lambda: server.stats.rejected["source_busy"]) >= 2  # asked again
+    daemons.on_loop(lambda: share(8))
+    connect(daemons, ends=(end(daemons, 0, 4096), b))
+
+
 CHILD = """
 import os, sys, time
 from mrcstack.api import Device, WriteWr

@@ -16,7 +16,14 @@ from typing import Any
 
 from mrcstack.api import wire
 from mrcstack.api.errors import ApiError, invalid
-from mrcstack.api.limits import MAX_PRIVATE_DATA, U16, U32, U64
+from mrcstack.api.limits import (
+    CONNECT_TIMEOUT,
+    MAX_CONNECT_TIMEOUT,
+    MAX_PRIVATE_DATA,
+    U16,
+    U32,
+    U64,
+)
 from mrcstack.api.types import SUPPORTED_OPCODES, AsyncEventType, Opcode, WcOpcode, WcStatus
 from mrcstack.core import events as ev
 from mrcstack.core.receiver import SACK_BITS
@@ -198,11 +205,12 @@ class QpTable:
         remote = a.get_int(args, "remote_host", 0, self.node.fabric.hosts - 1)
         service = a.get_int(args, "service", 0, U32)
         private = a.get_hex(args, "private_data", MAX_PRIVATE_DATA)
+        timeout = a.get_float(args, "timeout", 0.0, MAX_CONNECT_TIMEOUT, CONNECT_TIMEOUT)
         if remote == self.node.host:
             raise invalid(f"remote_host {remote} is this host")
         self._require_reset(rec)
         try:
-            peer_data = await self.s.server.connector(rec.qpn, remote, service, private)
+            peer_data = await self.s.server.connector(rec.qpn, remote, service, private, timeout)
         except LocalError as exc:  # rejected, unreachable, no listener: the connect failed
             raise ApiError(errno.ECONNREFUSED, str(exc)) from None
         self._connected(rec)

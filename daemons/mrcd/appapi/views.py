@@ -17,7 +17,8 @@ from mrcstack.daemons.mrcd.node.node import Node
 from mrcstack.daemons.mrcd.node.qps import Context
 
 #: connect(qpn, remote_host, service, private_data) -> the peer's private data, QP in RTS.
-Connector = Callable[[int, int, int, bytes], Awaitable[bytes]]
+#: node.connect_qp: (qpn, remote host, service, private data, timeout) -> peer's private data
+Connector = Callable[[int, int, int, bytes, float], Awaitable[bytes]]
 
 
 @dataclass(slots=True)

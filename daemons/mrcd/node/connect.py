@@ -11,12 +11,14 @@ transport starts carrying it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import random
 from dataclasses import dataclass
 from typing import Protocol
 
+from mrcstack.api.limits import CONNECT_TIMEOUT
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.daemons.mrcd.config import MrcdConfig
@@ -47,6 +49,8 @@ log = logging.getLogger("mrcd")
 #: first window of a software endpoint queues behind its own sending and the peer's
 #: first touches of the region, which takes several times its steady RTT.
 INITIAL_RTO = 0.05
+#: What a CONNECT request gets at least, however long opening the session took.
+MIN_REQUEST_TIME = 1.0
 
 
 class SetupNode(Running, Protocol):
@@ -144,12 +148,13 @@ class ConnectionSetup:
         remote_host: int,
         service: int,
         private_data: bytes = b"",
-        timeout: float = 10.0,
+        timeout: float = CONNECT_TIMEOUT,
     ) -> bytes:
         """Connect our QP to whatever the remote host's application accepts on ``service``.
 
         The control channel carries QPN, first PSN and private data both ways and gives both
-        ends the same per-QP packet key; the QP is on the wire when this returns.
+        ends the same per-QP packet key; the QP is on the wire when this returns.  Within
+        ``timeout`` a busy peer is asked again (with backoff) before giving up.
         """
         qp = self.table.qp(qpn)
         self.addresses.check_remote(remote_host)
@@ -158,8 +163,10 @@ class ConnectionSetup:
         if client is None:
             raise LocalError("mrcd is not running")
         peer = Fabric.host_name(remote_host)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            session = await client.open_session(peer)
+            session = await client.open_session(peer, timeout=timeout)
             accept = await session.connect(
                 src_host=self.host,
                 src_qpn=qpn,
@@ -169,12 +176,16 @@ class ConnectionSetup:
                 mtu_payload=qp.attrs.mtu_payload,
                 private_data=private_data,
                 instance=self.node.instance,
-                timeout=timeout,
+                timeout=max(deadline - loop.time(), MIN_REQUEST_TIME),
                 packet_auth=self.node.cfg.packet_auth,
             )
         except ConnectRejectedError as exc:
             raise LocalError(f"{peer} rejected the connection: {exc}") from None
-        except (ControlError, OSError, TimeoutError) as exc:
+        except ControlError as exc:
+            if exc.reason == "busy":
+                raise LocalError(f"mrcd on {peer} is busy: {exc.detail}") from None
+            raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
+        except (OSError, TimeoutError) as exc:
             raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
         key = None
         if accept.packet_auth and self.node.cfg.packet_auth:
