@@ -49,7 +49,7 @@ field("tseth_tsr", "tseth.tsr", "uint16", "TSR", base.DEC, nil, 0x8000)
 field("tseth_ftype", "tseth.ftype", "uint16", "ftype", base.DEC, nil, 0x000F)
 field("va", "reth.va", "uint64", "Virtual address", base.HEX)
 field("rkey", "reth.r_key", "uint32", "R_Key", base.HEX)
-field("dmalen", "reth.dmalen", "uint32", "DMA length", base.DEC)
+field("dmalen", "reth.dmalen", "uint32", "DMA length (the whole write)", base.DEC)
 field("immdt", "immdt", "uint32", "Immediate", base.HEX)
 -- XETH / XFETH (mrcstack)
 field("x_version", "xeth.version", "uint8", "Version", base.DEC)
@@ -61,6 +61,7 @@ field("x_port", "xeth.port", "uint8", "Port (plane)", base.DEC)
 field("x_ev", "xeth.ev", "uint32", "EV", base.HEX)
 field("x_tx_seq", "xeth.tx_seq", "uint64", "tx_seq", base.DEC)
 field("x_ts_ns", "xeth.ts_ns", "uint64", "Timestamp (ns)", base.DEC)
+field("x_offset", "xeth.offset", "uint32", "Offset in the write", base.DEC)
 field("x_msn", "xfeth.msn", "uint32", "Writes completed (MSN)", base.DEC)
 field("x_port_state", "xfeth.port_state", "uint16", "Port state", base.HEX)
 field("x_hdr_check", "xeth.hdr_check", "uint32", "hdr_check", base.HEX)
@@ -120,7 +121,7 @@ mrc.prefs.aead = Pref.bool("AES-GCM trailer", false,
     "Packets end with mrcstack's 16-byte AES-GCM tag instead of the 4-byte ICRC")
 
 local BTH, METH, TSETH, RETH, IMMDT = 12, 4, 4, 16, 4
-local XETH, XFETH, SETH, CC, NETH, ERTH, EETH, PETH = 28, 36, 28, 8, 20, 16, 36, 16
+local XETH, XFETH, SETH, CC, NETH, ERTH, EETH, PETH = 32, 36, 28, 8, 20, 16, 36, 16
 
 local function psn_add(base_psn, offset)
     return (base_psn + offset) % 0x1000000
@@ -136,7 +137,8 @@ local function add_xeth(tree, buf, off)
     t:add(F.x_ev, buf(off + 4, 4))
     t:add(F.x_tx_seq, buf(off + 8, 8))
     t:add(F.x_ts_ns, buf(off + 16, 8))
-    t:add(F.x_hdr_check, buf(off + 24, 4))
+    t:add(F.x_offset, buf(off + 24, 4))
+    t:add(F.x_hdr_check, buf(off + 28, 4))
     return buf(off + 1, 1):uint(), buf(off + 4, 4):uint()
 end
 

@@ -35,6 +35,7 @@ from mrcstack.fabric import format_size, parse_size
 #: with --verify) and ~16 s (lat) on the 2-core VM of docs/tools.md, well within 30 s.
 ALL_ITERS_BW = 200
 ALL_ITERS_LAT = 100
+DEFAULT_TIMEOUT = 30.0  # seconds: --timeout when not given
 
 
 # Flags --------------------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class Options:
     mtu: int | None
     timeout: float
     kind: int = KIND_BW
+    first_client_timeout: float | None = None  # --timeout as given (None: wait on)
     all: bool = False  # -a: every size 2 .. max_size, a run each
     max_size: int = MAX_ALL_SIZE
     depth_flag: int | None = None  # -t as given (None: default_depth of each size)
@@ -353,8 +355,9 @@ QP_FLAGS: list[Flag] = [
         ("--timeout",),
         dict(
             type=_seconds,
-            default=30.0,
-            help="seconds to wait for the server, a peer or progress (default 30)",
+            default=None,
+            help="seconds to wait for the server, a peer or progress (default 30); given, it "
+            "also bounds a server's wait for its first client (default: wait on)",
         ),
     ),
 ]
@@ -427,8 +430,9 @@ def _options(prog: str, kind: int, ns: argparse.Namespace) -> Options:
         ev_profile=ns.ev_profile,
         cc_profile=ns.cc_profile,
         mtu=ns.mtu,
-        timeout=ns.timeout,
+        timeout=ns.timeout if ns.timeout is not None else DEFAULT_TIMEOUT,
         kind=kind,
+        first_client_timeout=ns.timeout,
         all=ns.all,
         max_size=ns.max_size if ns.max_size is not None else MAX_ALL_SIZE,
         depth_flag=depth_flag,

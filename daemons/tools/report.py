@@ -14,6 +14,9 @@ from typing import Any
 from mrcstack.stats import Method, quantile
 
 MB = 1 << 20  # perftest's MB/sec is MiB/s
+#: Completions a window must hold for its rate to count as a peak: a window of one or two
+#: large writes can only read as a multiple of one write's size per interval.
+PEAK_MIN_WRITES = 10
 GBIT = 1e9
 LINE = "-" * 87
 
@@ -46,17 +49,37 @@ def bw_series_entry(s: Series, t: float) -> dict[str, Any]:
     }
 
 
+def peak_rate(entries: Sequence[dict[str, Any]], interval: float) -> float | None:
+    """The best rate (bytes/s) over windows of whole intervals that each hold at least
+    PEAK_MIN_WRITES completions (consecutive intervals are merged until they do); None when
+    the run never held that many."""
+    best: float | None = None
+    nbytes = writes = spans = 0
+    for e in entries:
+        nbytes, writes, spans = nbytes + e["bytes"], writes + e["writes"], spans + 1
+        if writes >= PEAK_MIN_WRITES:
+            rate = nbytes / (spans * interval)
+            best = rate if best is None else max(best, rate)
+            nbytes = writes = spans = 0
+    return best
+
+
 def bw_figures(
     nbytes: int, writes: int, elapsed: float, entries: Sequence[dict[str, Any]], interval: float
-) -> dict[str, float]:
+) -> dict[str, float | None]:
+    """The run's figures; the peak is None when no window held enough writes to mean it
+    (:func:`peak_rate`)."""
     avg = nbytes / elapsed if elapsed > 0 else 0.0
-    peak = max((e["bytes"] / interval for e in entries), default=avg)
-    peak = max(peak, avg)  # the average also counts the last, partial interval
+    peak = peak_rate(entries, interval)
+    if peak is None and writes >= PEAK_MIN_WRITES:
+        peak = avg  # every write fell in one window: the run itself is the window
+    if peak is not None:
+        peak = max(peak, avg)  # the average also counts the last, partial interval
     return {
         "duration_s": round(elapsed, 6),
-        "bw_peak_MB_s": round(peak / MB, 3),
+        "bw_peak_MB_s": None if peak is None else round(peak / MB, 3),
         "bw_average_MB_s": round(avg / MB, 3),
-        "bw_peak_gbit_s": round(peak * 8 / GBIT, 6),
+        "bw_peak_gbit_s": None if peak is None else round(peak * 8 / GBIT, 6),
         "bw_average_gbit_s": round(avg * 8 / GBIT, 6),
         "msg_rate_mpps": round(writes / elapsed / 1e6 if elapsed > 0 else 0.0, 9),
     }
@@ -78,8 +101,12 @@ def bw_columns(gbits: bool) -> str:
     )
 
 
-def bw_row(size: int, iters: int, peak_bps: float, avg_bps: float, rate: float, gbits: bool) -> str:
-    def fmt(bytes_per_s: float) -> str:
+def bw_row(
+    size: int, iters: int, peak_bps: float | None, avg_bps: float, rate: float, gbits: bool
+) -> str:
+    def fmt(bytes_per_s: float | None) -> str:
+        if bytes_per_s is None:
+            return "-"  # too few writes per window for a peak
         return f"{bytes_per_s * 8 / GBIT:.2f}" if gbits else f"{bytes_per_s / MB:.2f}"
 
     return f" {size:<10} {iters:<14} {fmt(peak_bps):<18} {fmt(avg_bps):<21} {rate / 1e6:.6f}"
@@ -87,9 +114,16 @@ def bw_row(size: int, iters: int, peak_bps: float, avg_bps: float, rate: float, 
 
 def bw_figures_row(size: int, iters: int, fig: dict[str, Any], gbits: bool) -> str:
     """:func:`bw_row` of the figures of :func:`bw_figures` (or of a document carrying them)."""
-    peak = fig["bw_peak_MB_s"] * MB
+    peak = None if fig["bw_peak_MB_s"] is None else fig["bw_peak_MB_s"] * MB
     avg = fig["bw_average_MB_s"] * MB
     return bw_row(size, iters, peak, avg, fig["msg_rate_mpps"] * 1e6, gbits)
+
+
+def peak_note(docs: Sequence[dict[str, Any]]) -> str | None:
+    """What a "-" in the peak column means, under a table that has one."""
+    if not any(d.get("bw_peak_MB_s", 0) is None for d in docs):
+        return None
+    return f" BW peak -: no run of intervals held {PEAK_MIN_WRITES} writes (a longer run has one)"
 
 
 BW_ALL_KEYS = (

@@ -31,7 +31,7 @@ from mrcstack.daemons.tools.common import (
     wait_hello,
 )
 from mrcstack.daemons.tools.flags import Options, run_main
-from mrcstack.daemons.tools.report import LINE, Series, emit, header, say
+from mrcstack.daemons.tools.report import LINE, Series, emit, header, peak_note, say
 
 Doc = dict[str, Any]
 
@@ -155,6 +155,8 @@ def _end(tool: ClientTool, o: Options, docs: list[Doc], elapsed: float) -> None:
             emit(all_summary(o, tool.prog, docs, elapsed, *tool.summary(o, docs)))
         return
     say(LINE)
+    if (note := peak_note(docs)) is not None:
+        say(note)
     if o.verify:
         sizes = f" over {len(docs)} sizes" if o.all else ""
         say(tool.verified(docs, sizes))
@@ -373,7 +375,9 @@ def _serve(o: Options, tool: ServerTool, site: Site, ctx: Context, listener: Lis
     client_host: int | None = None
     while True:
         if client_host is None:
-            req, hello = wait_hello(listener, tool.kind, None)
+            req, hello = wait_hello(
+                listener, tool.kind, o.first_client_timeout, waiting_for="a client"
+            )
             sweep = hello.more
             client_host = req.remote_host
         else:
@@ -398,6 +402,8 @@ def _serve(o: Options, tool: ServerTool, site: Site, ctx: Context, listener: Lis
             break
     if not o.json:
         say(LINE)
+        if (note := peak_note(docs)) is not None:
+            say(note)
         verified = tool.verified(docs, f" over {len(docs)} sizes" if sweep else "")
         if verified is not None:
             say(verified)

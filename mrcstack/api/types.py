@@ -32,6 +32,7 @@ class WcStatus(enum.IntEnum):
 
     SUCCESS = 0
     WR_FLUSH_ERR = 5  # the QP failed or was torn down before this request finished
+    REM_INV_REQ_ERR = 9  # the peer found the write malformed (or out of its window)
     REM_ACCESS_ERR = 10  # the peer rejected the rkey or range
     RETRY_EXC_ERR = 12  # retries (linear_cnt + exp_cnt) exhausted
 

@@ -65,6 +65,8 @@ _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _SKIP_NONE = int(SkipHint.NONE)
+#: What a QP that refused one of its peer's writes still takes (see Connection._refused).
+_DRAINED = frozenset({DataPacket, ReliabilityProbePacket})
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
 
@@ -124,6 +126,8 @@ class Connection:
         # Packets in flight, their loss and the timers that decide it (the sender's).
         self.recovery = self.sender.recovery
         self.receiver = Receiver(config, memory, self.stats, self._emit)
+        self.receiver.on_refused = self._refused
+        self._draining = False  # failed by refusing a write: still takes what came before
         self._control: deque[Outgoing] = deque()
         self._coalesce = config.ack_coalesce > 1  # else every data packet is ACKed at once
         if not self._coalesce:
@@ -288,7 +292,7 @@ class Connection:
         """A datagram from NIC port ``port``: decoded and verified here (what fails is
         counted in ``stats.rejected`` and dropped), then handled as by ``receive_packet``."""
         stats = self.stats
-        if self.failed is not None:
+        if self.failed is not None and not self._draining:
             return
         if not 0 <= port < self.cfg.planes:
             stats.count(stats.rejected, RejectReason.PORT)
@@ -306,7 +310,7 @@ class Connection:
         """A packet that was never encoded, as ``decode`` would return it, whose datagram
         would be ``size`` bytes long: the simulator hands over packets this way.  Payloads
         are read during the call only, as with ``receive_datagram``."""
-        if self.failed is not None:
+        if self.failed is not None and (not self._draining or type(pkt) not in _DRAINED):
             return
         stats = self.stats
         if not 0 <= port < self.cfg.planes:
@@ -672,7 +676,7 @@ class Connection:
             self.stats.ev_state_changes += 1
         self.events.append(event)
 
-    def _fail(self, reason: str, status: WcStatus) -> None:
+    def _fail(self, reason: str, status: WcStatus, wr_id: int | None = None) -> None:
         if self.failed is not None:
             return
         self.failed = reason
@@ -680,4 +684,12 @@ class Connection:
         self._control.clear()
         self._probes.clear()
         self._next_probe = None
-        self._emit(ConnectionFailed(reason))
+        self._emit(ConnectionFailed(reason, wr_id))
+
+    def _refused(self, reason: str) -> None:
+        """This end refused one of the peer's writes: the QP fails (its own writes are
+        flushed), but it still takes and acknowledges what the peer sent before that write,
+        so the peer's earlier writes complete (as an RC responder handles them before its
+        error); nothing at or after the refused write is placed."""
+        self._fail(reason, WcStatus.FLUSHED)
+        self._draining = True

@@ -13,6 +13,7 @@ class WcStatus(enum.Enum):
 
     SUCCESS = "success"
     REMOTE_ACCESS_ERROR = "remote_access_error"  # the peer rejected the rkey/range
+    REMOTE_INVALID_REQUEST = "remote_invalid_request"  # the peer found the write malformed
     RETRY_EXCEEDED = "retry_exceeded"  # retries exhausted: the connection failed
     FLUSHED = "flushed"  # the connection failed before this work request finished
 
@@ -68,9 +69,13 @@ class PortStateChanged:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionFailed:
-    """The connection entered the error state; every pending work request is flushed."""
+    """The connection entered the error state; every pending work request is flushed.
+
+    ``wr_id``: the work request whose error failed it (None when no one write did: the
+    retry budget ran out, the peer went away, or this end refused the peer's write)."""
 
     reason: str
+    wr_id: int | None = None
 
 
 Event = SendCompleted | WriteImmReceived | EvStateChanged | PortStateChanged | ConnectionFailed

@@ -86,6 +86,17 @@ class MemoryTable:
     def regions(self) -> list[MemoryRegion]:
         return list(self._by_rkey.values())
 
+    def check_range(self, rkey: int, va: int, length: int) -> None:
+        """Raise AccessError unless a remote write of ``length`` bytes at ``va`` with
+        ``rkey`` may land (what :meth:`target` checks, with nothing handed out)."""
+        region = self._by_rkey.get(rkey)
+        if region is None:
+            raise AccessError(f"unknown rkey {rkey:#x}")
+        if not region.access & Access.REMOTE_WRITE:
+            raise AccessError(f"rkey {rkey:#x} does not allow remote write")
+        if length < 0 or not region.contains(va, length):
+            raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
+
     def target(self, rkey: int, va: int, length: int) -> memoryview:
         """The writable slice a remote write of ``length`` bytes at ``va`` may fill.
 

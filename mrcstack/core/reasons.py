@@ -52,6 +52,8 @@ class RejectReason(enum.StrEnum):
     REPLAY = "replay"  # its transmission number was seen before (AES-GCM replay window)
     RKEY = "rkey"  # a write outside every registered region (answered with a NACK)
     PSN_WINDOW = "psn_window"  # beyond the receive window (answered with a NACK)
+    INVALID_REQUEST = "invalid_request"  # a write that cannot be what its sender meant
+    REFUSED = "refused"  # at or after a refused write: the QP places nothing more there
     NO_REVERSE_PATH = "no_reverse_path"  # feedback with no usable EV to carry it
 
 

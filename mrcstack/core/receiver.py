@@ -3,6 +3,14 @@
 RoCE RC ordering falls out of the cumulative PSN: an immediate is delivered only when the
 cumulative PSN passes the packet that carried it, so that write and every earlier one are
 fully placed.  In ``roce`` mode the receiver accepts packets only in order (go-back-N).
+
+A write is checked as a whole: each of its packets carries the write's length (RETH) and
+its own place in it (XETH offset), so whichever packet arrives first checks the whole range
+against the region.  A write that fails is refused and nothing of it is placed; neither is
+anything sent after it, as an RC responder that stops at its first error: a packet is placed
+only once every write before its own has been checked (until then it waits, acknowledged),
+and after a refusal the QP places only what came before the refused write
+(:attr:`Receiver.refusal` says why, for the connection to fail the QP with).
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ class Receiver:
         self.stats = stats
         self.emit = emit
         self.roce = config.mode == "roce"
+        self.mtu = config.mtu_payload
         self.rcv_nxt = config.remote_psn  # every seq below this has been placed
         self.ooo: dict[int, int] = {}  # seq -> payload bytes, received beyond rcv_nxt
         # The same set as bits (bit i: seq rcv_nxt + i), so that a SACK bitmap is a shift
@@ -79,6 +88,19 @@ class Receiver:
         self.msn = 0  # messages (writes) completed, mod 2**24
         self.msg_bytes = 0  # bytes of the write being completed (since the last write's end)
         self.nak_sent_at: int | None = None  # roce mode: one NAK per gap
+        # Writes checked as a whole: every seq below ``checked`` lies in a checked write (or
+        # below rcv_nxt); ``spans`` maps the first seq of each checked write beyond it to
+        # one past its last.  A packet whose write starts beyond ``checked`` waits in
+        # ``waiting`` (seq -> rkey, va, payload copy) until the writes before it are checked.
+        self.checked = config.remote_psn
+        self.spans: dict[int, int] = {}
+        self.waiting: dict[int, tuple[int, int, bytes]] = {}
+        # The refused write's first seq (nothing at or after it is placed), the NACK reason
+        # every later packet gets, and why (for the connection's failure).
+        self.refused_at: int | None = None
+        self.refused_reason = 0
+        self.refusal: str | None = None
+        self.on_refused: Callable[[str], None] | None = None  # told the refusal, once
         # Set by a connection that ACKs every data packet at once: the feedback goes
         # straight to it as the fields of its ACK (``direct(port, cum_psn, msn, echo_ev,
         # echo_psn, echo_ts_ns, sack_base, sack_bitmap, ecn, nack_reason, dup, ooo_count,
@@ -108,8 +130,16 @@ class Receiver:
             if delta < -OLD_DUPLICATE:
                 return None
             return self._feedback(pkt, seq, ecn, 0, port, dup=True)
+        refused_at = self.refused_at
+        if refused_at is not None and seq >= refused_at:
+            self.stats.count(self.stats.rejected, RejectReason.REFUSED)
+            return self._feedback(pkt, seq, ecn, self.refused_reason, port)
         if delta >= self.cfg.max_window:
             self.stats.count(self.stats.rejected, RejectReason.PSN_WINDOW)
+            why = f"PSN {pkt.psn} is {delta} packets ahead of a window of {self.cfg.max_window}"
+            self._refuse(pkt, seq, NackReason.PSN_OOR_WINDOW, why)
+            if delta >= OLD_DUPLICATE:
+                return None  # SETH cannot name a PSN that far from the cumulative one
             return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW, port)
         if self.roce and delta:
             if self.nak_sent_at == nxt:
@@ -118,13 +148,21 @@ class Receiver:
             return self._feedback(pkt, seq, ecn, NackReason.SEQ_ERROR, port)
         payload = pkt.payload
         size = len(payload)
+        offset = pkt.offset
+        first = seq - offset // self.mtu  # the write's first packet
+        if first >= self.checked and first not in self.spans and not self._check_write(pkt, first):
+            return self._feedback(pkt, seq, ecn, self.refused_reason, port)
         try:
-            target = self.memory.target(pkt.rkey, pkt.va, size)
-        except AccessError:
+            if first > self.checked:  # an earlier write is not checked yet: this one waits
+                self.memory.check_range(pkt.rkey, pkt.va, size)
+                self.waiting[seq] = (pkt.rkey, pkt.va, bytes(payload))
+            else:
+                self.memory.target(pkt.rkey, pkt.va, size)[:] = payload
+                self.stats.data_bytes_placed += size
+        except AccessError as exc:  # (a region deregistered while its write arrives)
             self.stats.count(self.stats.rejected, RejectReason.RKEY)
+            self._refuse(pkt, first, NackReason.REMOTE_ACCESS, f"{exc} at offset {offset}")
             return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS, port)
-        target[:] = payload
-        self.stats.data_bytes_placed += size
         if flags & _LAST:
             self.imms[seq] = -1 if pkt.imm is None else pkt.imm
         if delta:
@@ -133,6 +171,71 @@ class Receiver:
         else:
             self._advance(seq + 1, size)
         return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, 0, False, port)
+
+    def _check_write(self, pkt: DataPacket, first: int) -> bool:
+        """The first packet seen of the write that starts at ``first``: check the whole
+        write; False if it is refused, else record it as checked (and place what waited for
+        it)."""
+        offset, dma_len = pkt.offset, pkt.dma_len
+        mtu = self.mtu
+        if offset % mtu or dma_len <= 0:
+            self.stats.count(self.stats.rejected, RejectReason.INVALID_REQUEST)
+            why = f"offset {offset} is not on a {mtu}-byte packet boundary, or length {dma_len}"
+            self._refuse(pkt, first, NackReason.INVALID_REQUEST, why)
+            return False
+        try:
+            self.memory.check_range(pkt.rkey, pkt.va - offset, dma_len)
+        except AccessError as exc:
+            self.stats.count(self.stats.rejected, RejectReason.RKEY)
+            self._refuse(pkt, first, NackReason.REMOTE_ACCESS, str(exc))
+            return False
+        end = first + (dma_len + mtu - 1) // mtu
+        if first > self.checked:
+            self.spans[first] = end
+            return True
+        spans = self.spans
+        while end in spans:
+            end = spans.pop(end)
+        self.checked = end
+        if self.waiting:
+            self._place_waiting()
+        return True
+
+    def _place_waiting(self) -> None:
+        """Place the packets whose earlier writes are all checked now."""
+        checked = self.checked
+        memory = self.memory
+        for seq in sorted(s for s in self.waiting if s < checked):
+            rkey, va, payload = self.waiting.pop(seq)
+            try:
+                memory.target(rkey, va, len(payload))[:] = payload
+            except AccessError as exc:  # (its region was deregistered while it waited)
+                self.stats.count(self.stats.rejected, RejectReason.RKEY)
+                self._refuse_at(seq, NackReason.REMOTE_ACCESS, f"refused the peer's write: {exc}")
+                return
+            self.stats.data_bytes_placed += len(payload)
+
+    def _refuse(self, pkt: DataPacket, first: int, reason: NackReason, why: str) -> None:
+        """Refuse ``pkt``'s write, which starts at ``first`` (see :meth:`_refuse_at`)."""
+        self._refuse_at(
+            first,
+            reason,
+            f"refused the peer's write of {pkt.dma_len} bytes to va {pkt.va - pkt.offset:#x} "
+            f"(rkey {pkt.rkey:#x}, PSN {pkt.psn}): {why}",
+        )
+
+    def _refuse_at(self, first: int, reason: NackReason, text: str) -> None:
+        """Nothing from ``first`` on is placed (what waited is dropped), every later packet
+        is NACKed with ``reason``, and ``refusal`` keeps the first refusal's ``text``."""
+        if self.refused_at is None or first < self.refused_at:
+            self.refused_at = first
+            self.refused_reason = reason
+            for late in [s for s in self.waiting if s >= first]:
+                del self.waiting[late]
+        if self.refusal is None:
+            self.refusal = text
+            if self.on_refused is not None:
+                self.on_refused(text)
 
     def _advance(self, new_nxt: int, size: int) -> None:
         """Move the cumulative point past ``new_nxt - 1`` and whatever it makes contiguous."""

@@ -538,6 +538,17 @@ class Recovery:
                 other.timeouts = max(other.timeouts, tx.timeouts - 1)
                 self.lose(other, _TIMEOUT)
 
+    def abandon(self, from_seq: int) -> None:
+        """The peer refused the write at ``from_seq``: nothing from there on is in flight
+        any more (no timer, no resend; it is flushed when the writes before complete)."""
+        for seq in [seq for seq in self.txs if seq >= from_seq]:
+            tx = self.txs.pop(seq)
+            if not tx.lost:
+                self.in_flight -= tx.size
+            tx.acked = True  # (so the timers and queues that still hold it skip it)
+        if not self.txs:
+            self.tlp_deadline = None
+
     def clear(self) -> None:
         """The connection failed: nothing is in flight any more, no timer runs."""
         self.txs.clear()

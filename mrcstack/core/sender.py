@@ -46,13 +46,18 @@ _ECN_SIGNAL = EvSignal.ECN
 _SKIP_ONCE_SIGNAL = EvSignal.SKIP_ONCE
 
 _TRIMS = frozenset({NackReason.TRIMMED, NackReason.TRIMMED_LASTHOP})
+#: NACKs that refuse a write for good: its completion status, and the error's name.
+_REFUSALS: dict[int, tuple[WcStatus, str]] = {
+    NackReason.REMOTE_ACCESS: (WcStatus.REMOTE_ACCESS_ERROR, "remote access error"),
+    NackReason.INVALID_REQUEST: (WcStatus.REMOTE_INVALID_REQUEST, "remote invalid request"),
+    NackReason.PSN_OOR_WINDOW: (WcStatus.REMOTE_INVALID_REQUEST, "PSN out of the peer's window"),
+}
 #: NACKs that ask for the packet again (the receiver had no room for it now).
 _RETRY_NACKS = frozenset(
     {
         NackReason.NO_BITMAP,
         NackReason.NO_PKT_BUFFER,
         NackReason.NO_RESOURCE,
-        NackReason.PSN_OOR_WINDOW,
         NackReason.UNEXP_EVENT,
     }
 )
@@ -67,7 +72,12 @@ class Sender:
     posting order.  Packets in flight, their timers and their loss belong to ``recovery``
     (:class:`~mrcstack.core.recovery.Recovery`, or its go-back-N variant in RoCE mode),
     which reads this sender's sequence space (``snd_una``, ``next_seq``, ``end_seq``).
-    A NACK that rejects a write for good leaves its reason in ``failed``.
+
+    A NACK that refuses a write for good (remote access, invalid request, out of the
+    receiver's window) stops everything from that write on: nothing of it or after it is
+    sent again, the writes before it complete as they are acknowledged, and then ``failed``
+    holds the error for that write (its status, a reason, its wr_id); the connection flushes
+    the rest.
     """
 
     def __init__(
@@ -95,7 +105,11 @@ class Sender:
         self._sack_base = config.local_psn
         self._sack_seen = 0
         self._tx_order = 0  # send order of the last transmission (Tx.order)
-        self.failed: tuple[str, WcStatus] | None = None
+        self.failed: tuple[str, WcStatus, int | None] | None = None
+        # The write the peer refused: its status and why; nothing from its first packet on
+        # (``stop_seq``) is sent again.
+        self.refused: tuple[WorkRequest, WcStatus, str] | None = None
+        self.stop_seq: int | None = None
         self.posted = 0  # work requests posted: the next one's message sequence number
         self.recovery = STRATEGIES[config.mode](config, evs, cc, stats, self)
         # What a data packet's datagram adds to its payload (``trailer_len``: the ICRC or
@@ -140,9 +154,10 @@ class Sender:
         ts_ns = int(now * 1e9) & U64 or 1
         retx = rec.retx
         txs = rec.txs
+        stop = self.stop_seq  # (a refused write: nothing from it on is resent)
         while retx and len(out) < limit:
             tx, reason = retx[0]
-            if tx.acked or txs.get(tx.seq) is not tx:
+            if tx.acked or txs.get(tx.seq) is not tx or (stop is not None and tx.seq >= stop):
                 retx.popleft()
                 continue
             if rec.in_flight + tx.size > cwnd and rec.in_flight > 0:
@@ -159,6 +174,8 @@ class Sender:
             out.append(sent)
         seq = self.next_seq
         end = min(self.end_seq, self.snd_una + self.cfg.max_window)
+        if self.stop_seq is not None and self.stop_seq < end:
+            end = self.stop_seq
         if seq < end and len(out) < limit:
             # The same for every new packet of this call (rto(0), kept by the recovery,
             # in the usual case: no timeout since the last progress).
@@ -261,8 +278,9 @@ class Sender:
         pkt.ts_ns = ts_ns
         pkt.flags = flags
         pkt.imm = imm
-        pkt.dma_len = -1
+        pkt.dma_len = wr.length  # the whole write: its receiver checks it as one
         pkt.msn = wr.msn
+        pkt.offset = offset
         return pkt, length
 
     # Feedback -------------------------------------------------------------------------
@@ -303,8 +321,6 @@ class Sender:
             return  # acknowledges what we never sent: ignore
         if nack:
             self._on_nack(ack, echo_seq, cum, now)
-            if self.failed:
-                return
         acked = self._delivered
         seq = snd_una
         while seq < cum:
@@ -387,14 +403,9 @@ class Sender:
         reason = ack.nack_reason
         self.stats.count(self.stats.nacks_received, NACK_NAMES.get(reason, "other"))
         rec = self.recovery
-        if reason == NackReason.REMOTE_ACCESS:
-            tx = rec.txs.get(seq)
-            if tx is not None:
-                self.failed = (
-                    f"remote access error: the peer rejected rkey {tx.wr.rkey:#x} "
-                    f"at va {tx.wr.va:#x} (wr_id {tx.wr.wr_id})",
-                    WcStatus.REMOTE_ACCESS_ERROR,
-                )
+        refusal = _REFUSALS.get(reason)
+        if refusal is not None:
+            self._refuse(seq, *refusal)
             return
         if reason == NackReason.SEQ_ERROR:
             rec.go_back(cum, RetxReason.NACK)
@@ -413,12 +424,33 @@ class Sender:
             tx.trimmed = True
             rec.lose(tx, RetxReason.TRIM)
 
+    def _refuse(self, seq: int, status: WcStatus, what: str) -> None:
+        """The peer refused the write that holds packet ``seq``: stop at that write (nothing
+        of it or after it is sent again); it fails once the writes before it complete."""
+        wr = next((w for w in self.wrs if w.first <= seq < w.first + w.npkts), None)
+        if wr is None or (self.stop_seq is not None and self.stop_seq <= wr.first):
+            return  # acknowledged already, never ours, or a later write than the refused one
+        self.refused = (wr, status, what)
+        self.stop_seq = wr.first
+        self.recovery.abandon(wr.first)
+        self._complete()
+
     # Completions ----------------------------------------------------------------------
     def _complete(self) -> None:
-        while self.wrs and self.wrs[0].acked >= self.wrs[0].npkts:
-            wr = self.wrs.popleft()
+        wrs = self.wrs
+        while wrs and wrs[0].acked >= wrs[0].npkts:
+            wr = wrs.popleft()
             self.send_wr_index -= 1
             self.emit(SendCompleted(wr.wr_id, WcStatus.SUCCESS, wr.length))
+        refused = self.refused
+        if refused is not None and wrs and wrs[0] is refused[0]:
+            wr, status, what = refused
+            self.failed = (
+                f"{what}: the peer refused the write of {wr.length} bytes to va {wr.va:#x} "
+                f"(rkey {wr.rkey:#x})",
+                status,
+                wr.wr_id,
+            )
 
     def flush(self, status_first: WcStatus) -> None:
         """The connection failed: complete every pending WR in order with an error."""

@@ -141,14 +141,17 @@ class CheckingSink(MemoryTable):
         self._ahead: dict[int, int] = {}  # start -> end of writes placed beyond the frontier
         self.bad_writes = 0  # wrong content, or bytes written twice
 
+    def check_range(self, rkey: int, va: int, length: int) -> None:
+        if rkey != self.rkey:
+            raise AccessError(f"unknown rkey {rkey:#x}")
+        if length < 0 or va < self.va or va - self.va + length > self.size:
+            raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
+
     def target(self, rkey: int, va: int, length: int) -> memoryview:
         if self.pending is not None:
             self.check()
-        if rkey != self.rkey:
-            raise AccessError(f"unknown rkey {rkey:#x}")
+        self.check_range(rkey, va, length)
         offset = va - self.va
-        if length < 0 or offset < 0 or offset + length > self.size:
-            raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
         self.pending = (offset, length)
         whole = self._whole
         if length == whole.nbytes:

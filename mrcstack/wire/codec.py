@@ -104,13 +104,13 @@ NETH_LEN = 20
 ERTH_LEN = 16
 EETH_LEN = 36
 PETH_LEN = 16
-DATA_HDR_LEN = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 64: a trimmed write
-DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 68
+DATA_HDR_LEN = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 68: a trimmed write
+DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 72
 SACK_HDR_LEN = BTH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 84
 NACK_HDR_LEN = BTH_LEN + NETH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 104
-PROBE_HDR_LEN = BTH_LEN + ERTH_LEN + XETH_LEN  # 56
+PROBE_HDR_LEN = BTH_LEN + ERTH_LEN + XETH_LEN  # 60
 PROBE_REPLY_HDR_LEN = BTH_LEN + EETH_LEN + XFETH_LEN  # 84
-RELIABILITY_PROBE_HDR_LEN = BTH_LEN + PETH_LEN + XETH_LEN  # 56
+RELIABILITY_PROBE_HDR_LEN = BTH_LEN + PETH_LEN + XETH_LEN  # 60
 BTH_PKEY = 0xFFFF  # default partition key, as RoCEv2 NICs send
 QPN_MASK = (1 << 24) - 1
 _U24_SHIFT = 24  # a u24 field shares a u32 with the byte above it
@@ -172,7 +172,7 @@ _OPCODE_OF: dict[tuple[int, bool], Opcode] = {
 }  # fmt: skip
 
 _BTH = ">BBHII"  # opcode, M/SE/PadCnt/TVer, P_Key, resv|DestQP, A/R/RTX/TS|PSN
-_XETH = "BBBBIQQI"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, hdr_check
+_XETH = "BBBBIQQII"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check
 _XFETH = "BBBBIQQIHHI"  # ver, flags, port, rsvd, ev, tx_seq, echo_ts_ns, msn, port_state,
 #                         rsvd, hdr_check
 _SETH = "BBhIHHIBBhQ"  # type|next, m|pr, ack_psn_offset, entropy, src ctx, dst ctx,
@@ -207,7 +207,7 @@ _HEADER_LEN: dict[int, int] = {
 _FIELD_BITS: dict[type, dict[str, int]] = {
     DataPacket: {
         "qpn": 24, "psn": 24, "va": 64, "rkey": 32, "ev": 32, "port": 8, "tx_seq": 64,
-        "ts_ns": 64, "flags": 8, "imm": 32, "dma_len": 32, "msn": 16,
+        "ts_ns": 64, "flags": 8, "imm": 32, "dma_len": 32, "msn": 16, "offset": 32,
     },
     AckPacket: {
         "qpn": 24, "cum_psn": 24, "msn": 24, "ev": 32, "port": 8, "tx_seq": 64, "echo_ev": 32,
@@ -238,7 +238,7 @@ def header_length(opcode: int) -> int:
 
 
 def trimmed_length(opcode: int) -> int:
-    """Length of a trimmed write: its headers only (64, or 68 with an immediate)."""
+    """Length of a trimmed write: its headers only (68, or 72 with an immediate)."""
     if opcode not in WRITE_OPCODES:
         raise WireUsageError(f"only RDMA WRITE packets are trimmed, not opcode {opcode!r}")
     return _HEADER_LEN[opcode]
@@ -262,7 +262,7 @@ def _field_error(pkt: Packet, cause: Exception) -> WireUsageError:
         value = getattr(pkt, name)
         if name == "imm" and value is None:
             continue
-        if name == "dma_len" and not pkt.flags & _TRIMMED:  # type: ignore[union-attr]
+        if name == "dma_len" and value == -1:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             return WireUsageError(f"{type(pkt).__name__}.{name} must be an int, got {value!r}")
@@ -310,20 +310,38 @@ def _check_u24(pkt: Packet, *values: int) -> None:
             raise _field_error(pkt, ValueError("24-bit field out of range"))
 
 
+def _check_range(
+    pkt: DataPacket, flags: int, offset: int, paylen: int, dma_len: int, trimmed: int
+) -> None:
+    """A write's packet lies inside it: the first at offset 0, the last at its end."""
+    if type(offset) is not int or not 0 <= offset <= dma_len:
+        raise WireUsageError(f"DataPacket.offset {offset!r} outside a {dma_len}-byte write")
+    if flags & _FIRST and offset:
+        raise WireUsageError(f"the first packet of a write has offset 0, not {offset}")
+    if not trimmed and (
+        offset + paylen > dma_len or (flags & _LAST and offset + paylen != dma_len)
+    ):
+        raise WireUsageError(
+            f"{paylen} payload bytes at offset {offset} do not fit a {dma_len}-byte write"
+        )
+
+
 def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
     flags = pkt.flags
     if not isinstance(flags, int) or flags & ~_VALID_DATA_FLAGS:
         raise WireUsageError(f"DataPacket.flags {flags!r} has bits outside RETX|FIRST|LAST|trim")
     payload = _byte_view(pkt.payload)
     trimmed = flags & _TRIMMED
+    offset = pkt.offset
+    dma_len = pkt.dma_len
     if trimmed:
         if len(payload):
             raise WireUsageError("a trimmed DataPacket has no payload")
-        dma_len = pkt.dma_len
     elif flags & _TRIM_LASTHOP:
         raise WireUsageError("TRIM_LASTHOP is only valid together with TRIMMED")
-    else:
-        dma_len = len(payload)
+    elif dma_len == -1:
+        dma_len = offset + len(payload)  # the write ends with this packet
+    _check_range(pkt, flags, offset, len(payload), dma_len, trimmed)
     _check_u24(pkt, pkt.qpn, pkt.psn)
     imm = pkt.imm
     opcode = write_opcode(flags, imm)
@@ -337,7 +355,7 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
                 header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << _U24_SHIFT | pkt.psn,
                 0, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK, _FTYPE,
                 pkt.va, pkt.rkey, dma_len,
-                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, 0,
+                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
             )  # fmt: skip
         else:
             hlen = DATA_IMM_HDR_LEN
@@ -346,7 +364,7 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
                 header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << _U24_SHIFT | pkt.psn,
                 0, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK, _FTYPE,
                 pkt.va, pkt.rkey, dma_len, imm,
-                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, 0,
+                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
             )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
@@ -422,7 +440,7 @@ def _encode_probe(pkt: ProbePacket | PortStatusPacket, integrity: Integrity) -> 
             header, 0, Opcode.ENDPOINT_REQUEST, 0, BTH_PKEY, pkt.qpn, 0,
             _TYPE_ERTH << 4 | _NEXT_XETH, op, 0, 0, pkt.port_state, 0,
             _ts16(pkt.ts_ns), _FTYPE,
-            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
+            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
@@ -453,7 +471,7 @@ def _encode_reliability_probe(pkt: ReliabilityProbePacket, integrity: Integrity)
             header, 0, Opcode.RELIABILITY_PROBE_REQ, 0, BTH_PKEY, pkt.qpn, 0,
             _TYPE_PETH << 4 | _NEXT_XETH, 0, 0, 0, pkt.probe_id, 0, 0, 0,
             _ts16(pkt.ts_ns), _FTYPE,
-            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0,
+            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise _field_error(pkt, exc) from None
@@ -489,10 +507,11 @@ def trim(pkt: DataPacket, lasthop: bool) -> DataPacket:
     """:func:`encode_trimmed` on a decoded write: what the receiver decodes from the trimmed
     datagram (no payload, RETH length kept in ``dma_len``, TRIMMED and perhaps TRIM_LASTHOP
     set).  The simulator trims packets it never encodes with this."""
+    dma_len = pkt.dma_len if pkt.dma_len >= 0 else pkt.offset + len(_byte_view(pkt.payload))
     return DataPacket(
         pkt.qpn, pkt.psn, pkt.va, pkt.rkey, b"", pkt.ev, pkt.port, pkt.tx_seq, pkt.ts_ns,
         pkt.flags | _TRIMMED | (_TRIM_LASTHOP if lasthop else 0), pkt.imm,
-        len(_byte_view(pkt.payload)), pkt.msn,
+        dma_len, pkt.msn, pkt.offset,
     )  # fmt: skip
 
 
@@ -612,7 +631,7 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
             raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
         (
             _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16, ts_ftype, va, rkey, dma_len, imm,
-            version, xflags, port, rsvd, ev, tx_seq, ts_ns, hdr_check,
+            version, xflags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check,
         ) = _DATA_IMM.unpack_from(view)  # fmt: skip
     else:
         hlen = DATA_HDR_LEN
@@ -620,7 +639,7 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
             raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
         (
             _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16, ts_ftype, va, rkey, dma_len,
-            version, xflags, port, rsvd, ev, tx_seq, ts_ns, hdr_check,
+            version, xflags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check,
         ) = _DATA.unpack_from(view)  # fmt: skip
         imm = None
     if version != MRC_EXT_VERSION:
@@ -656,17 +675,28 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
     flags = _OPCODE_FLAGS[opcode] | xflags | (_RETX if bth8 & _BTH_RTX else 0)
     psn = psn_word & PSN_MASK
     if xflags & _TRIMMED:
+        if offset > dma_len or (flags & _FIRST and offset):
+            raise DecodeError(
+                DecodeReason.BAD_LENGTH, f"offset {offset} outside a write of {dma_len} bytes"
+            )
         return DataPacket(
-            qpn, psn, va, rkey, b"", ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn
+            qpn, psn, va, rkey, b"", ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset
         )
     end = size - tlen
-    if dma_len != end - hlen:
+    paylen = end - hlen
+    if (
+        offset + paylen > dma_len
+        or (flags & _FIRST and offset)
+        or (flags & _LAST and offset + paylen != dma_len)
+    ):
         raise DecodeError(
-            DecodeReason.BAD_LENGTH, f"RETH length {dma_len} but {end - hlen} payload bytes"
+            DecodeReason.BAD_LENGTH,
+            f"{paylen} payload bytes at offset {offset} of a {dma_len}-byte write "
+            f"({Opcode(opcode).name})",
         )
     payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq, port, ev)
     return DataPacket(
-        qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn
+        qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset
     )
 
 
@@ -741,7 +771,7 @@ def _probe_fields(view: memoryview) -> ProbePacket | PortStatusPacket:
     (
         _, bth1, pkey, qpn, psn_word,
         type_next, op, rsvd, vendor, mask, rsvd2, ts, ftype,
-        _, xflags, port, xrsvd, ev, tx_seq, ts_ns, _,
+        _, xflags, port, xrsvd, ev, tx_seq, ts_ns, xoffset, _,
     ) = _PROBE.unpack_from(view)  # fmt: skip
     _check_bth(bth1, pkey, qpn)
     if (
@@ -756,6 +786,7 @@ def _probe_fields(view: memoryview) -> ProbePacket | PortStatusPacket:
         or ftype != _FTYPE
         or xflags
         or xrsvd
+        or xoffset
     ):
         raise _bad("EV probe PSN, reserved, op or copied fields invalid")
     if op == EndpointOp.PORT_STATUS_UPDATE:
@@ -767,7 +798,7 @@ def _reliability_probe_fields(view: memoryview) -> ReliabilityProbePacket:
     (
         _, bth1, pkey, qpn, psn_word,
         type_next, r1, r2, vendor, probe_id, r3, sctx, dctx, ts, ftype,
-        _, xflags, port, xrsvd, ev, tx_seq, ts_ns, _,
+        _, xflags, port, xrsvd, ev, tx_seq, ts_ns, xoffset, _,
     ) = _RELIABILITY_PROBE.unpack_from(view)  # fmt: skip
     _check_bth(bth1, pkey, qpn)
     if (
@@ -783,6 +814,7 @@ def _reliability_probe_fields(view: memoryview) -> ReliabilityProbePacket:
         or ftype != _FTYPE
         or xflags
         or xrsvd
+        or xoffset
     ):
         raise _bad("reliability probe PSN, reserved or copied fields invalid")
     return ReliabilityProbePacket(qpn, probe_id, ev, port, tx_seq, ts_ns)

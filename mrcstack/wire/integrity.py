@@ -49,7 +49,7 @@ SEAL_GUARD_WINDOW = DEFAULT_REPLAY_WINDOW
 
 HDR_CHECK_LEN = 4
 BTH_LEN = 12
-XETH_LEN = 28  # mrcstack's extension on writes and EV probes
+XETH_LEN = 32  # mrcstack's extension on writes and EV probes
 XFETH_LEN = 36  # mrcstack's extension on feedback (SACK, NACK, probe reply)
 _FLAGS_OFFSET_IN_EXT = 1
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)

@@ -35,7 +35,7 @@ PSN_BITS = 24
 PSN_MOD = 1 << PSN_BITS
 PSN_MASK = PSN_MOD - 1
 #: Version byte of mrcstack's extension headers (XETH, XFETH); 1 was the pre-OCP framing.
-MRC_EXT_VERSION = 2
+MRC_EXT_VERSION = 3
 #: PSN offsets in SETH (ACK PSN, SACK base) are signed 16-bit; MPR counts units of 128 PSNs.
 PSN_OFFSET_MIN = -(1 << 15)
 PSN_OFFSET_MAX = (1 << 15) - 1
@@ -127,6 +127,7 @@ class NackReason(enum.IntEnum):
     UNEXP_EVENT = 0x19
     REMOTE_ACCESS = 0xE0  # rkey / range / permission mismatch: never retried
     SEQ_ERROR = 0xE1  # RoCE-like mode: out-of-order packet discarded (go-back-N)
+    INVALID_REQUEST = 0xE2  # a write that cannot be what its sender meant: never retried
 
 
 class Dscp(enum.IntEnum):
@@ -174,8 +175,14 @@ class DataPacket:
     ts_ns: int
     flags: int = 0
     imm: int | None = None
-    dma_len: int = -1  # decoded RETH length; on encode, len(payload) is used
+    #: RETH DMA length: the whole write's length (as an InfiniBand first packet's RETH), so
+    #: the receiver checks the write as a whole from any of its packets.  -1 on encode:
+    #: ``offset + len(payload)``, a write that ends with this packet.
+    dma_len: int = -1
     msn: int = 0  # METH MSN: the message's sequence number, mod 2**16
+    #: Where this payload sits in its write, in bytes (XETH): ``va - offset`` is the write's
+    #: first byte, and ``offset // mtu`` its first packet's PSN distance.
+    offset: int = 0
 
     @property
     def trimmed(self) -> bool:

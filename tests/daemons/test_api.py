@@ -178,7 +178,14 @@ def test_wrong_rkey_is_a_remote_access_error(daemons: Daemons) -> None:
     (wc,) = drain(a.cq, 1)
     assert wc.status is WcStatus.REM_ACCESS_ERR
     assert bytes(b.mr.buf) == bytes(1 << 16)
-    assert b.cq.poll(8) == []  # no immediate was delivered
+    # The responder's QP failed as an RC responder's does: no immediate was delivered, its
+    # receives are flushed, and its application is told why.
+    flushed = b.cq.poll(64)
+    assert flushed and all(w.status is WcStatus.WR_FLUSH_ERR for w in flushed)
+    event = b.ctx.get_async_event(timeout=WAIT)
+    assert event is not None and event.type is AsyncEventType.QP_FATAL
+    assert "refused the peer's write of 4096 bytes" in event.reason
+    assert "unknown rkey" in event.reason
 
 
 def test_registration_checks_the_file_not_the_message(daemons: Daemons, tmp_path: Path) -> None:

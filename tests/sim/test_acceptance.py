@@ -24,8 +24,8 @@ MIB = 1 << 20
 RATE = 100e9
 LINK_DELAY = 1e-6
 #: One round trip h0 -> h3 -> h0: 4 links each way, propagation plus serialization of a full
-#: data packet (4096 B payload, 60 B MRC headers, 48 B IPv6+UDP).
-RTT = 8 * (LINK_DELAY + (4096 + 60 + 48) * 8 / RATE)
+#: data packet (4096 B payload, its MRC headers and trailer, 48 B IPv6+UDP).
+RTT = 8 * (LINK_DELAY + (4096 + DATA_HDR_LEN + CRC_TRAILER_LEN + 48) * 8 / RATE)
 MIN_RTO = 200e-6  # ConnectionConfig.timeout default
 
 
@@ -120,8 +120,15 @@ def test_lossy_ev_is_replaced_at_once_and_bandwidth_stays_flat() -> None:
 
 
 def test_roce_like_single_path_is_far_slower_under_loss() -> None:
+    """RoCE mode at 1% loss mostly runs out of retries (go-back-N resends the whole window
+    per loss; 2-3 of 12 seeds finish 32 MiB): whether it finishes or not, it delivers far
+    less than MRC, which always finishes."""
     mrc = sim(loss=0.01)
-    roce = sim(loss=0.01, mode="roce", cc="fixed")
+    roce = run(
+        SimConfig(
+            fabric=FABRIC, bytes_per_flow=32 * MIB, seed=7, loss=0.01, mode="roce", cc="fixed"
+        )
+    )
     assert roce.per_plane_bytes.count(0) == FABRIC.planes - 1  # one EV, one plane
     assert roce.goodput_bps < 0.2 * mrc.goodput_bps
 

@@ -48,6 +48,7 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
         lasthop = isinstance(pkt, DataPacket) and bool(pkt.flags & DataFlags.TRIM_LASTHOP)
         out |= {
             "mrc.xeth.ts_ns": pkt.ts_ns,
+            "mrc.xeth.offset": 0,  # (a write's is below)
             "mrc.xeth.trimmed": int(isinstance(pkt, DataPacket) and pkt.trimmed),
             "mrc.xeth.trim_lasthop": int(lasthop),
         }
@@ -71,7 +72,8 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
             "mrc.tseth.tx_timestamp": ts16(pkt.ts_ns),
             "mrc.reth.va": pkt.va,
             "mrc.reth.r_key": pkt.rkey,
-            "mrc.reth.dmalen": pkt.dma_len if pkt.trimmed else len(pkt.payload),
+            "mrc.reth.dmalen": pkt.dma_len if pkt.dma_len >= 0 else len(pkt.payload),
+            "mrc.xeth.offset": pkt.offset,
         }
         if pkt.imm is not None:
             out["mrc.immdt"] = pkt.imm
@@ -132,7 +134,8 @@ FIELDS = sorted(
         "mrc.bth.opcode", "mrc.bth.destqp", "mrc.bth.psn", "mrc.bth.rtx", "mrc.bth.ts",
         "mrc.meth.msn", "mrc.meth.rq_msn", "mrc.tseth.tx_timestamp", "mrc.reth.va",
         "mrc.reth.r_key", "mrc.reth.dmalen", "mrc.immdt", "mrc.xeth.port", "mrc.xeth.ev",
-        "mrc.xeth.tx_seq", "mrc.xeth.ts_ns", "mrc.xeth.trimmed", "mrc.xeth.trim_lasthop",
+        "mrc.xeth.tx_seq", "mrc.xeth.ts_ns", "mrc.xeth.offset", "mrc.xeth.trimmed",
+        "mrc.xeth.trim_lasthop",
         "mrc.payload", "mrc.icrc", "mrc.seth.m", "mrc.seth.cack_psn", "mrc.seth.ack_psn",
         "mrc.seth.entropy", "mrc.seth.ecn", "mrc.seth.mpr", "mrc.seth.sack_base",
         "mrc.seth.bitmap", "mrc.cc.ts_echo", "mrc.cc.ooo_count", "mrc.cc.received_bytes",

@@ -18,7 +18,7 @@ from mrcstack.core.connection import Connection, Datagram
 from mrcstack.core.events import Event
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
-from mrcstack.wire import encode_trimmed
+from mrcstack.wire import WRITE_OPCODES, encode_trimmed
 
 
 @dataclass
@@ -122,7 +122,7 @@ class PairNet:
                 continue
             data = d.data
             ecn = rng.random() < f.ecn
-            if data[0] in (0x0A, 0x0B) and rng.random() < f.trim:
+            if data[0] in WRITE_OPCODES and rng.random() < f.trim:
                 data = encode_trimmed(data, lasthop=rng.random() < 0.3)
             copies = 2 if rng.random() < f.dup else 1
             for _ in range(copies):

@@ -32,7 +32,7 @@ KEY16 = bytes(range(16))
 KEY32 = bytes(range(100, 132))
 MODES = ("crc", "aead", "aead-encrypt")
 SENDER_ID, RECEIVER_ID = 0x0A0B0C0D, 0x01020304
-XETH_FLAGS_FROM_END = 27  # the XETH flags byte, counted back from a write's header end
+XETH_FLAGS_FROM_END = 31  # the XETH flags byte, counted back from a write's header end
 
 
 def make_pair(mode: str, key: bytes = KEY16) -> tuple[Integrity, Integrity]:
@@ -67,6 +67,18 @@ data_packets = st.builds(
     imm=st.none() | u(32),
     msn=u(16),
 ).map(lambda p: p if p.imm is None else dataclasses.replace(p, flags=p.flags | DataFlags.LAST))
+
+
+@st.composite
+def _in_a_write(draw: st.DrawFn, pkt: DataPacket) -> DataPacket:
+    """``pkt`` placed in a write: its offset (0 for a first packet) and the write's length
+    (ending at this payload for a last packet)."""
+    offset = 0 if pkt.flags & DataFlags.FIRST else draw(st.integers(0, 1 << 30))
+    after = 0 if pkt.flags & DataFlags.LAST else draw(st.integers(0, 1 << 30))
+    return dataclasses.replace(pkt, offset=offset, dma_len=offset + len(pkt.payload) + after)
+
+
+data_packets = data_packets.flatmap(_in_a_write)
 
 
 @st.composite
@@ -175,7 +187,7 @@ def normalized(pkt: Packet) -> Packet:
     """What decode(encode(pkt)) must return: payload as bytes, dma_len filled in."""
     if isinstance(pkt, DataPacket):
         payload = bytes(pkt.payload)
-        dma_len = pkt.dma_len if pkt.trimmed else len(payload)
+        dma_len = pkt.dma_len if pkt.dma_len >= 0 else pkt.offset + len(payload)
         return dataclasses.replace(pkt, payload=payload, dma_len=dma_len)
     return pkt
 

@@ -50,7 +50,7 @@ from mrcstack.daemons.tools.common import (
     pack_end,
 )
 from mrcstack.daemons.tools.flags import ALL_ITERS_BW, ALL_ITERS_LAT, parse_args
-from mrcstack.daemons.tools.report import lat_stats
+from mrcstack.daemons.tools.report import bw_figures, bw_figures_row, lat_stats, peak_note
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
 from mrcstack.netns.faults.scenario import parse_scenario
@@ -546,6 +546,60 @@ def test_all_sizes_server_gives_up_when_the_next_run_does_not_come(
     assert srv.stderr.strip().splitlines() == [
         "mrc-write-bw: error: the client's next run (after size 4096) did not come within 1 s"
     ]
+
+
+@pytest.mark.parametrize("name", ["write_bw", "write_lat"])
+def test_a_server_with_a_timeout_gives_up_waiting_for_its_first_client(
+    loop_daemons: Daemons, name: str
+) -> None:
+    """--timeout bounds the wait for the first client too (without it, a server waits on)."""
+    start = time.monotonic()
+    srv = subprocess.run(
+        tool(name, "--socket", str(loop_daemons.sockets[3]), "--service", "733", "--timeout", "3"),
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    print(f"\n{name}: gave up after {took:.2f} s (interpreter start included)")
+    assert srv.returncode == 1
+    assert srv.stderr.strip().splitlines()[-1] == (
+        f"mrc-{name.replace('_', '-')}: error: a client did not come within 3 s"
+    )
+    assert took < 20  # (it waited for ever before; measured about 3.5 s)
+
+
+def test_the_peak_is_a_rate_over_enough_writes() -> None:
+    """16 MiB writes at 207 MB/s, 0.1 s intervals: an interval holds one or two of them, so
+    a per-interval peak could only read 160 or 320 MB/s.  Windows of at least
+    PEAK_MIN_WRITES writes read the real rate; too few writes in all: no peak."""
+    size, rate, interval = 16 << 20, 207 * (1 << 20), 0.1
+    done = [(i + 1) * size / rate for i in range(40)]  # completion times of 40 writes
+    entries = [
+        {"bytes": n * size, "writes": n}
+        for k in range(int(done[-1] / interval))
+        for n in [sum(1 for t in done if k * interval <= t < (k + 1) * interval)]
+    ]
+    assert max(e["bytes"] / interval for e in entries) / (1 << 20) == 320  # the old figure
+    fig = bw_figures(40 * size, 40, done[-1], entries, interval)
+    assert fig["bw_peak_MB_s"] == pytest.approx(207, rel=0.1)
+    few = bw_figures(5 * size, 5, done[4], entries[:4], interval)
+    assert few["bw_peak_MB_s"] is None and few["bw_average_MB_s"] > 0
+    assert bw_figures_row(size, 5, few, gbits=False).split()[2] == "-"
+    assert "held 10 writes" in (peak_note([fig, few]) or "") and peak_note([fig]) is None
+
+
+def test_a_16mib_write_run_prints_no_meaningless_peak(loop_daemons: Daemons) -> None:
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    srv, cli = run_pair(
+        "write_bw",
+        tool("write_bw", "--socket", s3, "--service", "734", "--json"),
+        tool("write_bw", "--socket", s0, "--server-host", "3", "--service", "734",
+             "-s", "16MiB", "-D", "2", "--json"),
+    )  # fmt: skip
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stderr + srv.stderr
+    for doc in (one_json(cli.stdout), one_json(srv.stdout)):
+        peak, avg = doc["bw_peak_MB_s"], doc["bw_average_MB_s"]
+        print(f"\n16 MiB writes: peak {peak} MB/s, average {avg} MB/s, {doc['iterations']} writes")
+        assert peak is None or avg <= peak <= 1.25 * avg, doc
 
 
 def sweep_client(name: str, socket_path: str, service: int, n: int) -> list[str]:

@@ -211,8 +211,8 @@ def test_write_layout_offsets() -> None:
     assert int.from_bytes(wire[18:20]) == 0x0001  # TSR 0, ftype 1
     assert int.from_bytes(wire[20:28]) == pkt.va
     assert int.from_bytes(wire[28:32]) == pkt.rkey
-    assert int.from_bytes(wire[32:36]) == 10  # RETH DMA length = this payload
-    xeth = wire[36:64]
+    assert int.from_bytes(wire[32:36]) == 10  # RETH DMA length: the write's (one packet here)
+    xeth = wire[36:68]
     assert xeth[0] == MRC_EXT_VERSION
     assert xeth[1] == 0  # switch-writable flags
     assert xeth[2] == pkt.port
@@ -220,9 +220,10 @@ def test_write_layout_offsets() -> None:
     assert int.from_bytes(xeth[4:8]) == pkt.ev
     assert int.from_bytes(xeth[8:16]) == pkt.tx_seq
     assert int.from_bytes(xeth[16:24]) == pkt.ts_ns
-    assert int.from_bytes(xeth[24:28]) == crc32_header(wire[:64])
-    assert wire[64:74] == b"P" * 10
-    assert wire[74:] == icrc(wire[:74])
+    assert int.from_bytes(xeth[24:28]) == 0  # offset: where this payload sits in its write
+    assert int.from_bytes(xeth[28:32]) == crc32_header(wire[:68])
+    assert wire[68:78] == b"P" * 10
+    assert wire[78:] == icrc(wire[:78])
 
 
 @pytest.mark.parametrize(
@@ -346,13 +347,13 @@ def test_icrc_covers_the_addresses() -> None:
 
 
 def test_header_and_trimmed_lengths() -> None:
-    assert trimmed_length(Opcode.RDMA_WRITE_ONLY) == 64
-    assert trimmed_length(Opcode.RDMA_WRITE_MIDDLE) == 64
-    assert trimmed_length(Opcode.RDMA_WRITE_ONLY_IMM) == 68
-    assert trimmed_length(Opcode.RDMA_WRITE_LAST_IMM) == 68
+    assert trimmed_length(Opcode.RDMA_WRITE_ONLY) == 68
+    assert trimmed_length(Opcode.RDMA_WRITE_MIDDLE) == 68
+    assert trimmed_length(Opcode.RDMA_WRITE_ONLY_IMM) == 72
+    assert trimmed_length(Opcode.RDMA_WRITE_LAST_IMM) == 72
     assert header_length(Opcode.RELIABILITY_SACK) == 84
     assert header_length(Opcode.RELIABILITY_NACK) == 104
-    assert header_length(Opcode.ENDPOINT_REQUEST) == 56
+    assert header_length(Opcode.ENDPOINT_REQUEST) == 60
     assert header_length(Opcode.ENDPOINT_RESPONSE) == 84
     with pytest.raises(WireUsageError):
         trimmed_length(Opcode.RELIABILITY_SACK)
@@ -591,7 +592,7 @@ def test_encode_trimmed_refuses_non_data() -> None:
     with pytest.raises(WireUsageError):
         encode_trimmed(encode(ack(), crc), lasthop=False)
     with pytest.raises(WireUsageError):
-        encode_trimmed(encode(data(imm=1), crc)[:67], lasthop=False)
+        encode_trimmed(encode(data(imm=1), crc)[:71], lasthop=False)
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -621,14 +622,15 @@ def test_worked_example_in_the_docs() -> None:
     block = text.split("<!-- worked-example:begin -->")[1].split("<!-- worked-example:end -->")[0]
     dumped = bytes.fromhex(" ".join(line[6:] for line in block.splitlines() if line[:4].isalnum()))
     pkt = DataPacket(
-        qpn=0x000101, psn=0x000010, va=0x00007F0000001000, rkey=0x12345678,
+        qpn=0x000101, psn=0x000010, va=0x00007F0000002000, rkey=0x12345678,
         payload=b"MRC!hello,world!", ev=0x00020005, port=2, tx_seq=42,
-        ts_ns=1_000_000_000, flags=DataFlags.LAST, imm=0xCAFE0001, msn=3,
+        ts_ns=1_000_000_000, flags=DataFlags.LAST, imm=0xCAFE0001, msn=3, dma_len=4112,
+        offset=4096,
     )  # fmt: skip
     assert dumped == encode(pkt, CrcIntegrity())
     trimmed = encode_trimmed(dumped, lasthop=True)
     assert trimmed[0x29] == 0xC0
-    assert trimmed == dumped[:0x29] + b"\xc0" + dumped[0x2A:68]
+    assert trimmed == dumped[:0x29] + b"\xc0" + dumped[0x2A:72]
 
 
 def test_reliability_probe_layout() -> None:

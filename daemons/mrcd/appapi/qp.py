@@ -44,6 +44,7 @@ ACCEPT_READY_TIMEOUT = 10.0
 _STATUS = {
     ev.WcStatus.SUCCESS: WcStatus.SUCCESS,
     ev.WcStatus.REMOTE_ACCESS_ERROR: WcStatus.REM_ACCESS_ERR,
+    ev.WcStatus.REMOTE_INVALID_REQUEST: WcStatus.REM_INV_REQ_ERR,
     ev.WcStatus.RETRY_EXCEEDED: WcStatus.RETRY_EXC_ERR,
     ev.WcStatus.FLUSHED: WcStatus.WR_FLUSH_ERR,
 }
@@ -336,7 +337,7 @@ class QpTable:
         src = region.view[wr.offset : wr.offset + wr.length]
         try:
             self.node.post_write(
-                rec.qpn, seq, src, wr.remote_addr, wr.rkey, wr.imm if imm else None
+                rec.qpn, seq, src, wr.remote_addr, wr.rkey, wr.imm if imm else None, wr.wr_id
             )
         except Exception as exc:
             src.release()

@@ -7,6 +7,7 @@ server's QP table) always hears it last, after the node's own records are up to 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
@@ -71,7 +72,11 @@ class EventFanout:
             posted = None if qp is None else qp.posted.pop(event.wr_id, None)
             if posted is not None and event.status is WcStatus.SUCCESS:
                 self.write_completion.observe(clock() - posted)
+                qp.labels.pop(event.wr_id, None)  # type: ignore[union-attr]
         elif type(event) is ConnectionFailed:
+            if event.wr_id is not None:  # name the write as its application knows it
+                label = event.wr_id if qp is None else qp.labels.get(event.wr_id, event.wr_id)
+                event = dataclasses.replace(event, reason=f"{event.reason} (wr_id {label:#x})")
             if qp is None or qp.failure is None:  # else we failed it ourselves (QpTable.abort)
                 log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
             if qp is not None:

@@ -92,3 +92,6 @@ class Qp:
     peer_instance: str = ""
     #: wr_id -> when it was posted, until its completion (the write-completion histogram).
     posted: dict[int, float] = field(default_factory=dict)
+    #: wr_id -> the application's wr_id, until the write completes successfully (kept for a
+    #: failed one, whose error text names it).
+    labels: dict[int, int] = field(default_factory=dict)

@@ -97,7 +97,10 @@ class QpTable:
         remote_va: int,
         rkey: int,
         imm: int | None,
+        label: int | None = None,
     ) -> None:
+        """Post a write; ``label``: the application's own wr_id, which error texts name
+        (``wr_id`` is the node's, unique per QP)."""
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
@@ -106,6 +109,8 @@ class QpTable:
         now = clock()
         qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
         qp.posted[wr_id] = now
+        if label is not None:
+            qp.labels[wr_id] = label
         node.running_transport().kick(qpn)
 
     def destroy_qp(self, qpn: int, reason: str = "destroyed") -> None:
