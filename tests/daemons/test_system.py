@@ -354,14 +354,18 @@ def test_bad_input_is_rejected_counted_and_harmless(clean_faults: Bed) -> None:
         before = rejected(bed, DST)
 
         # A wrong rkey and a region without remote write, through the API: each fails its
-        # own QP with a remote access error; the receiver counts rkey rejections.
+        # own QP (at both ends) with a remote access error; the receiver counts rkey
+        # rejections.
         for rkey in (target.rkey ^ 0x5A5A, guard.rkey):
-            bad, _ = connect(a, b, DST)
+            bad, bad_peer = connect(a, b, DST)
             bad.post_send(WriteWr(2, (a.mr, 0, 4096), guard.addr, rkey))
             (wc,) = drain(a.cq, 1)
             assert wc.status is WcStatus.REM_ACCESS_ERR
             event = a.ctx.get_async_event(timeout=WAIT)
             assert event is not None and event.qpn == bad.qpn, event
+            event = b.ctx.get_async_event(timeout=WAIT)  # the responder's QP failed too
+            assert event is not None and event.qpn == bad_peer.qpn, event
+            assert "refused the peer's write of 4096 bytes" in event.reason
         after = rejected(bed, DST)
         print(f"\nwrong rkey: receiver rejections {delta(after, before)}")
         assert after["rkey"] >= before["rkey"] + 2
