@@ -6,12 +6,12 @@ data and probes, XFETH on feedback) and a trailer.  ``docs/wire-format.md`` is t
 conformance table: every field, its offset and width, its source and our reading where the
 public record is ambiguous.  Layout (all big-endian)::
 
-    write (0xC6-0xCB)  BTH 12 | METH 4 | TSETH 4 | RETH 16 | [ImmDt 4] | XETH 28 | payload
+    write (0xC6-0xCB)  BTH 12 | METH 4 | TSETH 4 | RETH 16 | [ImmDt 4] | XETH 32 | payload
     SACK (0xDC)        BTH 12 | SETH 28 | CC_STATE 8 | XFETH 36
     NACK (0xDD)        BTH 12 | NETH 20 | SETH 28 | CC_STATE 8 | XFETH 36
-    EV probe (0xD8)    BTH 12 | ERTH 16 | XETH 28
+    EV probe (0xD8)    BTH 12 | ERTH 16 | XETH 32
     probe reply (0xD9) BTH 12 | EETH 36 | XFETH 36
-    reliability probe  BTH 12 | PETH 16 | XETH 28                   (0xDE)
+    reliability probe  BTH 12 | PETH 16 | XETH 32                   (0xDE)
     every packet       ... | trailer: the RoCEv2 ICRC (4), or an AES-GCM tag (16)
 
 Packets are values: nothing changes one after it is built.  They are not declared frozen
@@ -19,7 +19,7 @@ because a frozen dataclass sets each field through ``object.__setattr__``, which
 building the two packets of every data exchange (a write, its ACK) cost more than the rest
 of handling them in the simulator; they still compare and hash by value.
 
-A switch that trims a write cuts it to its headers (64 or 68 bytes, no payload, no trailer)
+A switch that trims a write cuts it to its headers (68 or 72 bytes, no payload, no trailer)
 and sets ``DataFlags.TRIMMED`` (plus ``TRIM_LASTHOP`` on a port facing a host) in the XETH
 flags byte.  ``hdr_check`` (CRC32 of the headers with ``hdr_check`` zeroed and those two bits
 clear) lets the receiver trust a trimmed header, which has lost its trailer.

@@ -10,7 +10,7 @@
  *   backlog -= elapsed * rate                (clamped at 0)
  *   MRC data packet in the trimmable class (DSCP 4) and backlog + len > trim threshold
  *   (or the random draw hits):
- *       cut it to its headers (64/68 bytes of UDP payload), set TRIMMED (+ TRIM_LASTHOP on
+ *       cut it to its headers (68/72 bytes of UDP payload), set TRIMMED (+ TRIM_LASTHOP on
  *       a host-facing port), remark it DSCP 12 (trimmed), account the trimmed size, and
  *       send it through the port's egress once more (so htb charges the cut length) in the
  *       priority class
@@ -42,13 +42,13 @@
 #define TSETH_LEN 4
 #define RETH_LEN 16
 #define IMMDT_LEN 4
-#define XETH_LEN 28       /* mrcstack's extension header, last before the payload */
+#define XETH_LEN 32       /* mrcstack's extension header, last before the payload */
 #define XETH_FLAGS_OFF 1  /* its flags byte: the only bits a switch writes */
-#define XETH_VERSION 2
+#define XETH_VERSION 3
 #define FLAG_TRIMMED 0x40
 #define FLAG_TRIM_LASTHOP 0x80
-#define DATA_HDR_LEN (BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN) /* 64 */
-#define DATA_IMM_HDR_LEN (DATA_HDR_LEN + IMMDT_LEN)                         /* 68 */
+#define DATA_HDR_LEN (BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN) /* 68 */
+#define DATA_IMM_HDR_LEN (DATA_HDR_LEN + IMMDT_LEN)                         /* 72 */
 #define L3_OFF ETH_HLEN                                     /* 14 */
 #define L4_OFF (L3_OFF + (int)sizeof(struct ipv6hdr))       /* 54 */
 #define MRC_OFF (L4_OFF + (int)sizeof(struct udphdr))       /* 62 */
@@ -133,7 +133,7 @@ struct {
 	__type(value, struct trim_stats);
 } trim_stats SEC(".maps");
 
-/* What the parser found: hdr_len is the MRC header length (64/68) of a data packet. */
+/* What the parser found: hdr_len is the MRC header length (68/72) of a data packet. */
 struct pkt_info {
 	__u32 hdr_len;    /* 0 = not an untrimmed MRC data packet */
 	int is_trimmed;   /* an MRC data packet some switch upstream already trimmed */
