@@ -50,6 +50,7 @@ from mrcstack.api import (
     WriteWr,
 )
 from mrcstack.api.types import ConnectRequest
+from mrcstack.qpn import qpn_text
 
 MAGIC = b"MRCT"
 #: 2: FLAG_MORE (-a), the END write's flags, unknown hello flags rejected.  A version-1 server
@@ -379,7 +380,9 @@ def qp_cap(max_send_wr: int) -> QpCap:
 def check_wc(wc: WorkCompletion) -> None:
     """A failed work request ends the run."""
     if not wc.ok:
-        raise ToolError(f"QP {wc.qpn}: work request {wc.wr_id:#x} failed: {wc.status.name}")
+        raise ToolError(
+            f"QP {qpn_text(wc.qpn)}: work request {wc.wr_id:#x} failed: {wc.status.name}"
+        )
 
 
 class Done(enum.Enum):
@@ -451,7 +454,7 @@ class Events:
                 }
             )
             if ev.type in (AsyncEventType.QP_FATAL, AsyncEventType.DEVICE_FATAL):
-                what = f"QP {ev.qpn}" if ev.qpn is not None else "mrcd"
+                what = f"QP {qpn_text(ev.qpn)}" if ev.qpn is not None else "mrcd"
                 raise ToolError(f"{what} failed: {ev.type.value}: {ev.reason}")
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mrcstack.qpn import qpn_text
 from mrcstack.stats import Method, quantile
 
 MB = 1 << 20  # perftest's MB/sec is MiB/s
@@ -237,7 +238,7 @@ QPNS_PER_SIZE = "new for every size (in --json)"
 
 def qpns_text(qpns: Sequence[int], sweep: bool) -> str:
     """A header's QPN(s)."""
-    return QPNS_PER_SIZE if sweep else " ".join(f"{qpn:#06x}" for qpn in qpns)
+    return QPNS_PER_SIZE if sweep else " ".join(qpn_text(qpn) for qpn in qpns)
 
 
 def server_size_text(size: int, sweep: bool) -> str:

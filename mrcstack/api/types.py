@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from mrcstack.qpn import dataclass_repr
+
 
 class Opcode(enum.IntEnum):
     """Send opcodes (``ibv_wr_opcode``).  MRC carries only the two RDMA WRITE ones."""
@@ -172,6 +174,9 @@ class WorkCompletion:
     def ok(self) -> bool:
         return self.status is WcStatus.SUCCESS
 
+    def __repr__(self) -> str:
+        return dataclass_repr(self)  # the QPN in hex, as everywhere
+
 
 @dataclass(frozen=True, slots=True)
 class AsyncEvent:
@@ -181,6 +186,9 @@ class AsyncEvent:
     qpn: int | None = None
     port: int | None = None
     reason: str = ""
+
+    def __repr__(self) -> str:
+        return dataclass_repr(self)  # the QPN in hex, as everywhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +200,9 @@ class ConnectRequest:
     remote_qpn: int
     service: int
     private_data: bytes = field(repr=False)
+
+    def __repr__(self) -> str:
+        return dataclass_repr(self)  # the QPN in hex, as everywhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +219,9 @@ class QpInfo:
     failure: str | None
     outstanding_sends: int
     posted_recvs: int
+
+    def __repr__(self) -> str:
+        return dataclass_repr(self)  # the QPN in hex, as everywhere
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> QpInfo:

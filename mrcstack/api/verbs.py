@@ -36,6 +36,7 @@ from mrcstack.api.types import (
     WcStatus,
     WorkCompletion,
 )
+from mrcstack.qpn import qpn_text
 
 SOCKET_ENV = "MRCD_SOCKET"
 RUN_DIR = Path("/run/mrcstack")
@@ -149,6 +150,9 @@ class QueuePair:
         self.send_cq = send_cq
         self.recv_cq = recv_cq
         self.qp_context = user
+
+    def __repr__(self) -> str:
+        return f"QueuePair(qpn={qpn_text(self.qpn)})"
 
     def get_qpn(self) -> int:
         return self.qpn

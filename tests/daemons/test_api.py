@@ -40,6 +40,7 @@ from mrcstack.api import (
 )
 from mrcstack.api import client as api_client
 from mrcstack.daemons.mrcd.node.qps import QpAttrs
+from mrcstack.qpn import qpn_text
 from tests.support import REPO
 from tests.support.apiharness import WAIT, Daemons, connect, drain, end
 
@@ -156,7 +157,7 @@ def test_bad_requests_fail_clearly_and_touch_no_memory(daemons: Daemons) -> None
     b.mr.buf[:64] = bytes(64)
     # Unconnected QP.
     spare = a.ctx.create_qp(a.cq)
-    with pytest.raises(ApiError, match=f"QP {spare.qpn} is not connected"):
+    with pytest.raises(ApiError, match=f"QP {qpn_text(spare.qpn)} is not connected"):
         spare.post_send(WriteWr(8, (a.mr, 0, 64), b.mr.addr, b.mr.rkey))
     # A range that starts inside the target and ends past it, and a wrong rkey: the remote
     # end rejects the packet (remote access error), the QP fails, nothing is written.

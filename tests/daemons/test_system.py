@@ -46,6 +46,7 @@ from mrcstack.fabric import Fabric
 from mrcstack.netns import trim
 from mrcstack.netns.run import call_in_netns
 from mrcstack.netns.traffic import udp_sender
+from mrcstack.qpn import qpn_text
 from mrcstack.wire import WRITE_OPCODES as WRITES
 from mrcstack.wire import AeadIntegrity, CrcIntegrity, DataPacket, encode
 from tests.support.programs import (
@@ -226,7 +227,7 @@ def test_receiver_nic_down_mid_transfer_and_back(clean_faults: Bed) -> None:
         assert b.mr.buf == payload
         assert last - t_cmd < 2.0, "the sender kept using the dead plane"
         # It stopped because the receiver told it (the port bitmap in its SACKs).
-        told = f"event=peer_plane_down qpn={qa.qpn} plane={PLANE}"
+        told = f"event=peer_plane_down qpn={qpn_text(qa.qpn)} plane={PLANE}"
         assert told in bed.cluster.daemons[SRC].log.read_text(), bed.cluster.tail(SRC)
         # The other planes carried on after the plane went quiet.
         later = [v for t, v in others.samples if t >= last]

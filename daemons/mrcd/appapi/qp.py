@@ -31,6 +31,7 @@ from mrcstack.daemons.mrcd import apiargs as a
 from mrcstack.daemons.mrcd.appapi.views import Cq, SessionView
 from mrcstack.daemons.mrcd.node.qps import IncomingConnect, QpAttrs, QpState
 from mrcstack.errors import LocalError
+from mrcstack.qpn import qpn_text
 
 MAX_QPS = 4096
 MAX_WR = 1 << 20
@@ -142,7 +143,7 @@ class QpTable:
         qpn = a.get_int(args, "qpn", 0, U32)
         rec = self.qps.get(qpn)
         if rec is None:
-            raise ApiError(errno.ENOENT, f"no QP {qpn} in this context")
+            raise ApiError(errno.ENOENT, f"no QP {qpn_text(qpn)} in this context")
         return rec
 
     def modify_qp(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +152,8 @@ class QpTable:
         if qp.state is not QpState.RESET:
             raise ApiError(
                 errno.EBUSY,
-                f"QP {rec.qpn} is {qp.state.value}: MRC attributes are fixed once connected",
+                f"QP {qpn_text(rec.qpn)} is {qp.state.value}: "
+                "MRC attributes are fixed once connected",
             )
         qp.attrs, rec.hint = self._attrs(args.get("attr", {}), qp.attrs, rec.hint)
         return self._attr_json(qp.attrs, rec.hint)
@@ -222,7 +224,7 @@ class QpTable:
         if state is not QpState.RESET:
             raise ApiError(
                 errno.EISCONN if state is QpState.RTS else errno.EINVAL,
-                f"QP {rec.qpn} is {state.value}, not reset",
+                f"QP {qpn_text(rec.qpn)} is {state.value}, not reset",
             )
 
     def _connected(self, rec: _Qp) -> None:
@@ -266,13 +268,15 @@ class QpTable:
         except TimeoutError:
             raise ApiError(
                 errno.ETIMEDOUT,
-                f"QP {rec.qpn} accepted but not connected after {ACCEPT_READY_TIMEOUT} s",
+                f"QP {qpn_text(rec.qpn)} accepted but not connected after {ACCEPT_READY_TIMEOUT} s",
             ) from None
         qp = self.node.qps.get(rec.qpn)
         if failure is None and (qp is None or qp.state is not QpState.RTS):
             failure = "gone" if qp is None else (qp.failure or qp.state.value)
         if failure is not None:
-            raise ApiError(errno.ECONNABORTED, f"QP {rec.qpn} failed while connecting: {failure}")
+            raise ApiError(
+                errno.ECONNABORTED, f"QP {qpn_text(rec.qpn)} failed while connecting: {failure}"
+            )
         self._connected(rec)
         return {}
 
@@ -287,7 +291,7 @@ class QpTable:
     def _post_qp(self, qpn: int) -> _Qp | ApiError:
         rec = self.qps.get(qpn)
         if rec is None:
-            return ApiError(errno.ENOENT, f"no QP {qpn} in this context")
+            return ApiError(errno.ENOENT, f"no QP {qpn_text(qpn)} in this context")
         return rec
 
     def post_send(self, body: bytes) -> None:
@@ -307,7 +311,7 @@ class QpTable:
         qp = self.node.qps.get(rec.qpn)
         if qp is None or qp.state is not QpState.RTS:
             state = "gone" if qp is None else qp.state.value
-            return ApiError(errno.EINVAL, f"QP {rec.qpn} is not connected ({state})")
+            return ApiError(errno.EINVAL, f"QP {qpn_text(rec.qpn)} is not connected ({state})")
         if wr.opcode not in SUPPORTED_OPCODES:
             name = _OPCODE_NAMES.get(wr.opcode, str(wr.opcode))
             return ApiError(
@@ -356,7 +360,9 @@ class QpTable:
         qp = self.node.qps.get(qpn)
         if qp is None or qp.state is QpState.ERROR:
             self.s.io.write(
-                wire.encode_post_reply(req_id, errno.EINVAL, 0, f"QP {qpn} is in the error state")
+                wire.encode_post_reply(
+                    req_id, errno.EINVAL, 0, f"QP {qpn_text(qpn)} is in the error state"
+                )
             )
             return
         room = rec.max_recv_wr - len(rec.recvs)

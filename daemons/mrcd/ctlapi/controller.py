@@ -56,6 +56,7 @@ from mrcstack.daemons.mrcd.node.profiles import (
 )
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
+from mrcstack.qpn import qpn_text
 
 log = logging.getLogger("mrcd.ctl")
 
@@ -292,7 +293,7 @@ class Controller:
         qpn = a.get_opt_int(args, "qpn", 0, U32)
         rows = self.node.qp_info(qpn)
         if qpn is not None and not rows:
-            raise ApiError(errno.ENOENT, f"no QP {qpn}")
+            raise ApiError(errno.ENOENT, f"no QP {qpn_text(qpn)}")
         return rows
 
     # CC profiles ------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event
 from mrcstack.daemons.mrcd.datapath import rxbatch
+from mrcstack.qpn import qpn_text
 from mrcstack.wire import (
     FIRST_CONTROL_OPCODE,
     TCLASS_CONTROL,
@@ -212,7 +213,7 @@ class Transport:
         self, qpn: int, conn: Connection, remote: int, on_event: Callable[[Event], None]
     ) -> None:
         if qpn in self._qps:
-            raise ValueError(f"QP {qpn} already exists")
+            raise ValueError(f"QP {qpn_text(qpn)} already exists")
         self._qps[qpn] = _Qp(conn, remote, on_event)
 
     def prepare(self, remote: int, paths: list[tuple[int, int]], fmt: EvFormat) -> None:

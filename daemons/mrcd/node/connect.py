@@ -41,6 +41,7 @@ from mrcstack.daemons.mrcd.node.qptable import QpTable, Running
 from mrcstack.daemons.mrcd.node.snapshot import NodeCounters
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
+from mrcstack.qpn import qpn_text
 from mrcstack.wire import EvFormat
 
 log = logging.getLogger("mrcd")
@@ -89,7 +90,7 @@ class ConnectionSetup:
         """Both ends agreed: build the connection and put it on the wire (RESET -> RTS)."""
         qp = self.table.qp(qpn)
         if qp.state is not QpState.RESET:
-            raise LocalError(f"QP {qpn} is {qp.state.value}, not reset")
+            raise LocalError(f"QP {qpn_text(qpn)} is {qp.state.value}, not reset")
         self.addresses.check_remote(remote_host)
         self.node.check_running()
         transport = self.node.running_transport()
@@ -135,10 +136,10 @@ class ConnectionSetup:
         self.counters.connections_total += 1
         transport.add(qpn, conn, remote_host, functools.partial(self.events.on_event, qpn))
         log.info(
-            "event=qp_ready qpn=%d remote=%s remote_qpn=%d keyed=%s",
-            qpn,
+            "event=qp_ready qpn=%s remote=%s remote_qpn=%s keyed=%s",
+            qpn_text(qpn),
             Fabric.host_name(remote_host),
-            remote_qpn,
+            qpn_text(remote_qpn),
             key is not None,
         )
 

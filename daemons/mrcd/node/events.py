@@ -24,6 +24,7 @@ from mrcstack.core.reasons import EvReason
 from mrcstack.daemons.mrcd.datapath.transport import clock
 from mrcstack.daemons.mrcd.node.qps import Qp, QpState
 from mrcstack.daemons.mrcd.node.snapshot import Buckets
+from mrcstack.qpn import qpn_text
 
 log = logging.getLogger("mrcd")
 
@@ -55,8 +56,8 @@ class EventFanout:
                 if event.reason is EvReason.RTO and qp is not None:
                     self.path_timed_out(qp.remote_host)
                 log.warning(
-                    "event=path_failed qpn=%d ev=%#x plane=%d drops=%d reason=%s",
-                    qpn,
+                    "event=path_failed qpn=%s ev=%#x plane=%d drops=%d reason=%s",
+                    qpn_text(qpn),
                     event.ev,
                     event.port,
                     event.drop_count,
@@ -66,7 +67,10 @@ class EventFanout:
                 listener(qpn, event)
         elif type(event) is PortStateChanged and event.remote:
             log.warning(
-                "event=peer_plane_%s qpn=%d plane=%d", "up" if event.up else "down", qpn, event.port
+                "event=peer_plane_%s qpn=%s plane=%d",
+                "up" if event.up else "down",
+                qpn_text(qpn),
+                event.port,
             )
         elif type(event) is SendCompleted:
             posted = None if qp is None else qp.posted.pop(event.wr_id, None)
@@ -78,7 +82,7 @@ class EventFanout:
                 label = event.wr_id if qp is None else qp.labels.get(event.wr_id, event.wr_id)
                 event = dataclasses.replace(event, reason=f"{event.reason} (wr_id {label:#x})")
             if qp is None or qp.failure is None:  # else we failed it ourselves (QpTable.abort)
-                log.error("event=connection_failed qpn=%d reason=%r", qpn, event.reason)
+                log.error("event=connection_failed qpn=%s reason=%r", qpn_text(qpn), event.reason)
             if qp is not None:
                 qp.state = QpState.ERROR
                 qp.failure = qp.failure or event.reason

@@ -24,6 +24,7 @@ from mrcstack.daemons.mrcd.node.qps import Context, Qp, QpAttrs, QpState
 from mrcstack.daemons.mrcd.node.snapshot import Totals
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
+from mrcstack.qpn import qpn_text
 
 OnEvent = Callable[[int, Event], None]
 
@@ -86,7 +87,7 @@ class QpTable:
     def qp(self, qpn: int) -> Qp:
         qp = self.qps.get(qpn)
         if qp is None:
-            raise LocalError(f"no QP {qpn}")
+            raise LocalError(f"no QP {qpn_text(qpn)}")
         return qp
 
     def post_write(
@@ -103,7 +104,7 @@ class QpTable:
         (``wr_id`` is the node's, unique per QP)."""
         qp = self.qp(qpn)
         if qp.conn is None or qp.state is not QpState.RTS:
-            raise LocalError(f"QP {qpn} is not connected ({qp.state.value})")
+            raise LocalError(f"QP {qpn_text(qpn)} is not connected ({qp.state.value})")
         node = self.node
         node.check_running()
         now = clock()
