@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import errno
 import json
@@ -19,7 +20,9 @@ from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import EvState
 from mrcstack.core.memory import MemoryTable
+from mrcstack.daemons.mrcctl.cli import parser
 from mrcstack.daemons.mrcd.node.qps import QpAttrs
+from mrcstack.qpn import qpn_text
 from tests.support import REPO
 from tests.support.apiharness import FABRIC, WAIT, Daemons, connect, drain
 
@@ -239,7 +242,7 @@ def test_mrcctl_cli(daemons: Daemons) -> None:
     assert cc.returncode == 0, cc.stderr
     assert json.loads(cc.stdout)["config"]["max_cwnd"] == 2 << 20
     probe = mrcctl(daemons, "probe", "h3")
-    assert probe.returncode == 0 and probe.stdout.count("rtt") == 4
+    assert probe.returncode == 0 and probe.stdout.count(" seq 1: rtt ") == 4
     assert mrcctl(daemons, "port", "notify", "h3").returncode == 0
     # Bad input: one line on stderr, non-zero exit.
     for args, code, needle in (
@@ -273,9 +276,9 @@ def test_mrcctl_qp_show_reports_each_qps_retry_budget(daemons: Daemons) -> None:
     assert shown["retry_budget"] == pytest.approx(expected)
     human = mrcctl(daemons, "qp", "show")
     assert human.returncode == 0 and "budget_ms" in human.stdout
-    assert f"{a.qp.qpn}  rts" in human.stdout
+    assert f"{qpn_text(a.qp.qpn)}  rts" in human.stdout
     missing = mrcctl(daemons, "qp", "show", "1")
-    assert missing.returncode == 1 and "no QP 1" in missing.stderr
+    assert missing.returncode == 1 and "no QP 0x000001" in missing.stderr
 
 
 def test_mrcctl_follows_ev_events(daemons: Daemons) -> None:
@@ -327,3 +330,65 @@ def test_profiles_give_node_ready_its_connection_settings(daemons: Daemons) -> N
     conn = Connection(config, memory=MemoryTable(), rng=random.Random(1), now=0.0)
     states = {ev.value: ev.state for ev in conn.ev_states()}
     assert states[explicit[0][0]] is EvState.DENIED
+
+
+def test_mrcctl_has_iproute2s_habits(daemons: Daemons) -> None:
+    """An object alone shows it, plurals work, a QPN is hex wherever printed and read in
+    either form, and every flag says what it does."""
+    a, _b = connect(daemons, 4096, service=23)
+    hexqpn = qpn_text(a.qp.qpn)
+    for args, needle in (
+        (("port",), "port  admin"),
+        (("ports",), "port  admin"),
+        (("ev",), f"{hexqpn}  0x"),
+        (("evs", "--qp", str(a.qp.qpn)), f"{hexqpn}  0x"),
+        (("ev", "show", "--qp", hexqpn), f"{hexqpn}  0x"),
+        (("qp",), f"{hexqpn}  rts"),
+        (("qps",), f"{hexqpn}  rts"),
+        (("qp", hexqpn), f"{hexqpn}  rts"),
+        (("qp", str(a.qp.qpn)), f"{hexqpn}  rts"),
+        (("cc",), "CC profile 0:"),
+        (("ev", "profiles"), "id  mode"),
+        (("ev", "profile", "0"), "EV profile 0:"),
+    ):
+        r = mrcctl(daemons, *args)
+        assert r.returncode == 0 and needle in r.stdout, (args, r.stdout, r.stderr)
+    assert f"QPs: {hexqpn}" in mrcctl(daemons, "ev", "profile", "show", "0").stdout
+    bad = mrcctl(daemons, "qp", "show", "0xzz")
+    assert bad.returncode == 2 and "not a QPN" in bad.stderr
+
+    def undocumented(p: argparse.ArgumentParser, path: str) -> list[str]:
+        out = []
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    out += undocumented(child, f"{path} {name}")
+            elif not action.help and not isinstance(action, argparse._HelpAction):
+                out.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return out
+
+    assert undocumented(parser(), "mrcctl") == []
+
+
+def test_mrcctl_probe_counts_like_ping(daemons: Daemons) -> None:
+    """-c N probes each plane N times, a line each, then min/avg/max and loss per plane
+    and EV; a plane that never answers is named with its EV and path, and fails the run."""
+    r = mrcctl(daemons, "probe", "h3", "-c", "3", "-i", "0.05")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    for plane in range(4):
+        ev = addrplan.ev_value(plane, 0)
+        path = addrplan.address(FABRIC, 0, 3, plane, ev)
+        probes = [x for x in lines if x.startswith(f"h3 plane {plane} ev {ev:#05x} seq ")]
+        assert len(probes) == 3 and all(f"ms via data, path {path}" in x for x in probes)
+        [summary] = [x for x in lines if x.startswith(f"plane {plane} ev {ev:#05x}: ")]
+        assert "3 sent, 3 answered, 0% loss, rtt min/avg/max " in summary
+    doc = json.loads(mrcctl(daemons, "--json", "probe", "h3", "-c", "2", "-i", "0.05").stdout)
+    assert len(doc["probes"]) == 8 and [s["answered"] for s in doc["summary"]] == [2] * 4
+    assert all(s["rtt_min"] <= s["rtt_avg"] <= s["rtt_max"] for s in doc["summary"])
+    r = mrcctl(daemons, "probe", "h1", "--plane", "2", "-c", "2", "-i", "0.05", "--timeout", "0.3")
+    ev = addrplan.ev_value(2, 0)  # no mrcd runs on h1: nothing answers
+    path = addrplan.address(FABRIC, 0, 1, 2, ev)
+    assert r.returncode == 1, r.stdout
+    assert f"h1 plane 2 ev {ev:#05x} seq 2: no answer in 0.3 s, path {path}" in r.stdout
+    assert f"plane 2 ev {ev:#05x}: 2 sent, 0 answered, 100% loss, path {path}" in r.stdout

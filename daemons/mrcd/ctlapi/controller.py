@@ -417,4 +417,13 @@ class Controller:
                 errors[str(req[0])] = str(exc)
         answered = {r["req_id"] for r in responses}
         timed_out = [r[0] for r in requests if r[0] not in answered and str(r[0]) not in errors]
-        return {"op": op, "responses": responses, "timed_out": timed_out, "errors": errors}
+        result = {"op": op, "responses": responses, "timed_out": timed_out, "errors": errors}
+        if op == "ev_probe":  # each probe's path, answered or not, so a loss can name it
+            result["paths"] = {str(r[0]): self._probe_path(r[1], r[2], r[3]) for r in requests}
+        return result
+
+    def _probe_path(self, host: int, plane: int, ev: int) -> str | None:
+        try:
+            return str(addrplan.address(self.node.fabric, self.node.host, host, plane, ev))
+        except ValueError:
+            return None

@@ -1,0 +1,5 @@
+"""``python -m mrcstack.daemons.mrcctl``: the same as ``mrcctl``."""
+
+from mrcstack.daemons.mrcctl import main
+
+raise SystemExit(main())
