@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from mrcstack import add_version_flag
-from mrcstack.fabric import Fabric, format_rate, format_size, parse_rate, parse_size
+from mrcstack.fabric import Fabric, parse_rate, parse_size
 from mrcstack.sim import scenario
 from mrcstack.sim.runner import (
     LinkFailure,
@@ -27,11 +27,11 @@ from mrcstack.sim.runner import (
     NicDown,
     PlaneFailure,
     SimConfig,
-    SimResult,
     SwitchFailure,
     run,
 )
 from mrcstack.sim.scenario import parse_time
+from mrcstack.sim.summary import summary
 
 PROG = "mrcstack-sim"
 _NIC = re.compile(r"h(0|[1-9][0-9]*):p(0|[1-9][0-9]*)")
@@ -294,43 +294,6 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         if values:
             changes[field] = tuple(values)
     return dataclasses.replace(base, **changes)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
-
-
-def _counts(table: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(table.items()) if v) or "none"
-
-
-def summary(result: SimResult) -> str:
-    """A short human-readable report of a run."""
-    cfg, f = result.config, result.config.fabric
-    rate = format_rate(cfg.host_rate_bps())
-    lines = [
-        f"{PROG}: {len(result.flows)} flow(s), {f.planes} planes x {f.t1_per_plane} T1, "
-        f"{f.racks} racks x {f.hosts_per_rack} hosts, {rate} host links, mode {cfg.mode}, "
-        f"cc {cfg.cc}, seed {result.seed}",
-        f"  verified           {'yes' if result.verified else 'NO'}",
-        f"  completion time    {_ms(result.completion_time_s)}",
-        f"  goodput            {result.goodput_bps / 1e9:.2f} Gbit/s of "
-        f"{result.capacity_bps / 1e9:.0f} Gbit/s ({result.goodput_fraction:.1%})",
-        f"  retransmissions    {_counts(result.retransmissions)}",
-        f"  trims / ECN marks  {result.trims} / {result.ecn_marks}",
-        f"  drops              {_counts(result.drops)}",
-        f"  EV state changes   {result.ev_state_changes}",
-        f"  per-plane bytes    {' '.join(format_size(b) for b in result.per_plane_bytes)}",
-    ]
-    for flow in result.flows:
-        state = "verified" if flow.verified else (flow.failed or "INCOMPLETE")
-        lines.append(
-            f"  flow {flow.index}: h{flow.src} -> h{flow.dst} {format_size(flow.bytes)} "
-            f"{_ms(flow.completion_time_s)} {flow.goodput_bps / 1e9:.2f} Gbit/s {state}"
-        )
-    for row in result.timeline:
-        lines.append(f"  t={_ms(row.t_s):>12}  {row.goodput_bps / 1e9:8.2f} Gbit/s")
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

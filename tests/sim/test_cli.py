@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mrcstack.fabric import Fabric
-from mrcstack.sim import cli
+from mrcstack.sim import cli, summary
 
 SMALL = ["--bytes", "256KiB", "--seed", "3"]
 #: The documented, stable top-level keys (mrcstack/sim/__init__.py).
@@ -240,3 +240,27 @@ def test_work_requests_complete_in_order(capsys: pytest.CaptureFixture[str]) -> 
     flow = out["flows"][0]
     assert code == 0 and flow["verified"] is True
     assert flow["work_requests"] == 16 and out["bytes_delivered"] == 1_000_000
+
+
+def test_summary_puts_faults_and_ev_changes_on_a_timeline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Few EV state changes are listed at their times between the faults; many are counted
+    per slice of the run, each fault in the slice it falls in."""
+    faults = ["--fail-link", "p0:t0a-t1a@20us-60us", "--nic-down", "h3:p1@30us"]
+    assert cli.main(["--bytes", "2MiB", "--seed", "3", *faults]) == 0
+    text = capsys.readouterr().out
+    listed = text[text.index("  timeline") :].splitlines()
+    assert "faults and EV state changes" in listed[0]
+    times = [float(line.split()[0]) for line in listed[1:]]
+    assert times == sorted(times)
+    for fault in ("0.020 ms  fault: link p0:t0a-t1a down", "0.060 ms  fault: link p0:t0a-t1a up",
+                  "0.030 ms  fault: h3 plane 1 NIC port down"):  # fmt: skip
+        assert fault in text
+    assert any("-> assumed_bad" in line for line in listed)
+    assert cli.main(["--bytes", "2MiB", "--seed", "3", "--loss", "0.02", *faults]) == 0
+    counted = capsys.readouterr().out
+    rows = counted[counted.index("  timeline") :].splitlines()
+    assert "EV state changes per" in rows[0] and len(rows) == 1 + summary.SLICES
+    assert sum(int(row.split()[2]) for row in rows[1:]) > summary.LISTED
+    assert sum("fault: link p0:t0a-t1a down" in row for row in rows) == 1
