@@ -1,8 +1,10 @@
 """Switch configurations for real hardware, from the fabric description the testbed uses.
 
-``mrcstack render --fabric FILE --format linux|frr|sonic [--switch NAME]`` prints each
-switch's uSID configuration: its uN SID (End with NEXT-C-SID on its /48 locator) and its
-static table (one route per next uSID, from :func:`mrcstack.addrplan.static_routes`):
+``mrcstack render --fabric FILE --format linux|frr|sonic [--switch NAME] [--out DIR]``
+prints each switch's uSID configuration, or writes one file per switch into ``DIR``
+(``p0-t0a.batch``, ``p0-t0a.frr.conf``, ``p0-t0a.json``): its uN SID (End with NEXT-C-SID
+on its /48 locator) and its static table (one route per next uSID, from
+:func:`mrcstack.addrplan.static_routes`):
 
 - ``linux``: an ``ip -batch`` file for a Linux whitebox switch;
 - ``frr``: FRR configuration (an SRv6 locator, a static uN SID, static IPv6 routes);
@@ -22,6 +24,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from ipaddress import IPv6Address
+from pathlib import Path
 
 from mrcstack import add_version_flag
 from mrcstack.addrplan import (
@@ -148,6 +151,29 @@ def render(
     return "\n".join(make(fabric, name, ports) for name in names)
 
 
+#: The file each format writes per switch with --out.
+SUFFIXES = {"linux": ".batch", "frr": ".frr.conf", "sonic": ".json"}
+
+
+def write_files(
+    fabric: Fabric,
+    fmt: str,
+    switch_names: Sequence[str],
+    out: Path,
+    ports: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """One file per switch in ``out`` (created if missing): each switch's :func:`render`."""
+    names = list(switch_names) or switches(fabric)
+    render(fabric, fmt, names, ports)  # every name checked before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        path = out / f"{name}{SUFFIXES[fmt]}"
+        path.write_text(render(fabric, fmt, [name], ports))
+        written.append(path)
+    return written
+
+
 def _ports(items: Sequence[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -162,13 +188,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mrcstack render", description=__doc__.split("\n\n")[0])
     add_version_flag(p)
     p.add_argument("--fabric", help="fabric TOML (default: the default fabric)")
-    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--format", required=True, choices=FORMATS, help="what to write")
     p.add_argument("--switch", action="append", default=[], help="a switch, like p0-t0a")
-    p.add_argument("--port", action="append", default=[], metavar="PEER=IFNAME")
+    p.add_argument(
+        "--port", action="append", default=[], metavar="PEER=IFNAME",
+        help="name the port to a neighbour (t1a=Ethernet0); repeat for more",
+    )  # fmt: skip
+    p.add_argument(
+        "--out", metavar="DIR", type=Path,
+        help="write one file per switch into DIR (p0-t0a.batch, .frr.conf, .json) "
+        "instead of printing them all",
+    )  # fmt: skip
     args = p.parse_args(argv)
     try:
         fabric = Fabric.load(args.fabric) if args.fabric else Fabric()
-        sys.stdout.write(render(fabric, args.format, args.switch, _ports(args.port)))
+        ports = _ports(args.port)
+        if args.out is not None:
+            written = write_files(fabric, args.format, args.switch, args.out, ports)
+            print(f"wrote {len(written)} files to {args.out}")
+        else:
+            sys.stdout.write(render(fabric, args.format, args.switch, ports))
     except (RenderError, FabricConfigError, OSError) as exc:
         print(f"mrcstack render: error: {exc}", file=sys.stderr)
         return 2

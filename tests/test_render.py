@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,22 @@ def test_bad_arguments_are_one_line() -> None:
                               capture_output=True, text=True, check=False)  # fmt: skip
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert needle in proc.stderr
+
+
+def test_out_writes_one_file_per_switch(tmp_path: Path) -> None:
+    """--out DIR: a file per switch, each what rendering that switch alone prints."""
+    out = tmp_path / "switches"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mrcstack", "render", "--format", "frr", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and f"wrote 24 files to {out}" in proc.stdout, proc.stderr
+    names = sorted(static_routes(FABRIC))
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.frr.conf" for n in names)
+    for name in names:
+        assert (out / f"{name}.frr.conf").read_text() == render.render(FABRIC, "frr", [name])
+    (json_file,) = render.write_files(FABRIC, "sonic", ["p1-t0b"], tmp_path / "one")
+    assert json_file.name == "p1-t0b.json" and "SRV6_MY_SIDS" in json.loads(json_file.read_text())
 
 
 @pytest.mark.requires_root
