@@ -1,12 +1,16 @@
 """``mrcstack cluster up|down|status|logs``: mrcd on every host of a running testbed.
 
 ``up`` writes a cluster key and one config per host (the same ones the demo uses: PSK
-authentication, control channel and metrics on the management network) into the testbed's
-cluster folder, starts every daemon inside its host's namespace, detached, and records them.
+authentication, control channel and metrics on the management network; ``--set KEY=VALUE``
+adds any other ``[mrcd]`` setting, checked as mrcd checks its config before anything
+starts) into the testbed's cluster folder, starts every daemon inside its host's namespace,
+detached, and records them.
 Each daemon's API socket is where programs in that namespace look by default, so
 ``mrcstack testbed exec h3 -- mrc-write-bw`` finds h3's mrcd with no flags.  ``down``
 stops them gracefully (SIGTERM, the daemons' drain; SIGKILL only after the timeout), by the
 exact process ids recorded; ``mrcstack testbed down`` also stops any that are left.
+``logs -f`` follows the daemons' logs as they grow, each line prefixed with its host, until
+Ctrl-C or the cluster goes down.
 """
 
 from __future__ import annotations
@@ -18,19 +22,23 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mrcstack import add_version_flag
 from mrcstack.daemons.cluster import METRICS_PORT, STOP_TIMEOUT, Cluster
-from mrcstack.daemons.mrcd.config import CONTROL_PORT
+from mrcstack.daemons.mrcd.config import CONTROL_PORT, MrcdConfig
 from mrcstack.errors import LocalError
 from mrcstack.netns.run import TestbedError
 from mrcstack.netns.state import cluster_dir, default_name, exists, load
 
 PROG = "mrcstack cluster"
 RECORD = "cluster.json"
+#: [mrcd] keys the cluster writes for each host itself (--set may not change them).
+OWN_KEYS = ("host", "control_address", "api_socket", "web_listen_address", "peers", "auth")
+FOLLOW_POLL = 0.2  # seconds between looks at the logs with -f
 
 
 class ClusterError(LocalError):
@@ -60,7 +68,37 @@ def _alive(pid: int, config: str) -> bool:
     return config.encode() in cmdline
 
 
-def up(name: str, log_level: str = "info") -> dict[str, Any]:
+def settings(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as [mrcd] settings: VALUE is a TOML value (``false``,
+    ``8``, ``"x"``), or else a string; ClusterError naming a malformed or reserved item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().removeprefix("mrcd.")
+        if not sep or not key:
+            raise ClusterError(f"--set {item!r}: expected KEY=VALUE, like packet_auth=false")
+        if key in OWN_KEYS:
+            raise ClusterError(f"--set {key}: the cluster sets it for each host itself")
+        try:
+            out[key] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = text
+    return out
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise ClusterError(f"--set: cannot write {value!r} into mrcd's config")
+
+
+def up(name: str, log_level: str = "info", sets: dict[str, Any] | None = None) -> dict[str, Any]:
     if not exists(name):
         raise ClusterError(f"no testbed {name!r}: run `mrcstack testbed up --name {name}` first")
     state = load(name)
@@ -70,7 +108,15 @@ def up(name: str, log_level: str = "info") -> dict[str, Any]:
     if doc is not None and any(_alive(d["pid"], d["config"]) for d in doc["daemons"]):
         raise ClusterError(f"the cluster on {name} is already up (`{PROG} status`)")
     workdir = cluster_dir(name)
-    cluster = Cluster(state, workdir, log_level=log_level, namespace_sockets=True, detach=True)
+    sets = dict(sets or {})
+    level = str(sets.pop("log_level", log_level))
+    extra = "\n".join(f"{k} = {_toml(v)}" for k, v in sets.items())
+    cluster = Cluster(
+        state, workdir, log_level=level, extra=extra, namespace_sockets=True, detach=True
+    )
+    cluster.write_configs()
+    for d in cluster.daemons.values():  # what mrcd would refuse, refused before any starts
+        MrcdConfig.load(d.config)
     cluster.start()
     daemons = []
     for host, d in sorted(cluster.daemons.items()):
@@ -88,7 +134,12 @@ def up(name: str, log_level: str = "info") -> dict[str, Any]:
                 "log": str(d.log),
             }
         )
-    record = {"name": name, "started": time.time(), "daemons": daemons}
+    record = {
+        "name": name,
+        "started": time.time(),
+        "settings": {"log_level": level, **sets},
+        "daemons": daemons,
+    }
     _record_path(name).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -128,7 +179,8 @@ def status(name: str) -> dict[str, Any]:
     return {"name": name, "up": all(d["running"] for d in daemons), "daemons": daemons}
 
 
-def logs(name: str, hosts: Sequence[str]) -> str:
+def _log_files(name: str, hosts: Sequence[str]) -> dict[str, Path]:
+    """Each host's log file (every host's by default), running or stopped."""
     doc = _read(name)
     if doc is None:  # stopped: the logs stay in the cluster folder until the testbed goes
         found = sorted(cluster_dir(name).glob("h*.log"), key=lambda p: int(p.stem[1:]))
@@ -139,12 +191,45 @@ def logs(name: str, hosts: Sequence[str]) -> str:
     unknown = sorted(set(hosts) - set(known))
     if unknown:
         raise ClusterError(f"no host {unknown[0]} in the cluster on {name}")
+    return {h: Path(known[h]["log"]) for h in hosts or sorted(known, key=lambda h: int(h[1:]))}
+
+
+def logs(name: str, hosts: Sequence[str]) -> str:
     out = []
-    for host in hosts or sorted(known, key=lambda h: int(h[1:])):
-        path = Path(known[host]["log"])
+    for host, path in _log_files(name, hosts).items():
         text = path.read_text(errors="replace") if path.exists() else ""
         out.append(f"== {host} ({path}) ==\n{text}")
     return "\n".join(out)
+
+
+def follow(name: str, hosts: Sequence[str], last: int = 10) -> Iterator[str]:
+    """``host: line`` for the last ``last`` lines of each log, then each new line as it is
+    written, until the cluster is stopped (its record goes) and every log is read out."""
+    files = _log_files(name, hosts)
+    offsets: dict[str, int] = {}
+    for host, path in files.items():
+        data = path.read_bytes() if path.exists() else b""
+        offsets[host] = data.rfind(b"\n") + 1  # a line still being written comes whole later
+        whole = data[: offsets[host]].decode(errors="replace").splitlines()
+        for text in whole[-last:] if last else []:
+            yield f"{host}: {text}"
+    partial = dict.fromkeys(files, b"")
+    while True:
+        stopped = _read(name) is None
+        for host, path in files.items():
+            try:
+                with path.open("rb") as f:
+                    f.seek(offsets[host])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            offsets[host] += len(data)
+            *lines, partial[host] = (partial[host] + data).split(b"\n")
+            for line in lines:
+                yield f"{host}: {line.decode(errors='replace')}"
+        if stopped:
+            return
+        time.sleep(FOLLOW_POLL)
 
 
 def _table(doc: dict[str, Any]) -> str:
@@ -182,9 +267,26 @@ def build_parser() -> argparse.ArgumentParser:
         if command in ("up", "down", "status"):
             c.add_argument("--json", action="store_true", help="one JSON object")
         if command == "up":
-            c.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+            c.add_argument(
+                "--log-level", default="info", choices=("debug", "info", "warning"),
+                help="mrcd's log level (info)",
+            )  # fmt: skip
+            c.add_argument(
+                "--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                help="any [mrcd] setting for every daemon, like packet_auth=false or "
+                "encrypt=true (repeat for more; VALUE is a TOML value)",
+            )  # fmt: skip
         if command == "logs":
             c.add_argument("hosts", nargs="*", help="hosts (default all), like h3")
+            c.add_argument(
+                "-f", "--follow", action="store_true",
+                help="print new lines as they come, each prefixed with its host, until "
+                "Ctrl-C or the cluster goes down",
+            )  # fmt: skip
+            c.add_argument(
+                "-n", "--lines", type=int, default=10, metavar="N",
+                help="with -f: start from each log's last N lines (10)",
+            )  # fmt: skip
     return p
 
 
@@ -192,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "up":
-            doc = up(args.name, args.log_level)
+            doc = up(args.name, args.log_level, settings(args.sets))
             print(json.dumps(doc) if args.json else _table(status(args.name)))
         elif args.command == "down":
             doc = down(args.name)
@@ -200,8 +302,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "status":
             doc = status(args.name)
             print(json.dumps(doc) if args.json else _table(doc))
+        elif args.follow:
+            for line in follow(args.name, args.hosts, max(0, args.lines)):
+                print(line, flush=True)
         else:
             sys.stdout.write(logs(args.name, args.hosts))
+    except KeyboardInterrupt:
+        return 0
     except (LocalError, TestbedError) as exc:
         print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -40,10 +40,24 @@ def alive(pid: int) -> bool:
 def test_cluster_up_write_bw_between_racks_then_down() -> None:
     name = run_name("cl")
     testbed.up(Fabric(), name)
+    follow: subprocess.Popen[str] | None = None
     try:
-        up = mrcstack("cluster", "up", "--name", name, "--json")
+        bad = mrcstack("cluster", "up", "--name", name, "--set", "plnes=4")
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+        assert "mrcd.plnes: unknown key" in bad.stderr
+        assert json.loads(mrcstack("cluster", "status", "--name", name, "--json").stdout) == {
+            "name": name,
+            "up": False,
+            "daemons": [],
+        }  # nothing started
+        up = mrcstack("cluster", "up", "--name", name, "--json",
+                      "--set", "packet_auth=false", "--set", "ack_coalesce=8")  # fmt: skip
         assert up.returncode == 0, up.stderr
-        daemons = json.loads(up.stdout)["daemons"]
+        record = json.loads(up.stdout)
+        daemons = record["daemons"]
+        assert record["settings"] == {"log_level": "info", "packet_auth": False, "ack_coalesce": 8}
+        config = Path(daemons[0]["config"]).read_text()
+        assert "packet_auth = false" in config and "ack_coalesce = 8" in config
         assert [d["host"] for d in daemons] == ["h0", "h1", "h2", "h3"]
         assert all(alive(d["pid"]) for d in daemons)
         again = mrcstack("cluster", "up", "--name", name)
@@ -52,6 +66,12 @@ def test_cluster_up_write_bw_between_racks_then_down() -> None:
         assert status["up"] and {d["api_socket"] for d in status["daemons"]} == {
             d["api_socket"] for d in daemons
         }
+        # logs -f: each new line of h0's log as it comes, until the cluster goes down.
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "mrcstack", "cluster", "logs", "--name", name, "-f", "-n", "0",
+             "h0"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         # The tools find their host's mrcd with no socket flag, from inside its namespace.
         server = subprocess.Popen(
             [sys.executable, "-m", "mrcstack", "testbed", "exec", "--name", name, "h3", "--",
@@ -74,6 +94,11 @@ def test_cluster_up_write_bw_between_racks_then_down() -> None:
         assert logs.returncode == 0 and "== h3" in logs.stdout
         down = mrcstack("cluster", "down", "--name", name, "--json")
         assert down.returncode == 0, down.stderr
+        followed, err = follow.communicate(timeout=30)  # it ends with the cluster
+        assert follow.returncode == 0, err
+        ready = [line for line in followed.splitlines() if "event=qp_ready" in line]
+        assert ready and all(line.startswith("h0: ") for line in followed.splitlines())
+        assert "keyed=False" in ready[0]  # packet_auth = false: the QP carries the ICRC
         assert json.loads(down.stdout) == {
             "name": name,
             "stopped": ["h0", "h1", "h2", "h3"],
@@ -84,6 +109,9 @@ def test_cluster_up_write_bw_between_racks_then_down() -> None:
         gone = mrcstack("cluster", "down", "--name", name)
         assert gone.returncode == 1 and "no cluster is up" in gone.stderr
     finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.wait()
         testbed.clean(name)
 
 
@@ -105,3 +133,14 @@ def test_cluster_up_without_a_testbed_is_one_line() -> None:
     proc = mrcstack("cluster", "up", "--name", "nobed9")
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "no testbed 'nobed9'" in proc.stderr
+
+
+def test_set_is_any_mrcd_setting_as_toml() -> None:
+    assert cluster_cli.settings(["packet_auth=false", "mrcd.encrypt=true", "data_mode=srv6",
+                                 "interfaces=['a', 'b']", "drain_timeout=0.5"]) == {
+        "packet_auth": False, "encrypt": True, "data_mode": "srv6",
+        "interfaces": ["a", "b"], "drain_timeout": 0.5,
+    }  # fmt: skip
+    for item, needle in (("packet_auth", "expected KEY=VALUE"), ("host=3", "sets it")):
+        with pytest.raises(cluster_cli.ClusterError, match=needle):
+            cluster_cli.settings([item])
