@@ -431,16 +431,17 @@ def free_tcp_port_or(port: int) -> int:
 
 def _hold(prom: PrometheusServer, name: str, cluster: Cluster) -> None:
     tool = f"{sys.executable} -m mrcstack.daemons.tools.write_bw"
+    mrc = f"{sys.executable} -m mrcstack"  # runnable as printed: no PATH, no sudo needed
     s0, s3 = cluster.daemons[SRC].api_socket, cluster.daemons[DST].api_socket
     print(
         f"Prometheus: {prom.url}  (config {prom.datadir / 'prometheus.yml'})\n"
         f"  try: sum by (plane) (rate(mrc_sent_bytes_total[10s]))\n"
         f"       sum by (reason) (mrc_retransmissions_total)\n"
         f"more traffic:\n"
-        f"  sudo mrcstack testbed exec --name {name} h3 -- {tool} --socket {s3} &\n"
-        f"  sudo mrcstack testbed exec --name {name} h0 -- {tool} --socket {s0} "
+        f"  {mrc} testbed exec --name {name} h3 -- {tool} --socket {s3} &\n"
+        f"  {mrc} testbed exec --name {name} h0 -- {tool} --socket {s0} "
         f"--server-host 3 -s 1MiB -D 30 --report_gbits\n"
-        f"faults: sudo mrcstack fault --name {name} ...\n"
+        f"faults: {mrc} fault --name {name} ...\n"
         f"The testbed, the daemons and Prometheus stay up; Ctrl-C tears everything down.",
         flush=True,
     )
