@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("restore-all", help="undo every active fault")
     clear = add("clear", help="clear ID: undo one fault (id or key)")
     clear.add_argument("fault", metavar="ID")
-    add("list", help="active faults")
+    add("list", help="the faults active now (restored ones are gone from it)")
     return parser
 
 
@@ -258,12 +258,28 @@ def _print_log(entries: list[LogEntry], as_json: bool) -> None:
             print(entry.line())
 
 
-def _print_faults(faults: list[Fault], as_json: bool) -> None:
+def _undoes(args: argparse.Namespace) -> bool:
+    """The command removes faults (``link up``, ``clear``, ``loss clear ...``)."""
+    if args.command in ("restore-all", "clear"):
+        return True
+    if getattr(args, "op", None) in ("up", "restore"):
+        return True
+    ends: list[str] = getattr(args, "ends", None) or []
+    return bool(ends) and ends[0] == "clear"
+
+
+def _print_faults(faults: list[Fault], as_json: bool, restored: bool = False) -> None:
+    """Active faults as ``#1 link_down p0:t0a-t1c  (since ...)``; faults an undo removed
+    as ``restored #1 ...`` so they never read as still active."""
     if as_json:
-        print(json.dumps([f.to_json() for f in faults], indent=1))
+        print(json.dumps([f.to_json() | ({"restored": True} if restored else {})
+                          for f in faults], indent=1))  # fmt: skip
     else:
         for fault in faults:
-            print(f"{fault.describe()}  (since {fault.since})")
+            if restored:
+                print(f"restored {fault.describe()}  (was active since {fault.since})")
+            else:
+                print(f"{fault.describe()}  (since {fault.since})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_faults(faults, args.json)
             return 0
         action = _action(parser, args)
-        _print_faults(action(Faults(load(args.name))), args.json)
+        _print_faults(action(Faults(load(args.name))), args.json, restored=_undoes(args))
         return 0
     except (LocalError, FaultError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -661,6 +662,16 @@ def test_live_records_let_another_process_restore_everything(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("restore #") == 4  # each undo logged with its timestamp
+    # What an undo prints says the fault is gone; `list` shows only active ones.
+    assert done.stdout.count("restored #") == 4 and "(was active since " in done.stdout
+    assert fault_cli.main(["link", "down", "p0:t0a-t1b", "--name", live.name]) == 0
+    assert "(since " in capsys.readouterr().out
+    assert fault_cli.main(["link", "up", "p0:t0a-t1b", "--name", live.name]) == 0
+    assert re.match(
+        r"restored #\d+ link_down p0:t0a-t1b  \(was active since ", capsys.readouterr().out
+    )
+    assert fault_cli.main(["list", "--name", live.name]) == 0
+    assert capsys.readouterr().out.strip() == "no active faults"
     assert not live.faults.active()
     check_paths(live, "h0", "h3", all_alive)
     check_paths(live, "h3", "h0", all_alive)
