@@ -15,13 +15,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from mrcstack import add_version_flag
 from mrcstack.errors import LocalError
 from mrcstack.fabric import SID_FORMATS, Fabric, FabricConfigError, parse_rate, parse_size
-from mrcstack.netns import testbed
+from mrcstack.netns import linkload, testbed
 from mrcstack.netns.run import TestbedError
 from mrcstack.netns.state import NAME_ENV, check_name, default_name, load, recorded
 
@@ -44,6 +46,16 @@ def _arg(parse: Callable[[str], T]) -> Callable[[str], T]:
 
     convert.__name__ = getattr(parse, "__name__", "value")
     return convert
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"bad number of seconds {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise ValueError(f"{text} s: must be in 0..3600")
+    return value
 
 
 def _int(text: str) -> int:
@@ -86,8 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("down", help="remove a testbed")
     named(d)
-    s = sub.add_parser("status", help="what exists, link states and counters")
+    s = sub.add_parser(
+        "status",
+        help="what exists, link states, and the traffic over an interval: per plane, or the "
+        "links and switches of one plane or switch",
+    )
     named(s)
+    s.add_argument("--plane", type=_arg(_int), metavar="N", help="its links and switches")
+    s.add_argument("--switch", metavar="S", help="its ports and uN SID (p0-t1a)")
+    s.add_argument(
+        "--interval", type=_arg(_seconds), default=1.0, metavar="S",
+        help="seconds between the two counter readings rates come from (1; 0: no rates)",
+    )  # fmt: skip
+    s.add_argument("--plot", metavar="FILE.png", help="a PNG of each link's load, per plane")
     ps = sub.add_parser("paths", help="every path between two hosts, with its uSID address")
     ps.add_argument("src", help="source host (h0)")
     ps.add_argument("dst", help="destination host (h3)")
@@ -160,39 +183,28 @@ def _cmd_clean(args: argparse.Namespace, require: bool) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    state = load(args.name)
+    if args.plane is not None and not 0 <= args.plane < state.fabric.planes:
+        raise ValueError(
+            f"--plane {args.plane}: the testbed has planes 0..{state.fabric.planes - 1}"
+        )
+    if args.switch is not None and args.switch not in state.switches:
+        raise ValueError(f"--switch {args.switch}: no such switch (like p0-t1a)")
     data = testbed.status(args.name)
-    fab, spaces = data["fabric"], data["namespaces"]
-    missing = f", missing {' '.join(spaces['missing'])}" if spaces["missing"] else ""
-    lines = [
-        f"testbed {data['name']}: {'healthy' if data['healthy'] else 'NOT healthy'}"
-        f"{'' if data['complete'] else ' (build incomplete)'}; {fab['planes']} planes, "
-        f"{fab['racks']} racks x {fab['hosts_per_rack']} hosts, {fab['t1_per_plane']} T1/plane",
-        f"namespaces {spaces['present']}/{spaces['expected']}{missing}; "
-        f"mgmt {data['mgmt']['bridge']} {data['mgmt']['prefix']}",
-        "",
-        f"{'link':<14} {'state':<7} {'a->b pkts':>10} {'b->a pkts':>10} {'drops':>7}",
-    ]
-    for link in data["links"]:
-        a, b = link["a"], link["b"]
-        drops = sum((end.get(k) or 0) for end in (a, b) for k in ("rx_dropped", "tx_dropped"))
-        drops += sum((end.get("qdisc") or {}).get("drops") or 0 for end in (a, b))
-        lines.append(
-            f"{link['name']:<14} {link['state']:<7} {a.get('tx_packets', '-')!s:>10} "
-            f"{b.get('tx_packets', '-')!s:>10} {drops:>7}"
-        )
-    lines += ["", f"{'switch':<9} {'uN SID':<22} {'next-csid':<9} {'packets':>9}"]
-    for switch, sid in data["sids"].items():
-        lines.append(
-            f"{switch:<9} {sid['sid']:<22} {'yes' if sid['next_csid'] else 'NO':<9} "
-            f"{sid['packets'] if sid['packets'] is not None else '-':>9}"
-        )
-    classic = {s: sid["classic"] for s, sid in data["sids"].items() if "classic" in sid}
-    if classic:
-        lines += ["", f"{'switch':<9} {'classic SID (End)':<26} {'packets':>9}"]
-        for switch, sid in classic.items():
-            packets = sid["packets"] if sid["packets"] is not None else "-"
-            lines.append(f"{switch:<9} {sid['sid']:<26} {packets!s:>9}")
-    _emit(args, data, "\n".join(lines))
+    if args.interval > 0:
+        began = time.monotonic()
+        time.sleep(args.interval)
+        after = testbed.status(args.name)
+        data = linkload.with_rates(data, after, time.monotonic() - began)
+    if args.plot:
+        linkload.plot(data, Path(args.plot))
+    if args.plane is None and args.switch is None:
+        text = linkload.summary_text(data)
+    else:
+        text = linkload.detail_text(data, args.plane, args.switch)
+    if args.plot:
+        text += f"\nplot: {args.plot}"
+    _emit(args, data, text)
     return 0
 
 
