@@ -5,7 +5,7 @@ mrcstack fault ...     the fault harness (mrcstack.netns.faults.cli)
 mrcstack cluster ...   mrcd on every testbed host (mrcstack.daemons.cluster_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
-mrcstack files [NAME]  the shipped example and systemd files (mrcstack.resources)
+mrcstack files [NAME]  the shipped examples, systemd units, dissector, dashboard, alert rules
 mrcstack render ...    switch configurations for real switches (mrcstack.render)
 mrcstack experiment .. the MRC paper's experiments with plots (mrcstack.experiments.cli)
 """
@@ -28,7 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("mrcstack.daemons.cluster_cli", "mrcd on every host of a running testbed (root)"),
     "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
     "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
-    "files": ("mrcstack.resources", "shipped example fabrics, scenarios and systemd units"),
+    "files": (
+        "mrcstack.resources",
+        "shipped fabrics, scenarios, systemd units, dissector, Grafana dashboard, alert rules",
+    ),
     "render": ("mrcstack.render", "switch configs (linux, frr, sonic) from a fabric description"),
     "experiment": ("mrcstack.experiments.cli", "the MRC paper's experiments, with plots"),
 }

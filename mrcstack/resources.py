@@ -1,7 +1,8 @@
 """The files mrcstack ships inside its package: example fabrics and scenarios, systemd units,
-the Wireshark dissector.
+the Wireshark dissector, the Grafana dashboard and Prometheus alert rules.
 
-In a checkout they are the repository's ``examples/``, ``systemd/`` and ``wireshark/``; in
+In a checkout they are the repository's ``examples/``, ``systemd/``, ``wireshark/`` and
+``monitoring/``; in
 an installed package they travel with the code, so ``--fabric examples/fabric-large.toml``
 works from any directory: a path that does not exist but names a shipped file is read from
 the package.
@@ -17,7 +18,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 #: The shipped folders, as they are named in the repository.
-FOLDERS = ("examples", "systemd", "wireshark")
+FOLDERS = ("examples", "systemd", "wireshark", "monitoring")
 
 
 def shipped() -> dict[str, Traversable]:

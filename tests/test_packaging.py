@@ -66,6 +66,8 @@ def test_the_wheel_has_one_top_level_package(wheel: Path) -> None:
         "mrcstack/systemd/mrcd.service",
         "mrcstack/systemd/mrcd@.service",
         "mrcstack/wireshark/mrc.lua",
+        "mrcstack/monitoring/grafana-dashboard.json",
+        "mrcstack/monitoring/prometheus-alerts.yml",
     ):
         assert data in names, data
 
@@ -99,6 +101,8 @@ def test_shipped_files_are_found_by_name_from_anywhere(venv: Path) -> None:
     assert "examples/fabric-large.toml" in listing.stdout
     assert "systemd/mrcd@.service" in listing.stdout
     assert "wireshark/mrc.lua" in listing.stdout
+    assert "monitoring/grafana-dashboard.json" in listing.stdout
+    assert "monitoring/prometheus-alerts.yml" in listing.stdout
     assert "examples/scenarios/incast.toml" in listing.stdout  # subfolders too
     scenario = run([mrcstack, "files", "ring-allreduce.toml"])
     assert scenario.returncode == 0 and "[[collective]]" in scenario.stdout
