@@ -6,7 +6,12 @@ protocol and docs/tools.md for the output.
 One :class:`BwServer` is one run; the run loop (runloop.py) keeps the listener for the whole
 time: while the client's hello says another run follows (``-a``), the run releases its QPs,
 CQ and memory and the loop accepts the next run from the same host (for ``--timeout``
-seconds), one table row or JSON document per run."""
+seconds), one table row or JSON document per run.
+
+When the client's hello says ``-b``, the server also writes back: ``size`` bytes into the
+client's ``data_addr``, ``tx_depth`` deep per QP, each write carrying its count as the
+immediate, until the client's END arrives; its figures, like the client's, sum both
+directions."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from mrcstack.daemons.tools.common import (
     MASK31,
     MAX_CREDITS_OUT,
     POLL_N,
+    REVERSE_WR,
     Done,
     Events,
     Hello,
@@ -63,6 +69,7 @@ from mrcstack.daemons.tools.report import (
 from mrcstack.daemons.tools.runloop import Doc, NewRun, interval_closer
 
 PROG = BW_PROG
+BIDIR_TEXT = "ON: writing back as much; BW and MsgRate sum both directions"
 
 
 @dataclass
@@ -81,6 +88,8 @@ class _Peer:
     first_mismatch: int | None = None
     credit_sent: int = 0
     credits_out: int = 0
+    sent: int = 0  # -b: our writes back to the client, posted
+    sent_done: int = 0  # and completed
     ended: bool = False
     stop: bool = False  # its END said no run follows after all
     result_done: bool = False
@@ -110,11 +119,13 @@ class BwServer:
         slots_len = qps * slots * size
         self.ctrl_base = align(slots_len)
         self.send_base = self.ctrl_base + qps * CTRL_AREA
-        self.mr = self.ctx.reg_mr(self.send_base + 64 + qps * 64)
+        self.reverse_src = align(self.send_base + 64 + qps * 64)  # -b: what we write back
+        self.mr = self.ctx.reg_mr(self.reverse_src + (size if first.bidir else 0))
         self.buf = self.mr.buf
         self.cq = self.ctx.create_cq(65536)
-        attr = o.qp_attr(MAX_CREDITS_OUT + 2)
-        cap = qp_cap(MAX_CREDITS_OUT + 8)
+        back = first.tx_depth if first.bidir else 0
+        attr = o.qp_attr(MAX_CREDITS_OUT + 2 + back)
+        cap = qp_cap(MAX_CREDITS_OUT + 8 + back)
         hello = first
         for q in range(qps):
             if q:
@@ -146,12 +157,18 @@ class BwServer:
         self.mr.dereg()
 
     def _arrivals(self, wcs: list[WorkCompletion], series: Series) -> int:
+        """The writes the client placed, and with -b ours to it that completed: both
+        count in the series (and are the number returned)."""
         h = self.hello
         size = h.size
         placed = 0
         for p, what, wc in completions(wcs, self.by_qpn):
-            if what is Done.WROTE:  # one of our credit writes
-                p.credits_out -= 1
+            if what is Done.WROTE:  # one of our credit writes, or with -b one written back
+                if wc.wr_id & CREDIT_WR:
+                    p.credits_out -= 1
+                else:
+                    p.sent_done += 1
+                    placed += 1  # -b: our write back, placed at the client
                 continue
             if what is Done.ENDED:  # our counts
                 p.result_done = True
@@ -214,6 +231,21 @@ class BwServer:
             p.credit_sent = p.verified
             p.credits_out += 1
 
+    def _write_back(self) -> None:
+        """-b: keep ``tx_depth`` writes to the client in flight on every QP until its END."""
+        h = self.hello
+        for p in self.peers:
+            if p.ended:
+                continue
+            wrs = []
+            while p.sent - p.sent_done < h.tx_depth:
+                p.sent += 1
+                src = (self.mr, self.reverse_src, h.size)
+                wrs.append(WriteWr(REVERSE_WR | p.sent, src, h.data_addr, h.reply_rkey,
+                                   p.sent & MASK31))  # fmt: skip
+            if wrs:
+                p.qp.post_send(wrs)
+
     def run(self) -> Doc:
         o, h = self.opts, self.hello
         start = time.monotonic()
@@ -223,7 +255,6 @@ class BwServer:
         close = interval_closer(
             o, bw_series_entry, lambda e, _t: bw_interval_line(e, o.interval, o.report_gbits)
         )
-        total = 0
         last = start
         end = start
         while not all(p.result_done for p in self.peers):
@@ -236,10 +267,11 @@ class BwServer:
             elif now - last > o.timeout:
                 raise ToolError(f"nothing from the client for {o.timeout:g} s")
             if placed:
-                total += placed
                 end = now
             if h.verify:
                 self._credits()
+            if h.bidir:
+                self._write_back()
             for p in self.peers:
                 p.recvs.top_up()
             if now >= series.next_tick:
@@ -247,8 +279,17 @@ class BwServer:
                 self.events.check()
         series.tick(time.monotonic(), close)
         self.events.check()
+        total = sum(p.received for p in self.peers)
+        sent = sum(p.sent_done for p in self.peers)
         nbytes = total * h.size
+        both = total + sent  # -b: both directions, as perftest sums them
         first = next((p for p in self.peers if p.first_mismatch is not None), None)
+        bidir = {
+            "bidirectional": {
+                "sent": {"writes": sent, "bytes": sent * h.size},
+                "received": {"writes": total, "bytes": nbytes},
+            }
+        }
         return {
             "tool": PROG,
             "role": "server",
@@ -261,7 +302,8 @@ class BwServer:
             "verify": h.verify,
             "iterations": total,
             "bytes": nbytes,
-            **bw_figures(nbytes, total, end - start, series.entries, o.interval),
+            **bw_figures(both * h.size, both, end - start, series.entries, o.interval),
+            **(bidir if h.bidir else {}),
             "verified": sum(p.verified for p in self.peers),
             "mismatches": sum(p.mismatches for p in self.peers),
             "first_mismatch": None
@@ -300,6 +342,7 @@ class BwServer:
                     ("TX depth", depth),
                     ("Message size", server_size_text(hello.size, self.sweep)),
                     ("Verify", "ON (CRC-32 of what landed)" if hello.verify else "OFF"),
+                    *([("Bidirectional", BIDIR_TEXT)] if hello.bidir else []),
                     ("QPNs", qpns_text([p.qp.qpn for p in self.peers], self.sweep)),
                 ],
             )

@@ -62,7 +62,8 @@ BW_PROG, LAT_PROG = "mrc-write-bw", "mrc-write-lat"
 KIND_NAMES = {KIND_BW: BW_PROG, KIND_LAT: LAT_PROG}
 FLAG_VERIFY = 0x1
 FLAG_MORE = 0x2  # another run (the next size of -a) follows this one
-KNOWN_FLAGS = FLAG_VERIFY | FLAG_MORE
+FLAG_BIDIR = 0x4  # bw -b: the server writes back to the client's data_addr as much
+KNOWN_FLAGS = FLAG_VERIFY | FLAG_MORE | FLAG_BIDIR
 END_STOP = 0x1  # END payload flag: no run follows after all
 END = 1 << 31  # immediate bit: the run is over (the other bits: the count)
 MASK31 = END - 1
@@ -81,6 +82,7 @@ CTRL_AREA = 64  # per QP in the server's region: where the END write lands
 POLL_N = 4096  # completions taken per poll
 END_WR = 1 << 62  # wr_id bit of the END and RESULT writes
 CREDIT_WR = 1 << 61  # wr_id bit of bw --verify's credit writes
+REVERSE_WR = 1 << 60  # wr_id bit of the server's writes back to the client (bw -b)
 MAX_CREDITS_OUT = 16  # credit writes in flight per QP (credits are cumulative)
 RECVS = 4096  # receive buffers kept posted per QP (immediates)
 REPOST = 1024  # repost in batches of this many (each post_recv is a round trip to mrcd)
@@ -127,11 +129,13 @@ class Hello:
     tx_depth: int
     reply_addr: int  # this QP's REPLY_AREA in the client's region
     reply_rkey: int
-    data_addr: int = 0  # lat: the client's pong slots
+    data_addr: int = 0  # lat: the client's pong slots; bw -b: where the server writes
     more: bool = False  # -a: another run (the next size) follows this one
+    bidir: bool = False  # bw -b: the server writes to data_addr as the client writes to it
 
     def pack(self) -> bytes:
         flags = (FLAG_VERIFY if self.verify else 0) | (FLAG_MORE if self.more else 0)
+        flags |= FLAG_BIDIR if self.bidir else 0
         fields = (getattr(self, name) for name in _HELLO_FIELDS)
         return _HELLO.pack(MAGIC, VERSION, self.kind, flags, *fields)
 
@@ -157,17 +161,22 @@ class Hello:
         if not (1 <= slots <= 2 * MAX_DEPTH and imm_every >= 1 and 1 <= tx_depth <= MAX_DEPTH):
             raise ValueError(f"bad hello: slots={slots} imm_every={imm_every} depth={tx_depth}")
         return cls(
-            kind=kind, verify=bool(flags & FLAG_VERIFY), more=bool(flags & FLAG_MORE), **fields
+            kind=kind,
+            verify=bool(flags & FLAG_VERIFY),
+            more=bool(flags & FLAG_MORE),
+            bidir=bool(flags & FLAG_BIDIR),
+            **fields,
         )
 
     def same_run(self, other: Hello) -> bool:
-        return (self.kind, self.verify, self.qps, self.size, self.slots, self.more) == (
+        return (self.kind, self.verify, self.qps, self.size, self.slots, self.more, self.bidir) == (
             other.kind,
             other.verify,
             other.qps,
             other.size,
             other.slots,
             other.more,
+            other.bidir,
         )
 
 

@@ -135,6 +135,7 @@ class Options:
     all: bool = False  # -a: every size 2 .. max_size, a run each
     max_size: int = MAX_ALL_SIZE
     depth_flag: int | None = None  # -t as given (None: default_depth of each size)
+    bidir: bool = False  # bw -b: the server writes back as much (perftest's -b)
 
     @property
     def client(self) -> bool:
@@ -293,6 +294,16 @@ BW_FLAGS: list[Flag] = [
         ),
     ),
     (("--report_gbits",), dict(action="store_true", help="report Gbit/s, not MB/s")),
+    (
+        ("-b", "--bidirectional"),
+        dict(
+            action="store_true",
+            dest="bidir",
+            help="both directions at once (perftest's -b): the server writes back to the "
+            "client as the client writes to it, and both report the two directions summed "
+            "(and each apart in --json); the server takes it from the client",
+        ),
+    ),
 ]
 
 #: What is reported, and how.
@@ -395,6 +406,8 @@ def _check(ns: argparse.Namespace) -> None:
         raise UsageError("argument -a/--all: not allowed with argument --run_infinitely")
     if ns.max_size is not None and not ns.all:
         raise UsageError("argument --max-size: only with -a/--all")
+    if getattr(ns, "bidir", False) and ns.verify:
+        raise UsageError("argument -b/--bidirectional: not allowed with argument --verify")
 
 
 def _options(prog: str, kind: int, ns: argparse.Namespace) -> Options:
@@ -436,6 +449,7 @@ def _options(prog: str, kind: int, ns: argparse.Namespace) -> Options:
         all=ns.all,
         max_size=ns.max_size if ns.max_size is not None else MAX_ALL_SIZE,
         depth_flag=depth_flag,
+        bidir=bool(getattr(ns, "bidir", False)),
     )
 
 

@@ -18,6 +18,10 @@ what landed in its memory against it, and hands slots back with credit writes
 At the end the client sends an END write to each QP's control cell and the server answers
 with its own counts (writes, bytes, verified, mismatches) in the client's result cell.
 
+With ``-b`` (bidirectional) the hello asks the server to write back as much: into one slot
+of the client's region (``data_addr``), ``tx-depth`` deep, every write carrying its count as
+the immediate, until the client's END; both sides report the two directions summed.
+
 With ``-a`` every size 2, 4, ... ``--max-size`` is such a run on a fresh context and
 connection; the hellos of all but the last say that another run follows (common.py).  The
 run loop, headers and reports around a run are runloop.py's.
@@ -53,6 +57,7 @@ from mrcstack.daemons.tools.common import (
     Result,
     ToolError,
     Welcome,
+    align,
     completions,
     connect,
     delta31,
@@ -78,6 +83,7 @@ from mrcstack.daemons.tools.runloop import (
 )
 
 PROG = BW_PROG
+BIDIR_TEXT = "ON: the server writes back as much; BW and MsgRate sum both directions"
 
 
 @dataclass
@@ -92,6 +98,7 @@ class _Link:
     posted: int = 0
     completed: int = 0
     credited: int = 0  # --verify: writes the server has checked
+    received: int = 0  # -b: the server's writes that arrived
     end_done: bool = False
     result: Result | None = None
 
@@ -104,14 +111,16 @@ class BwClient(ClientBase):
     def __init__(self, opts: Options, ctx: Context, host: int, more: bool = False) -> None:
         slots = 2 * opts.tx_depth if opts.verify else 1
         src_len = opts.qps * slots * opts.size if opts.verify else opts.size
+        self.rx_off = align(src_len)  # -b: the slot the server writes into
         super().__init__(opts, ctx, host, more)
-        self._register(src_len, opts.qps, cq_size=65536)
+        self._register(self.rx_off + (opts.size if opts.bidir else 0), opts.qps, cq_size=65536)
         self.slots = slots
         if not opts.verify:
             self.pattern.fill(self.buf[: opts.size], 0, 0)
         self.links: list[_Link] = []
         self.by_qpn: dict[int, _Link] = {}
         self.imm_every = 1 if opts.verify else max(1, opts.tx_depth // 4)
+        self.rx_writes = 0  # -b: the server's writes that arrived, all QPs
 
     def connect(self, server: int) -> None:
         o = self.opts
@@ -132,7 +141,9 @@ class BwClient(ClientBase):
                 o.tx_depth,
                 self.mr.addr + reply_off,
                 self.mr.rkey,
+                data_addr=self.mr.addr + self.rx_off if o.bidir else 0,
                 more=self.more,
+                bidir=o.bidir,
             )
             welcome = connect(qp, server, o.service, hello, o.timeout)
             link = _Link(q, qp, welcome, reply_off, recvs)
@@ -166,7 +177,9 @@ class BwClient(ClientBase):
             link.qp.post_send(wrs)
 
     def _completions(self, wcs: list[WorkCompletion], series: Series) -> int:
-        done = 0
+        """Our writes that completed (and, with -b, the server's that arrived: both
+        directions count in the series and as progress)."""
+        done = received = 0
         for link, what, wc in completions(wcs, self.by_qpn):
             if what is Done.WROTE:
                 link.completed += 1
@@ -178,10 +191,15 @@ class BwClient(ClientBase):
                 imm = wc.imm or 0
                 if imm & END:
                     link.result = Result.unpack_from(self.buf, link.reply_off + RESULT_CELL)
+                elif self.opts.bidir:  # each of the server's writes carries its count
+                    n = delta31(imm, link.received & MASK31)
+                    link.received += n
+                    received += n
                 else:
                     link.credited += delta31(imm, link.credited & MASK31)
-        series.count += done
-        series.bytes += done * self.opts.size
+        series.count += done + received
+        series.bytes += (done + received) * self.opts.size
+        self.rx_writes += received
         for link in self.links:
             link.recvs.top_up()
         return done
@@ -190,7 +208,7 @@ class BwClient(ClientBase):
         o = self.opts
         clock, series = self._begin()
         start = clock.start
-        period = {"start": start, "writes": 0, "entry": 0}
+        period = {"start": start, "writes": 0, "entry": 0, "rx": 0}
         total = 0
         last = start
         final = None if o.duration is not None else o.iters  # writes per QP
@@ -216,8 +234,9 @@ class BwClient(ClientBase):
             )
             wcs = self.cq.poll_wait(POLL_N, timeout=max(0.0, min(deadline - now, 0.1)))
             now = time.monotonic()
+            received = self.rx_writes
             done = self._completions(wcs, series)
-            if done:
+            if done or self.rx_writes != received:
                 total += done
                 period["writes"] += done
                 last = now
@@ -229,20 +248,27 @@ class BwClient(ClientBase):
             if clock.period_at is not None and now >= clock.period_at:
                 self._period(period, now, series)
                 period = {"start": now, "writes": 0, "entry": len(series.entries)}
+                period["rx"] = self.rx_writes
                 clock.next_period(o, now)
         end = last
         series.tick(time.monotonic(), on_close)
         self.events.check()
         results = self._finish()
         nbytes = total * o.size
-        figures = {
+        both = total + self.rx_writes  # -b: both directions, as perftest sums them
+        figures: Doc = {
             "qps": o.qps,
             "tx_depth": o.tx_depth,
             "verify": o.verify,
             "iterations": total,
             "bytes": nbytes,
-            **bw_figures(nbytes, total, end - start, series.entries, o.interval),
+            **bw_figures(both * o.size, both, end - start, series.entries, o.interval),
         }
+        if o.bidir:
+            figures["bidirectional"] = {
+                "sent": {"writes": total, "bytes": nbytes},
+                "received": {"writes": self.rx_writes, "bytes": self.rx_writes * o.size},
+            }
         qpns = [link.qp.qpn for link in self.links]
         return self._document(figures, clock, series, qpns, _sum_results(results))
 
@@ -250,8 +276,9 @@ class BwClient(ClientBase):
         o = self.opts
         elapsed = now - period["start"]
         writes = period["writes"]
+        both = writes + self.rx_writes - period["rx"]  # -b: both directions
         fig = bw_figures(
-            writes * o.size, writes, elapsed, series.entries[period["entry"] :], o.interval
+            both * o.size, both, elapsed, series.entries[period["entry"] :], o.interval
         )
         figures = {"iterations": writes, "bytes": writes * o.size, **fig}
         self._report_period(figures, bw_figures_row(o.size, writes, fig, o.report_gbits))
@@ -271,6 +298,7 @@ class BwClient(ClientBase):
             ("Message size", o.size_text()),
             ("Verify", "ON (CRC-32 of every write, checked by the server)" if o.verify else "OFF"),
             ("Profiles", f"ev {o.ev_profile} cc {o.cc_profile}"),
+            *([("Bidirectional", BIDIR_TEXT)] if o.bidir else []),
             ("QPNs", qpns_text([link.qp.qpn for link in self.links], o.all)),
         ]
 

@@ -88,8 +88,10 @@ def test_hello_more_flag_version_and_end_flags() -> None:
     packed = more.pack()
     assert Hello.unpack(packed) == more and Hello.unpack(packed).more
     assert not more.same_run(Hello(KIND_BW, False, 1, 0, 2, 1, 32, 128, 0x1000, 0x77))
-    with pytest.raises(ValueError, match="unknown hello flags 0x4"):
-        Hello.unpack(packed[:6] + bytes([packed[6] | 0x4]) + packed[7:])  # flags: bytes 6-7
+    with pytest.raises(ValueError, match="unknown hello flags 0x8"):
+        Hello.unpack(packed[:6] + bytes([packed[6] | 0x8]) + packed[7:])  # flags: bytes 6-7
+    both = Hello(KIND_BW, False, 1, 0, 2, 1, 32, 128, 0x1000, 0x77, 0x2000, bidir=True)
+    assert Hello.unpack(both.pack()) == both and not both.same_run(more)
     with pytest.raises(ValueError, match=f"hello version 1, this tool speaks {common.VERSION}"):
         Hello.unpack(packed[:4] + b"\x01" + packed[5:])  # a version-1 client
     cell = memoryview(bytearray(common.END_LEN))
@@ -179,6 +181,8 @@ def test_all_sizes_flags() -> None:
         ("write_bw", ["-a", "--max-size", "100KiB"], "100KiB: must be a power of two"),
         ("write_lat", ["-a", "--max-size", "4GiB"], "4GiB: must be a power of two"),
         ("write_bw", ["--max-size", "64KiB"], "--max-size: only with -a/--all"),
+        ("write_bw", ["-b", "--verify"], "-b/--bidirectional: not allowed with argument --verify"),
+        ("write_lat", ["-b"], "unrecognized arguments"),  # as ib_write_lat: no -b
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(name: str, args: list[str], needle: str) -> None:
@@ -371,6 +375,36 @@ def test_loopback_bw_verify_json(loop_daemons: Daemons) -> None:
     assert c["bw_average_MB_s"] > 0 and c["bw_peak_MB_s"] >= c["bw_average_MB_s"]
     assert len(c["qpns"]) == 2 and (c["qps"], c["tx_depth"], c["verify"]) == (2, 8, True)
     assert sum(e["bytes"] for e in c["series"]) <= c["bytes"]
+
+
+def test_loopback_bw_bidirectional(loop_daemons: Daemons) -> None:
+    """-b: the server writes back while the client writes; each side counts both ways and
+    its figures sum them, as perftest's -b does."""
+    s0, s3 = str(loop_daemons.sockets[0]), str(loop_daemons.sockets[3])
+    srv, cli = run_pair(
+        "write_bw",
+        tool("write_bw", "--socket", s3, "--service", "705", "--json"),
+        tool("write_bw", "--socket", s0, "--server-host", "3", "--service", "705", "-s", "16KiB",
+             "-n", "300", "-t", "16", "-q", "2", "-b", "--json"),
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert srv.returncode == 0, srv.stderr
+    c, s = one_json(cli.stdout), one_json(srv.stdout)
+    size = 16384
+    assert c["bidirectional"]["sent"] == {"writes": 600, "bytes": 600 * size}
+    assert s["bidirectional"]["received"] == c["bidirectional"]["sent"]
+    back = s["bidirectional"]["sent"]["writes"]
+    assert back > 0 and c["bidirectional"]["received"]["writes"] == back  # every one arrived
+    for doc in (c, s):
+        both = (600 + back) * size
+        rate = both / doc["duration_s"] / 2**20
+        assert doc["bw_average_MB_s"] == pytest.approx(rate, rel=0.01), doc
+    assert "bidirectional" not in one_json(run_pair(
+        "write_bw",
+        tool("write_bw", "--socket", s3, "--service", "706", "--json"),
+        tool("write_bw", "--socket", s0, "--server-host", "3", "--service", "706", "-n", "10",
+             "--json"),
+    )[1].stdout)  # fmt: skip
 
 
 def test_loopback_bw_run_infinitely_until_ctrl_c(loop_daemons: Daemons) -> None:
