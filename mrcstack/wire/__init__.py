@@ -1,9 +1,13 @@
-"""The MRC wire format: packet dataclasses, the codec and packet integrity.
+"""The MRC wire format: packet dataclasses, the codecs and packet integrity.
 
 Import from here: ``from mrcstack.wire import DataPacket, encode, decode, CrcIntegrity``.
+``encode``/``decode`` carry mrcstack's extension header, ``encode_plain``/``decode_plain``
+the OCP MRC 1.0 layout alone; ``mrcstack.wire.scapy_layers`` has Scapy layers for both.
 """
 
 from mrcstack.wire.codec import (
+    ACKNOWLEDGE_HDR_LEN,
+    AETH_LEN,
     BTH_PKEY,
     CC_STATE_LEN,
     DATA_HDR_LEN,
@@ -27,13 +31,14 @@ from mrcstack.wire.codec import (
     encode,
     encode_trimmed,
     encoded_length,
+    has_extension,
     header_length,
     peek_qpn,
     trim,
     trimmed_length,
     write_opcode,
 )
-from mrcstack.wire.evformat import EvFormat, stev_flow_label, stev_source_port
+from mrcstack.wire.evformat import EvFormat, ev_from_outer, stev_flow_label, stev_source_port
 from mrcstack.wire.integrity import (
     AEAD_KEY_LENS,
     AEAD_TAG_LEN,
@@ -55,6 +60,7 @@ from mrcstack.wire.integrity import (
 )
 from mrcstack.wire.packets import (
     ECT0,
+    ENDPOINT_QPN,
     FIRST_CONTROL_OPCODE,
     IMM_OPCODES,
     MAX_WINDOW,
@@ -68,6 +74,7 @@ from mrcstack.wire.packets import (
     TCLASS_CONTROL,
     TCLASS_DATA,
     WRITE_OPCODES,
+    AcknowledgePacket,
     AckPacket,
     BthFlags,
     DataFlags,
@@ -85,10 +92,13 @@ from mrcstack.wire.packets import (
     SkipHint,
     traffic_class,
 )
+from mrcstack.wire.plain import decode_plain, encode_plain, plain_header_length
 
 __all__ = [
+    "ACKNOWLEDGE_HDR_LEN",
     "AEAD_KEY_LENS",
     "AEAD_TAG_LEN",
+    "AETH_LEN",
     "BTH_LEN",
     "BTH_PKEY",
     "CC_STATE_LEN",
@@ -98,6 +108,7 @@ __all__ = [
     "DEFAULT_REPLAY_WINDOW",
     "ECT0",
     "EETH_LEN",
+    "ENDPOINT_QPN",
     "ERTH_LEN",
     "FIRST_CONTROL_OPCODE",
     "HDR_CHECK_LEN",
@@ -129,6 +140,7 @@ __all__ = [
     "XETH_LEN",
     "XFETH_LEN",
     "AckPacket",
+    "AcknowledgePacket",
     "AeadIntegrity",
     "BthFlags",
     "CrcIntegrity",
@@ -154,11 +166,16 @@ __all__ = [
     "WireUsageError",
     "crc32_header",
     "decode",
+    "decode_plain",
     "encode",
+    "encode_plain",
     "encode_trimmed",
     "encoded_length",
+    "ev_from_outer",
+    "has_extension",
     "header_length",
     "peek_qpn",
+    "plain_header_length",
     "stev_flow_label",
     "stev_source_port",
     "traffic_class",

@@ -1,13 +1,15 @@
-"""Encode and decode MRC packets: pure functions over the layout in ``mrcstack.wire.packets``.
+"""Encode and decode MRC packets with mrcstack's extension header: pure functions over the
+layout in ``mrcstack.wire.layout``.
 
 ``encode`` packs a packet dataclass, computes ``hdr_check`` and asks an ``Integrity`` for the
-trailer.  ``decode`` is the only door for bytes from the network: it returns a valid packet
-or raises ``DecodeError``, never anything else, whatever the input.  Writes are the hot path:
-one precompiled ``struct`` per layout, one CRC for the header, no copy of the payload on
-receive (a memoryview slice of the datagram is returned).
+trailer.  ``decode`` is the only door for bytes from a peer that negotiated the extension:
+it returns a valid packet or raises ``DecodeError``, never anything else, whatever the input.
+Writes are the hot path: one precompiled ``struct`` per layout, one CRC for the header, no
+copy of the payload on receive (a memoryview slice of the datagram is returned).
 
-Every choice made where the public description of OCP MRC 1.0 is ambiguous is a constant in
-the "Readings" block below, so a correction is one edit (``docs/wire-format.md`` lists them).
+The specification's headers sit where OCP MRC 1.0 puts them (``docs/wire-format.md``);
+XETH/XFETH follow them, last before the payload.  :mod:`mrcstack.wire.plain` encodes the same
+packets without the extension, for a peer that speaks only the specification.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import struct
 import zlib
 from typing import TYPE_CHECKING
 
+from mrcstack.wire import plain
 from mrcstack.wire.integrity import (
     BTH_LEN,
     HDR_CHECK_LEN,
@@ -27,36 +30,109 @@ from mrcstack.wire.integrity import (
     WireUsageError,
     crc32_header,
 )
+from mrcstack.wire.layout import (
+    ACK_REQ,
+    ACKNOWLEDGE_HDR_LEN,
+    AETH_LEN,
+    BTH,
+    BTH_ACK_REQ,
+    BTH_PKEY,
+    BTH_RTX,
+    BTH_TS,
+    BYTE1_RESERVED,
+    CC_ECN,
+    CC_STATE,
+    CC_STATE_LEN,
+    DATA_HDR_LEN,
+    DATA_IMM_HDR_LEN,
+    DUPLICATE,
+    ECN_ECHO,
+    EETH,
+    EETH_BYTE1_RESERVED,
+    EETH_LEN,
+    EETH_OP_SHIFT,
+    ERTH,
+    ERTH_BYTE1_RESERVED,
+    ERTH_LEN,
+    FB_RETX,
+    FIRST,
+    FTYPE,
+    IMMDT_LEN,
+    LAST,
+    METH_LEN,
+    NACK_HDR_LEN,
+    NACK_REASONS,
+    NETH,
+    NETH_LEN,
+    NEXT_EXT,
+    OPCODE_FLAGS,
+    PETH,
+    PETH_LEN,
+    PROBE_HDR_LEN,
+    PROBE_REPLY_HDR_LEN,
+    PROBE_RESPONSE,
+    RELIABILITY_PROBE_HDR_LEN,
+    RETH_LEN,
+    RETX,
+    SACK_HDR_LEN,
+    SENDER_DATA_FLAGS,
+    SETH,
+    SETH_BYTE1_RESERVED,
+    SETH_LEN,
+    SETH_M_SHIFT,
+    SETH_PR,
+    SKIPS,
+    TRIM_LASTHOP,
+    TRIMMED,
+    TS_MASK,
+    TS_UNIT_NS_SHIFT,
+    TSETH_LEN,
+    U24_SHIFT,
+    WRITE,
+    XETH,
+    XFETH,
+    bad,
+    byte_view,
+    check_ack,
+    check_bth,
+    check_probe_id,
+    check_range,
+    check_u24,
+    field_error,
+    next_of,
+    psn_offset,
+    signed_psn,
+    truncated,
+    ts16,
+    write_opcode,
+)
 from mrcstack.wire.packets import (
+    ENDPOINT_QPN,
     IMM_OPCODES,
-    MAX_WINDOW,
     MPR_UNIT,
     MRC_EXT_VERSION,
     PSN_MASK,
-    PSN_MOD,
     SWITCH_FLAGS,
     WRITE_OPCODES,
     XETH_OPCODES,
+    AcknowledgePacket,
     AckPacket,
-    BthFlags,
-    DataFlags,
     DataPacket,
     EndpointOp,
-    FeedbackFlags,
-    NackReason,
     Opcode,
     Packet,
     PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     ReliabilityProbePacket,
-    SkipHint,
 )
 
 if TYPE_CHECKING:
     from mrcstack.wire.integrity import Integrity
 
 __all__ = [
+    "ACKNOWLEDGE_HDR_LEN",
+    "AETH_LEN",
     "BTH_LEN",
     "BTH_PKEY",
     "CC_STATE_LEN",
@@ -87,6 +163,7 @@ __all__ = [
     "encode",
     "encode_trimmed",
     "encoded_length",
+    "has_extension",
     "header_length",
     "peek_qpn",
     "trim",
@@ -94,103 +171,19 @@ __all__ = [
     "write_opcode",
 ]
 
-METH_LEN = 4
-TSETH_LEN = 4
-RETH_LEN = 16
-IMMDT_LEN = 4
-SETH_LEN = 28
-CC_STATE_LEN = 8
-NETH_LEN = 20
-ERTH_LEN = 16
-EETH_LEN = 36
-PETH_LEN = 16
-DATA_HDR_LEN = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 68: a trimmed write
-DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 72
-SACK_HDR_LEN = BTH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 84
-NACK_HDR_LEN = BTH_LEN + NETH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 104
-PROBE_HDR_LEN = BTH_LEN + ERTH_LEN + XETH_LEN  # 60
-PROBE_REPLY_HDR_LEN = BTH_LEN + EETH_LEN + XFETH_LEN  # 84
-RELIABILITY_PROBE_HDR_LEN = BTH_LEN + PETH_LEN + XETH_LEN  # 60
-BTH_PKEY = 0xFFFF  # default partition key, as RoCEv2 NICs send
-QPN_MASK = (1 << 24) - 1
-_U24_SHIFT = 24  # a u24 field shares a u32 with the byte above it
-
-# Readings: where the public record of OCP MRC 1.0 leaves a choice, this is ours.
-#: TSETH/CC_STATE/NETH/ERTH timestamps: 16 bits of nanoseconds >> 10 (1.024 us units, the
-#: spec's timer unit), wrapping every 67 ms.  Our own 64-bit time travels in XETH/XFETH.
-TS_UNIT_NS_SHIFT = 10
-_TS_MASK = 0xFFFF
-_FTYPE = 0x1  # TSETH / ERTH / PETH ftype
-#: Header type codes in the high nibble of an extension's byte 0; the low nibble names the
-#: header after it (after CC_STATE for a SETH).  ``_NEXT_XETH`` is mrcstack's extension.
-_TYPE_SETH = 0x1
-_TYPE_NETH = 0x2
-_TYPE_ERTH = 0x4
-_TYPE_EETH = 0x5
-_TYPE_PETH = 0x3
-_NEXT_SETH = _TYPE_SETH
-_NEXT_XETH = 0xF
-#: SETH byte 1: ``m`` in bits 1-0, ``pr`` in bit 2.
-_M_MASK = 0x03
-#: SETH/NETH cc byte: cc_type in the high nibble (0: none named), flags low; flag bit 0 is
-#: our ECN echo.
-_CC_ECN = 0x01
-#: SETH/NETH context ids: mrcstack addresses a QP by the BTH's DestQP; they are zero.
-
-_TRIMMED = int(DataFlags.TRIMMED)
-_TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
 _SWITCH = int(SWITCH_FLAGS)
-_RETX = int(DataFlags.RETX)
-_LAST = int(DataFlags.LAST)
-_FIRST = int(DataFlags.FIRST)
-_SENDER_DATA_FLAGS = _RETX | _LAST | _FIRST
-_VALID_DATA_FLAGS = _SENDER_DATA_FLAGS | _SWITCH
-_BTH_RTX = int(BthFlags.RTX)
-_BTH_TS = int(BthFlags.TS)
-_ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
-_DUPLICATE = int(FeedbackFlags.DUPLICATE)
-_VALID_FEEDBACK_FLAGS = _ECN_ECHO | _DUPLICATE
-_NACK_REASONS = frozenset(int(r) for r in NackReason)
-_SKIPS = frozenset(int(m) for m in SkipHint)
+_VALID_DATA_FLAGS = SENDER_DATA_FLAGS | _SWITCH
+_VALID_FEEDBACK_FLAGS = ECN_ECHO | DUPLICATE | PROBE_RESPONSE | FB_RETX
 _XETH_FLAGS_FROM_END = XETH_LEN - 1  # flags byte offset, counted back from the header end
+_NEXT0, _NEXT1 = NEXT_EXT >> 1, (NEXT_EXT & 1) << 7  # an extension follows: bytes 0 and 1
 
-# opcode of a write from (first, last, has imm)
-_WRITE_OPCODE = {
-    (True, True, False): Opcode.RDMA_WRITE_ONLY,
-    (True, True, True): Opcode.RDMA_WRITE_ONLY_IMM,
-    (True, False, False): Opcode.RDMA_WRITE_FIRST,
-    (False, False, False): Opcode.RDMA_WRITE_MIDDLE,
-    (False, True, False): Opcode.RDMA_WRITE_LAST,
-    (False, True, True): Opcode.RDMA_WRITE_LAST_IMM,
-}
-_OPCODE_FLAGS = {int(op): (_FIRST if f else 0) | (_LAST if la else 0)
-                 for (f, la, _), op in _WRITE_OPCODE.items()}  # fmt: skip
-# The same table keyed by FIRST|LAST flag bits, and whether there is an immediate.
-_OPCODE_OF: dict[tuple[int, bool], Opcode] = {
-    (flags, imm): op for (f, la, imm), op in _WRITE_OPCODE.items()
-    for flags in [(_FIRST if f else 0) | (_LAST if la else 0)]
-}  # fmt: skip
-
-_BTH = ">BBHII"  # opcode, M/SE/PadCnt/TVer, P_Key, resv|DestQP, A/R/RTX/TS|PSN
-_XETH = "BBBBIQQII"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check
-_XFETH = "BBBBIQQIHHI"  # ver, flags, port, rsvd, ev, tx_seq, echo_ts_ns, msn, port_state,
-#                         rsvd, hdr_check
-_SETH = "BBhIHHIBBhQ"  # type|next, m|pr, ack_psn_offset, entropy, src ctx, dst ctx,
-#                        rsvd|cack_psn, cc, MPR, sack_offset, bitmap
-_CC_STATE = "HHI"  # ts echo, rsvd|ooo_count, R/C|penalty|received bytes
-_NETH = "BBBBIHHIBBH"  # type|next, rsvd, reason, vendor, entropy, ctx, ctx, rsvd|psn, cc,
-#                        rsvd, tx_timestamp
-_ERTH = "BBBBIIHH"  # type|next, op, rsvd, vendor, port mask, rsvd, tx_timestamp, TSR|ftype
-_PETH = "BBBBHHHHHH"  # type|next, rsvd, rsvd, vendor, probe id, rsvd, ctx, ctx, ts, TSR|ftype
-_EETH = "BBHIIQQHHI"  # type|next, op, rsvd, entropy echo, port mask, 16 rsvd, ts echo,
-#                       TSR|ftype, rsvd
-_DATA = struct.Struct(_BTH + "HH" + "HH" + "QII" + _XETH)
-_DATA_IMM = struct.Struct(_BTH + "HH" + "HH" + "QII" + "I" + _XETH)
-_SACK = struct.Struct(_BTH + _SETH + _CC_STATE + _XFETH)
-_NACK = struct.Struct(_BTH + _NETH + _SETH + _CC_STATE + _XFETH)
-_PROBE = struct.Struct(_BTH + _ERTH + _XETH)
-_PROBE_REPLY = struct.Struct(_BTH + _EETH + _XFETH)
-_RELIABILITY_PROBE = struct.Struct(_BTH + _PETH + _XETH)
+_DATA = struct.Struct(BTH + WRITE + XETH)
+_DATA_IMM = struct.Struct(BTH + WRITE + "I" + XETH)
+_SACK = struct.Struct(BTH + SETH + CC_STATE + XFETH)
+_NACK = struct.Struct(BTH + NETH + XFETH)
+_PROBE = struct.Struct(BTH + ERTH + XETH)
+_PROBE_REPLY = struct.Struct(BTH + EETH + XFETH)
+_RELIABILITY_PROBE = struct.Struct(BTH + PETH + XETH)
 _U32 = struct.Struct(">I")
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)
 
@@ -201,36 +194,12 @@ _HEADER_LEN: dict[int, int] = {
     Opcode.ENDPOINT_REQUEST: PROBE_HDR_LEN,
     Opcode.ENDPOINT_RESPONSE: PROBE_REPLY_HDR_LEN,
     Opcode.RELIABILITY_PROBE_REQ: RELIABILITY_PROBE_HDR_LEN,
+    Opcode.ACKNOWLEDGE: ACKNOWLEDGE_HDR_LEN,
 }
-
-# Wire width of every numeric field, for the error message when a pack fails.
-_FIELD_BITS: dict[type, dict[str, int]] = {
-    DataPacket: {
-        "qpn": 24, "psn": 24, "va": 64, "rkey": 32, "ev": 32, "port": 8, "tx_seq": 64,
-        "ts_ns": 64, "flags": 8, "imm": 32, "dma_len": 32, "msn": 16, "offset": 32,
-    },
-    AckPacket: {
-        "qpn": 24, "cum_psn": 24, "msn": 24, "ev": 32, "port": 8, "tx_seq": 64, "echo_ev": 32,
-        "echo_psn": 24, "echo_ts_ns": 64, "sack_base": 24, "sack_bitmap": 64,
-        "port_state": 16, "flags": 8, "nack_reason": 8, "skip": 2, "ooo_count": 15,
-        "rcv_bytes": 24,
-    },
-    ProbePacket: {"qpn": 24, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64, "port_state": 16},
-    ProbeReplyPacket: {
-        "qpn": 24, "ev": 32, "port": 8, "tx_seq": 64, "echo_ev": 32, "echo_ts_ns": 64,
-        "port_state": 16,
-    },
-    ReliabilityProbePacket: {
-        "qpn": 24, "probe_id": 16, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64,
-    },
-    PortStatusPacket: {
-        "qpn": 24, "port_state": 16, "ev": 32, "port": 8, "tx_seq": 64, "ts_ns": 64,
-    },
-}  # fmt: skip
 
 
 def header_length(opcode: int) -> int:
-    """Bytes of headers (BTH through mrcstack's extension) for an opcode we send."""
+    """Bytes of headers (BTH through mrcstack's extension) for an opcode we take."""
     try:
         return _HEADER_LEN[opcode]
     except (KeyError, TypeError):
@@ -244,51 +213,13 @@ def trimmed_length(opcode: int) -> int:
     return _HEADER_LEN[opcode]
 
 
-def write_opcode(flags: int, imm: int | None) -> Opcode:
-    """The write opcode for a packet's FIRST/LAST flags and immediate."""
-    try:
-        return _OPCODE_OF[flags & (_FIRST | _LAST), imm is not None]
-    except (KeyError, TypeError):
-        raise WireUsageError("an immediate goes only on the last packet of a write") from None
-
-
-def _ts16(ts_ns: int) -> int:
-    return (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK
-
-
-def _field_error(pkt: Packet, cause: Exception) -> WireUsageError:
-    """Name the first field that does not fit its wire width (slow path, for errors only)."""
-    for name, bits in _FIELD_BITS[type(pkt)].items():
-        value = getattr(pkt, name)
-        if name == "imm" and value is None:
-            continue
-        if name == "dma_len" and value == -1:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            return WireUsageError(f"{type(pkt).__name__}.{name} must be an int, got {value!r}")
-        if not 0 <= value < 1 << bits:
-            return WireUsageError(
-                f"{type(pkt).__name__}.{name} = {value} does not fit in {bits} unsigned bits"
-            )
-    return WireUsageError(f"cannot encode {type(pkt).__name__}: {cause}")
-
-
-def _byte_view(payload: object) -> bytes | memoryview:
-    """The payload as bytes or a flat byte memoryview (so len() counts bytes)."""
-    if type(payload) is bytes:
-        return payload
-    try:
-        view = memoryview(payload)  # type: ignore[arg-type]
-        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-    except TypeError as exc:
-        raise WireUsageError(f"payload must be bytes-like and contiguous: {exc}") from None
-
-
 def encode(pkt: Packet, integrity: Integrity) -> bytes:
-    """Serialize a packet; raises WireUsageError (a ValueError) for out-of-range fields.
+    """Serialize a packet with mrcstack's extension; raises WireUsageError (a ValueError) for
+    out-of-range fields.
 
     A DataPacket whose flags include TRIMMED encodes to the trimmed form a switch would
     produce (headers only, RETH length = ``dma_len``), so trimmed packets round-trip too.
+    An ACKNOWLEDGE has no room for the extension: it encodes as :func:`plain.encode_plain`.
     """
     kind = type(pkt)
     if kind is DataPacket:
@@ -301,59 +232,39 @@ def encode(pkt: Packet, integrity: Integrity) -> bytes:
         return _encode_probe_reply(pkt, integrity)  # type: ignore[arg-type]
     if kind is ReliabilityProbePacket:
         return _encode_reliability_probe(pkt, integrity)  # type: ignore[arg-type]
+    if kind is AcknowledgePacket:
+        return plain.encode_plain(pkt, integrity)
     raise WireUsageError(f"not an MRC packet: {kind.__name__}")
-
-
-def _check_u24(pkt: Packet, *values: int) -> None:
-    for value in values:
-        if type(value) is not int or not 0 <= value <= PSN_MASK:
-            raise _field_error(pkt, ValueError("24-bit field out of range"))
-
-
-def _check_range(
-    pkt: DataPacket, flags: int, offset: int, paylen: int, dma_len: int, trimmed: int
-) -> None:
-    """A write's packet lies inside it: the first at offset 0, the last at its end."""
-    if type(offset) is not int or not 0 <= offset <= dma_len:
-        raise WireUsageError(f"DataPacket.offset {offset!r} outside a {dma_len}-byte write")
-    if flags & _FIRST and offset:
-        raise WireUsageError(f"the first packet of a write has offset 0, not {offset}")
-    if not trimmed and (
-        offset + paylen > dma_len or (flags & _LAST and offset + paylen != dma_len)
-    ):
-        raise WireUsageError(
-            f"{paylen} payload bytes at offset {offset} do not fit a {dma_len}-byte write"
-        )
 
 
 def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
     flags = pkt.flags
     if not isinstance(flags, int) or flags & ~_VALID_DATA_FLAGS:
         raise WireUsageError(f"DataPacket.flags {flags!r} has bits outside RETX|FIRST|LAST|trim")
-    payload = _byte_view(pkt.payload)
-    trimmed = flags & _TRIMMED
+    payload = byte_view(pkt.payload)
+    trimmed = flags & TRIMMED
     offset = pkt.offset
     dma_len = pkt.dma_len
     if trimmed:
         if len(payload):
             raise WireUsageError("a trimmed DataPacket has no payload")
-    elif flags & _TRIM_LASTHOP:
+    elif flags & TRIM_LASTHOP:
         raise WireUsageError("TRIM_LASTHOP is only valid together with TRIMMED")
     elif dma_len == -1:
         dma_len = offset + len(payload)  # the write ends with this packet
-    _check_range(pkt, flags, offset, len(payload), dma_len, trimmed)
-    _check_u24(pkt, pkt.qpn, pkt.psn)
+    check_range(flags, offset, len(payload), dma_len, trimmed)
+    check_u24(pkt, pkt.qpn, pkt.psn)
     imm = pkt.imm
     opcode = write_opcode(flags, imm)
-    bth8 = _BTH_TS | (_BTH_RTX if flags & _RETX else 0)
+    bth8 = BTH_TS | (BTH_RTX if flags & RETX else 0) | (BTH_ACK_REQ if flags & ACK_REQ else 0)
     ts_ns = pkt.ts_ns
     try:
         if imm is None:
             hlen = DATA_HDR_LEN
             header = bytearray(hlen)
             _DATA.pack_into(
-                header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << _U24_SHIFT | pkt.psn,
-                0, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK, _FTYPE,
+                header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << U24_SHIFT | pkt.psn,
+                pkt.rq_msn, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK, FTYPE,
                 pkt.va, pkt.rkey, dma_len,
                 MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
             )  # fmt: skip
@@ -361,13 +272,13 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
             hlen = DATA_IMM_HDR_LEN
             header = bytearray(hlen)
             _DATA_IMM.pack_into(
-                header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << _U24_SHIFT | pkt.psn,
-                0, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK, _FTYPE,
+                header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << U24_SHIFT | pkt.psn,
+                pkt.rq_msn, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK, FTYPE,
                 pkt.va, pkt.rkey, dma_len, imm,
                 MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
             )  # fmt: skip
     except (struct.error, TypeError) as exc:
-        raise _field_error(pkt, exc) from None
+        raise field_error(pkt, exc) from None
     _U32.pack_into(header, hlen - HDR_CHECK_LEN, zlib.crc32(header))
     if trimmed:
         header[hlen - _XETH_FLAGS_FROM_END] = flags & _SWITCH
@@ -376,105 +287,100 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
     return b"".join((header, body, trailer))
 
 
-def _offset(pkt: AckPacket, name: str, psn: int, base: int) -> int:
-    """``psn - base`` in the PSN circle, as SETH's signed 16-bit offset."""
-    delta = (psn - base) & PSN_MASK
-    if delta >= PSN_MOD // 2:
-        delta -= PSN_MOD
-    if not -(1 << 15) <= delta < 1 << 15:
-        raise WireUsageError(f"AckPacket.{name} is {delta} PSNs from cum_psn: SETH holds 16 bits")
-    return delta
-
-
 def _encode_ack(pkt: AckPacket, integrity: Integrity) -> bytes:
-    reason = pkt.nack_reason
-    if reason != 0 and reason not in _NACK_REASONS:
-        raise WireUsageError(f"AckPacket.nack_reason {reason!r} is not 0 or a NackReason")
+    """A SACK (BTH, SETH, CC_STATE, XFETH) or, with a reason, a NACK (BTH, NETH, XFETH): a
+    NACK carries no cumulative or selective state (its other fields are not sent)."""
+    check_ack(pkt, _VALID_FEEDBACK_FLAGS)
     flags = pkt.flags
-    if not isinstance(flags, int) or flags & ~_VALID_FEEDBACK_FLAGS:
-        raise WireUsageError(f"AckPacket.flags {flags!r} has bits outside FeedbackFlags")
-    if pkt.skip not in _SKIPS:
-        raise WireUsageError(f"AckPacket.skip {pkt.skip!r} is not a SkipHint")
-    window = pkt.window
-    if type(window) is not int or not MPR_UNIT <= window <= MAX_WINDOW or window % MPR_UNIT:
-        raise WireUsageError(f"AckPacket.window {window!r} is not a multiple of 128 in 128..32640")
-    _check_u24(pkt, pkt.qpn, pkt.cum_psn, pkt.msn, pkt.echo_psn, pkt.sack_base, pkt.rcv_bytes)
-    if type(pkt.ooo_count) is not int or not 0 <= pkt.ooo_count < 1 << 15:
-        raise _field_error(pkt, ValueError("ooo_count out of range"))
-    cum = pkt.cum_psn
-    ack_off = _offset(pkt, "echo_psn", pkt.echo_psn, cum)
-    sack_off = _offset(pkt, "sack_base", pkt.sack_base, cum)
-    cc = _CC_ECN if flags & _ECN_ECHO else 0
-    ts16 = _ts16(pkt.echo_ts_ns) if isinstance(pkt.echo_ts_ns, int) else 0
-    next_hdr = _NEXT_XETH
+    reason = pkt.nack_reason
+    cc = pkt.cc_type << 4 | (CC_ECN if flags & ECN_ECHO else 0)
+    echo_ts_ns = pkt.echo_ts_ns
+    rtx = BTH_RTX << U24_SHIFT if flags & FB_RETX else 0
+    xfeth = (
+        MRC_EXT_VERSION, flags & DUPLICATE, pkt.port, 0, pkt.ev, pkt.tx_seq, echo_ts_ns, pkt.msn,
+        pkt.port_state, 0, 0,
+    )  # fmt: skip
     try:
-        seth = (
-            _TYPE_SETH << 4 | next_hdr, pkt.skip, ack_off, pkt.echo_ev, 0, 0, cum, cc,
-            pkt.window // MPR_UNIT, sack_off, pkt.sack_bitmap,
-            ts16, pkt.ooo_count, pkt.rcv_bytes,
-            MRC_EXT_VERSION, flags & _DUPLICATE, pkt.port, 0, pkt.ev, pkt.tx_seq,
-            pkt.echo_ts_ns, pkt.msn, pkt.port_state, 0, 0,
-        )  # fmt: skip
         if reason == 0:
+            cum = pkt.cum_psn
+            byte1 = _NEXT1 | pkt.skip << SETH_M_SHIFT | (SETH_PR if flags & PROBE_RESPONSE else 0)
             header = bytearray(SACK_HDR_LEN)
-            _SACK.pack_into(header, 0, Opcode.RELIABILITY_SACK, 0, BTH_PKEY, pkt.qpn, cum, *seth)
+            _SACK.pack_into(
+                header, 0, Opcode.RELIABILITY_SACK, 0, BTH_PKEY, pkt.qpn, rtx | cum, _NEXT0, byte1,
+                psn_offset("echo_psn", pkt.echo_psn, cum), pkt.echo_ev, pkt.scid,
+                pkt.qpn & 0xFFFF, cum, cc, pkt.window // MPR_UNIT,
+                psn_offset("sack_base", pkt.sack_base, cum), pkt.sack_bitmap,
+                ts16(echo_ts_ns), pkt.ooo_count, pkt.rcv_bytes, *xfeth,
+            )  # fmt: skip
         else:
+            psn = pkt.echo_psn
             header = bytearray(NACK_HDR_LEN)
             _NACK.pack_into(
-                header, 0, Opcode.RELIABILITY_NACK, 0, BTH_PKEY, pkt.qpn, cum,
-                _TYPE_NETH << 4 | _NEXT_SETH, 0, reason, 0, pkt.echo_ev, 0, 0, pkt.echo_psn,
-                cc, 0, ts16, *seth,
+                header, 0, Opcode.RELIABILITY_NACK, 0, BTH_PKEY, pkt.qpn, rtx | psn,
+                _NEXT0, _NEXT1, reason, 0, pkt.echo_ev, pkt.scid, pkt.qpn & 0xFFFF, psn, cc, 0,
+                ts16(echo_ts_ns), *xfeth,
             )  # fmt: skip
-    except (struct.error, TypeError) as exc:
-        raise _field_error(pkt, exc) from None
+    except (struct.error, TypeError, ValueError) as exc:
+        if isinstance(exc, WireUsageError):
+            raise
+        raise field_error(pkt, exc) from None
     return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
+
+
+def _check_endpoint_qpn(pkt: Packet) -> None:
+    if pkt.qpn != ENDPOINT_QPN:
+        raise WireUsageError(
+            f"{type(pkt).__name__}.qpn is {pkt.qpn}: endpoint operations go to QP {ENDPOINT_QPN}"
+        )
 
 
 def _encode_probe(pkt: ProbePacket | PortStatusPacket, integrity: Integrity) -> bytes:
     """An endpoint request: an EV probe, or a port-status update (ERTH op 0)."""
-    _check_u24(pkt, pkt.qpn)
+    _check_endpoint_qpn(pkt)
+    check_probe_id(pkt)
     op = EndpointOp.EV_PROBE if type(pkt) is ProbePacket else EndpointOp.PORT_STATUS_UPDATE
     header = bytearray(PROBE_HDR_LEN)
     try:
         _PROBE.pack_into(
-            header, 0, Opcode.ENDPOINT_REQUEST, 0, BTH_PKEY, pkt.qpn, 0,
-            _TYPE_ERTH << 4 | _NEXT_XETH, op, 0, 0, pkt.port_state, 0,
-            _ts16(pkt.ts_ns), _FTYPE,
+            header, 0, Opcode.ENDPOINT_REQUEST, 0, BTH_PKEY, pkt.qpn, pkt.probe_id,
+            _NEXT0, _NEXT1 | op, 0, 0, pkt.port_state, 0, ts16(pkt.ts_ns), FTYPE,
             MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
-        raise _field_error(pkt, exc) from None
+        raise field_error(pkt, exc) from None
     return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
 def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
-    _check_u24(pkt, pkt.qpn)
+    _check_endpoint_qpn(pkt)
+    check_probe_id(pkt)
     header = bytearray(PROBE_REPLY_HDR_LEN)
     try:
         _PROBE_REPLY.pack_into(
-            header, 0, Opcode.ENDPOINT_RESPONSE, 0, BTH_PKEY, pkt.qpn, 0,
-            _TYPE_EETH << 4 | _NEXT_XETH, EndpointOp.EV_PROBE, 0, pkt.echo_ev, pkt.port_state,
-            0, 0, _ts16(pkt.echo_ts_ns), _FTYPE, 0,
+            header, 0, Opcode.ENDPOINT_RESPONSE, 0, BTH_PKEY, pkt.qpn, pkt.probe_id,
+            _NEXT0, _NEXT1 | pkt.op << EETH_OP_SHIFT, 0, 0, 0, 0, 0, ts16(pkt.echo_ts_ns), 0, 0,
             MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.echo_ts_ns, 0,
             pkt.port_state, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
-        raise _field_error(pkt, exc) from None
+        raise field_error(pkt, exc) from None
+    if pkt.op not in (EndpointOp.EV_PROBE, EndpointOp.PORT_STATUS_UPDATE):
+        raise WireUsageError(f"ProbeReplyPacket.op {pkt.op!r} is not an EndpointOp")
     return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
 def _encode_reliability_probe(pkt: ReliabilityProbePacket, integrity: Integrity) -> bytes:
-    _check_u24(pkt, pkt.qpn)
+    check_u24(pkt, pkt.qpn)
     header = bytearray(RELIABILITY_PROBE_HDR_LEN)
     try:
         _RELIABILITY_PROBE.pack_into(
             header, 0, Opcode.RELIABILITY_PROBE_REQ, 0, BTH_PKEY, pkt.qpn, 0,
-            _TYPE_PETH << 4 | _NEXT_XETH, 0, 0, 0, pkt.probe_id, 0, 0, 0,
-            _ts16(pkt.ts_ns), _FTYPE,
+            _NEXT0, _NEXT1, 0, 0, pkt.probe_id, 0, pkt.scid, pkt.qpn & 0xFFFF,
+            ts16(pkt.ts_ns), FTYPE,
             MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
-        raise _field_error(pkt, exc) from None
+        raise field_error(pkt, exc) from None
     return _seal_headers_only(header, integrity, pkt.tx_seq, pkt.port, pkt.ev)
 
 
@@ -487,7 +393,7 @@ def _seal_headers_only(
 
 
 def encode_trimmed(data: BytesLike, lasthop: bool) -> bytes:
-    """Do what a trimming switch does to an encoded write.
+    """Do what a trimming switch does to an encoded write (with the extension).
 
     Cut it to its headers (payload and trailer gone) and set TRIMMED, plus TRIM_LASTHOP when
     the switch port faces the destination host.  ``hdr_check`` still verifies because it is
@@ -499,7 +405,7 @@ def encode_trimmed(data: BytesLike, lasthop: bool) -> bytes:
     if len(data) < hlen:
         raise WireUsageError(f"a write has at least {hlen} bytes, got {len(data)}")
     trimmed = bytearray(data[:hlen])
-    trimmed[hlen - _XETH_FLAGS_FROM_END] |= _TRIMMED | (_TRIM_LASTHOP if lasthop else 0)
+    trimmed[hlen - _XETH_FLAGS_FROM_END] |= TRIMMED | (TRIM_LASTHOP if lasthop else 0)
     return bytes(trimmed)
 
 
@@ -507,11 +413,11 @@ def trim(pkt: DataPacket, lasthop: bool) -> DataPacket:
     """:func:`encode_trimmed` on a decoded write: what the receiver decodes from the trimmed
     datagram (no payload, RETH length kept in ``dma_len``, TRIMMED and perhaps TRIM_LASTHOP
     set).  The simulator trims packets it never encodes with this."""
-    dma_len = pkt.dma_len if pkt.dma_len >= 0 else pkt.offset + len(_byte_view(pkt.payload))
+    dma_len = pkt.dma_len if pkt.dma_len >= 0 else pkt.offset + len(byte_view(pkt.payload))
     return DataPacket(
         pkt.qpn, pkt.psn, pkt.va, pkt.rkey, b"", pkt.ev, pkt.port, pkt.tx_seq, pkt.ts_ns,
-        pkt.flags | _TRIMMED | (_TRIM_LASTHOP if lasthop else 0), pkt.imm,
-        dma_len, pkt.msn, pkt.offset,
+        pkt.flags | TRIMMED | (TRIM_LASTHOP if lasthop else 0), pkt.imm,
+        dma_len, pkt.msn, pkt.offset, pkt.rq_msn,
     )  # fmt: skip
 
 
@@ -521,6 +427,7 @@ _FIXED_HEADER_LEN: dict[type, int] = {
     PortStatusPacket: PROBE_HDR_LEN,
     ProbeReplyPacket: PROBE_REPLY_HDR_LEN,
     ReliabilityProbePacket: RELIABILITY_PROBE_HDR_LEN,
+    AcknowledgePacket: ACKNOWLEDGE_HDR_LEN,
 }
 
 
@@ -531,9 +438,9 @@ def encoded_length(pkt: Packet, trailer_len: int) -> int:
     if kind is DataPacket:
         data: DataPacket = pkt  # type: ignore[assignment]
         hlen = DATA_HDR_LEN if data.imm is None else DATA_IMM_HDR_LEN
-        if data.flags & _TRIMMED:
+        if data.flags & TRIMMED:
             return hlen
-        return hlen + len(_byte_view(data.payload)) + trailer_len
+        return hlen + len(byte_view(data.payload)) + trailer_len
     if kind is AckPacket:
         ack: AckPacket = pkt  # type: ignore[assignment]
         return (NACK_HDR_LEN if ack.nack_reason else SACK_HDR_LEN) + trailer_len
@@ -554,8 +461,18 @@ def peek_qpn(data: BytesLike) -> int:
     return int.from_bytes(view[5:8], "big")
 
 
+def has_extension(data: BytesLike) -> bool:
+    """Whether a control packet (SACK, NACK, probes and their answers) says that mrcstack's
+    extension follows its OCP header (the 5-bit next header).  A write does not say (the
+    QP's negotiation does); nor does an ACKNOWLEDGE, which never carries one."""
+    if len(data) < BTH_LEN + 2 or data[0] in WRITE_OPCODES or data[0] == Opcode.ACKNOWLEDGE:
+        return False
+    return next_of(data[BTH_LEN], data[BTH_LEN + 1]) == NEXT_EXT
+
+
 def decode(data: BytesLike, integrity: Integrity) -> Packet:
-    """Parse and verify one datagram; raises DecodeError and nothing else on bad input.
+    """Parse and verify one datagram of a QP that negotiated mrcstack's extension; raises
+    DecodeError and nothing else on bad input.
 
     In CRC and authenticate-only modes a write's payload is a memoryview slice of ``data``
     (no copy): it stays valid only while the caller keeps that buffer unchanged.
@@ -574,7 +491,9 @@ def decode(data: BytesLike, integrity: Integrity) -> Packet:
         if hlen is None:
             raise DecodeError(DecodeReason.BAD_OPCODE, f"opcode {opcode:#04x} is not one we take")
         if size < hlen:
-            raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
+            raise truncated(size, hlen)
+        if opcode == Opcode.ACKNOWLEDGE:
+            return plain.decode_acknowledge(view, size, integrity, 0, 0)
         return _decode_control(view, size, hlen, integrity)
     except DecodeError:
         raise
@@ -582,23 +501,23 @@ def decode(data: BytesLike, integrity: Integrity) -> Packet:
         raise DecodeError(DecodeReason.BAD_FIELD, f"malformed packet: {exc}") from None
 
 
-def _check_version(view: memoryview, at: int) -> None:
-    if view[at] != MRC_EXT_VERSION:
-        raise DecodeError(DecodeReason.BAD_VERSION, f"mrcstack extension version {view[at]}")
-
-
 def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity) -> Packet:
     """SACK, NACK, EV probe and probe reply: headers and trailer only, no payload."""
     opcode = view[0]
     ext_len = XETH_LEN if opcode in XETH_OPCODES else XFETH_LEN
-    _check_version(view, hlen - ext_len)
+    if view[hlen - ext_len] != MRC_EXT_VERSION:
+        raise DecodeError(
+            DecodeReason.BAD_VERSION, f"mrcstack extension version {view[hlen - ext_len]}"
+        )
     tlen = integrity.trailer_len
     if size != hlen + tlen:
         reason = DecodeReason.TRUNCATED if size < hlen + tlen else DecodeReason.BAD_LENGTH
         raise DecodeError(reason, f"{size} bytes, opcode {opcode:#04x} needs {hlen + tlen}")
     _verify_hdr_check(view, hlen)
+    if next_of(view[BTH_LEN], view[BTH_LEN + 1]) != NEXT_EXT:
+        raise bad("the next header does not name mrcstack's extension")
     if opcode == Opcode.RELIABILITY_SACK:
-        pkt: Packet = _ack_fields(_SACK.unpack_from(view), 0, 0, 0)
+        pkt: Packet = _sack_fields(view)
     elif opcode == Opcode.RELIABILITY_NACK:
         pkt = _nack_fields(view)
     elif opcode == Opcode.ENDPOINT_REQUEST:
@@ -619,33 +538,29 @@ def _verify_hdr_check(view: memoryview, hlen: int) -> None:
         raise DecodeError(DecodeReason.BAD_HEADER_CHECK, "header CRC does not match")
 
 
-def _bad(detail: str) -> DecodeError:
-    return DecodeError(DecodeReason.BAD_FIELD, detail)
-
-
 def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacket:
     opcode = view[0]
     if opcode in IMM_OPCODES:
         hlen = DATA_IMM_HDR_LEN
         if size < hlen:
-            raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
+            raise truncated(size, hlen)
         (
-            _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16, ts_ftype, va, rkey, dma_len, imm,
+            _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16_, ts_ftype, va, rkey, dma_len, imm,
             version, xflags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check,
         ) = _DATA_IMM.unpack_from(view)  # fmt: skip
     else:
         hlen = DATA_HDR_LEN
         if size < hlen:
-            raise DecodeError(DecodeReason.TRUNCATED, f"{size} bytes, headers need {hlen}")
+            raise truncated(size, hlen)
         (
-            _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16, ts_ftype, va, rkey, dma_len,
+            _, bth1, pkey, qpn, psn_word, rq_msn, msn, ts16_, ts_ftype, va, rkey, dma_len,
             version, xflags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check,
         ) = _DATA.unpack_from(view)  # fmt: skip
         imm = None
     if version != MRC_EXT_VERSION:
         raise DecodeError(DecodeReason.BAD_VERSION, f"mrcstack extension version {version}")
     tlen = integrity.trailer_len
-    if xflags & _TRIMMED:
+    if xflags & TRIMMED:
         if size != hlen:
             raise DecodeError(
                 DecodeReason.BAD_LENGTH, f"trimmed packet of {size} bytes, must be {hlen}"
@@ -658,36 +573,38 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
         expected = zlib.crc32(_ZERO_CHECK, zlib.crc32(view[: hlen - HDR_CHECK_LEN]))
     if expected != hdr_check:
         raise DecodeError(DecodeReason.BAD_HEADER_CHECK, "header CRC does not match")
-    bth8 = psn_word >> _U24_SHIFT
+    bth8 = psn_word >> U24_SHIFT
     if (
         bth1
         or pkey != BTH_PKEY
-        or qpn >> _U24_SHIFT
-        or bth8 & ~_BTH_RTX != _BTH_TS  # mrcstack always sends a TSETH
+        or qpn >> U24_SHIFT
+        or bth8 & ~(BTH_RTX | BTH_ACK_REQ) != BTH_TS  # mrcstack always sends a TSETH
         or rsvd
-        or rq_msn
-        or ts_ftype != _FTYPE
-        or ts16 != (ts_ns >> TS_UNIT_NS_SHIFT) & _TS_MASK
+        or ts_ftype != FTYPE
+        or ts16_ != (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK
         or xflags & ~_SWITCH
-        or (xflags & _TRIM_LASTHOP and not xflags & _TRIMMED)
+        or (xflags & TRIM_LASTHOP and not xflags & TRIMMED)
     ):
-        raise _bad("reserved, AckReq, P_Key, TSETH or flag bits invalid")
-    flags = _OPCODE_FLAGS[opcode] | xflags | (_RETX if bth8 & _BTH_RTX else 0)
+        raise bad("reserved, P_Key, TSETH or flag bits invalid")
+    flags = OPCODE_FLAGS[opcode] | xflags | (RETX if bth8 & BTH_RTX else 0)
+    if bth8 & BTH_ACK_REQ:
+        flags |= ACK_REQ
     psn = psn_word & PSN_MASK
-    if xflags & _TRIMMED:
-        if offset > dma_len or (flags & _FIRST and offset):
+    if xflags & TRIMMED:
+        if offset > dma_len or (flags & FIRST and offset):
             raise DecodeError(
                 DecodeReason.BAD_LENGTH, f"offset {offset} outside a write of {dma_len} bytes"
             )
         return DataPacket(
-            qpn, psn, va, rkey, b"", ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset
-        )
+            qpn, psn, va, rkey, b"", ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset,
+            rq_msn,
+        )  # fmt: skip
     end = size - tlen
     paylen = end - hlen
     if (
         offset + paylen > dma_len
-        or (flags & _FIRST and offset)
-        or (flags & _LAST and offset + paylen != dma_len)
+        or (flags & FIRST and offset)
+        or (flags & LAST and offset + paylen != dma_len)
     ):
         raise DecodeError(
             DecodeReason.BAD_LENGTH,
@@ -696,152 +613,157 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
         )
     payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq, port, ev)
     return DataPacket(
-        qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset
-    )
+        qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset,
+        rq_msn,
+    )  # fmt: skip
 
 
-def _check_bth(bth1: int, pkey: int, qpn_word: int) -> None:
-    if bth1 or pkey != BTH_PKEY or qpn_word >> _U24_SHIFT:
-        raise _bad("BTH flags, P_Key or reserved byte not MRC's")
+def _feedback_flags(bth8: int, cc: int, xflags: int) -> int:
+    """The AckPacket flags from the BTH's byte 8, the cc byte and XFETH's flags; BAD_FIELD
+    for a bit none of them defines."""
+    if bth8 & ~BTH_RTX or cc & 0x0F & ~CC_ECN or xflags & ~DUPLICATE:
+        raise bad("feedback flag bits invalid")
+    return xflags | (ECN_ECHO if cc & CC_ECN else 0) | (FB_RETX if bth8 else 0)
 
 
-def _signed_psn(base: int, offset: int) -> int:
-    return (base + offset) & PSN_MASK
-
-
-def _ack_fields(f: tuple[int, ...], reason: int, nack_entropy: int, nack_psn: int) -> AckPacket:
+def _sack_fields(view: memoryview) -> AckPacket:
     (
         _, bth1, pkey, qpn, psn_word,
-        type_next, m_pr, ack_off, entropy, sctx, dctx, cack_word, cc, mpr, sack_off, bitmap,
+        _, b1, ack_off, entropy, scid, dcid, cack_word, cc, mpr, sack_off, bitmap,
         ts_echo, ooo, rcv_word,
         _, xflags, port, xrsvd, ev, tx_seq, echo_ts_ns, msn, port_state, xrsvd2, _,
-    ) = f  # fmt: skip
-    _check_bth(bth1, pkey, qpn)
+    ) = _SACK.unpack_from(view)  # fmt: skip
+    check_bth(bth1, pkey, qpn)
+    skip = b1 >> SETH_M_SHIFT & 3
     if (
-        psn_word != cack_word
-        or type_next != (_TYPE_SETH << 4 | _NEXT_XETH)
-        or m_pr & ~_M_MASK
-        or (m_pr & _M_MASK) not in _SKIPS
-        or sctx
-        or dctx
-        or cc & ~_CC_ECN
-        or not mpr
+        psn_word & PSN_MASK != cack_word
+        or b1 & SETH_BYTE1_RESERVED
+        or skip not in SKIPS
+        or dcid != qpn & 0xFFFF
         or ooo >> 15
         or rcv_word >> 24
-        or ts_echo != _ts16(echo_ts_ns)
-        or xflags & ~_DUPLICATE
+        or ts_echo != ts16(echo_ts_ns)
         or xrsvd
         or xrsvd2
         or msn >> 24
     ):
-        raise _bad("SACK reserved, copied or flag fields invalid")
-    cum = cack_word & PSN_MASK
-    flags = xflags | (_ECN_ECHO if cc & _CC_ECN else 0)
-    echo_psn = _signed_psn(cum, ack_off)
-    if reason and (entropy != nack_entropy or echo_psn != nack_psn):
-        raise _bad("NACK and its SETH name different packets")
+        raise bad("SACK reserved, copied or flag fields invalid")
+    flags = _feedback_flags(psn_word >> U24_SHIFT, cc, xflags)
+    if b1 & SETH_PR:
+        flags |= PROBE_RESPONSE
     return AckPacket(
-        qpn, cum, msn, ev, port, tx_seq, entropy, echo_psn, echo_ts_ns,
-        _signed_psn(cum, sack_off), bitmap, port_state, flags, reason, m_pr & _M_MASK, ooo,
-        rcv_word, mpr * MPR_UNIT,
+        qpn, cack_word, msn, ev, port, tx_seq, entropy, signed_psn(cack_word, ack_off),
+        echo_ts_ns, signed_psn(cack_word, sack_off), bitmap, port_state, flags, 0, skip, ooo,
+        rcv_word, mpr * MPR_UNIT, cc >> 4, scid,
     )  # fmt: skip
 
 
 def _nack_fields(view: memoryview) -> AckPacket:
-    f = _NACK.unpack_from(view)
-    type_next, rsvd, reason, vendor, entropy, sctx, dctx, psn_word, cc, rsvd2, ts = f[5:16]
+    (
+        _, bth1, pkey, qpn, psn_word,
+        _, b1, reason, vendor, entropy, scid, dcid, nack_word, cc, rsvd, ts,
+        _, xflags, port, xrsvd, ev, tx_seq, echo_ts_ns, msn, port_state, xrsvd2, _,
+    ) = _NACK.unpack_from(view)  # fmt: skip
+    check_bth(bth1, pkey, qpn)
     if (
-        type_next != (_TYPE_NETH << 4 | _NEXT_SETH)
-        or rsvd
+        psn_word & PSN_MASK != nack_word
+        or b1 & BYTE1_RESERVED
         or vendor
-        or sctx
-        or dctx
-        or psn_word >> _U24_SHIFT
-        or rsvd2
-        or cc != f[23]  # the NETH's cc byte and its SETH's agree
-        or ts != f[27]  # as do the timestamp echoes
+        or dcid != qpn & 0xFFFF
+        or rsvd
+        or ts != ts16(echo_ts_ns)
+        or xrsvd
+        or xrsvd2
+        or msn >> 24
     ):
-        raise _bad("NETH reserved or copied fields invalid")
-    if reason not in _NACK_REASONS:
-        raise _bad(f"unknown NACK reason {reason:#04x}")
-    return _ack_fields(f[:5] + f[16:], reason, entropy, psn_word)
+        raise bad("NACK reserved or copied fields invalid")
+    if reason not in NACK_REASONS:
+        raise bad(f"unknown NACK reason {reason:#04x}")
+    flags = _feedback_flags(psn_word >> U24_SHIFT, cc, xflags)
+    return AckPacket(
+        qpn, nack_word, msn, ev, port, tx_seq, entropy, nack_word, echo_ts_ns, nack_word, 0,
+        port_state, flags, reason, 0, 0, 0, 0, cc >> 4, scid,
+    )  # fmt: skip
 
 
 def _probe_fields(view: memoryview) -> ProbePacket | PortStatusPacket:
     (
         _, bth1, pkey, qpn, psn_word,
-        type_next, op, rsvd, vendor, mask, rsvd2, ts, ftype,
+        _, b1, rsvd, vendor, mask, rsvd2, ts, ftype,
         _, xflags, port, xrsvd, ev, tx_seq, ts_ns, xoffset, _,
     ) = _PROBE.unpack_from(view)  # fmt: skip
-    _check_bth(bth1, pkey, qpn)
+    check_bth(bth1, pkey, qpn)
+    op = b1 & 3
     if (
-        psn_word
-        or type_next != (_TYPE_ERTH << 4 | _NEXT_XETH)
+        qpn != ENDPOINT_QPN
+        or psn_word >> 16
+        or b1 & ERTH_BYTE1_RESERVED
         or op not in (EndpointOp.EV_PROBE, EndpointOp.PORT_STATUS_UPDATE)
         or rsvd
         or vendor
-        or mask >> 16
         or rsvd2
-        or ts != _ts16(ts_ns)
-        or ftype != _FTYPE
+        or ts != ts16(ts_ns)
+        or ftype != FTYPE
         or xflags
         or xrsvd
         or xoffset
     ):
-        raise _bad("EV probe PSN, reserved, op or copied fields invalid")
+        raise bad("endpoint request QP, PSN, reserved, op or copied fields invalid")
     if op == EndpointOp.PORT_STATUS_UPDATE:
-        return PortStatusPacket(qpn, mask, ev, port, tx_seq, ts_ns)
-    return ProbePacket(qpn, ev, port, tx_seq, ts_ns, mask)
+        return PortStatusPacket(qpn, mask, ev, port, tx_seq, ts_ns, psn_word)
+    return ProbePacket(qpn, ev, port, tx_seq, ts_ns, mask, psn_word)
 
 
 def _reliability_probe_fields(view: memoryview) -> ReliabilityProbePacket:
     (
         _, bth1, pkey, qpn, psn_word,
-        type_next, r1, r2, vendor, probe_id, r3, sctx, dctx, ts, ftype,
+        _, b1, r2, vendor, probe_id, r3, scid, dcid, ts, ftype,
         _, xflags, port, xrsvd, ev, tx_seq, ts_ns, xoffset, _,
     ) = _RELIABILITY_PROBE.unpack_from(view)  # fmt: skip
-    _check_bth(bth1, pkey, qpn)
+    check_bth(bth1, pkey, qpn)
     if (
         psn_word
-        or type_next != (_TYPE_PETH << 4 | _NEXT_XETH)
-        or r1
+        or b1 & BYTE1_RESERVED
         or r2
         or vendor
         or r3
-        or sctx
-        or dctx
-        or ts != _ts16(ts_ns)
-        or ftype != _FTYPE
+        or dcid != qpn & 0xFFFF
+        or ts != ts16(ts_ns)
+        or ftype != FTYPE
         or xflags
         or xrsvd
         or xoffset
     ):
-        raise _bad("reliability probe PSN, reserved or copied fields invalid")
-    return ReliabilityProbePacket(qpn, probe_id, ev, port, tx_seq, ts_ns)
+        raise bad("reliability probe PSN, reserved or copied fields invalid")
+    return ReliabilityProbePacket(qpn, probe_id, ev, port, tx_seq, ts_ns, scid)
 
 
 def _probe_reply_fields(view: memoryview) -> ProbeReplyPacket:
     (
         _, bth1, pkey, qpn, psn_word,
-        type_next, op, rsvd, echo_ev, mask, r1, r2, ts, ftype, r3,
+        _, b1, rsvd, r1, r2, r3, r4, ts, r5, r6,
         _, xflags, port, xrsvd, ev, tx_seq, echo_ts_ns, msn, port_state, xrsvd2, _,
     ) = _PROBE_REPLY.unpack_from(view)  # fmt: skip
-    _check_bth(bth1, pkey, qpn)
+    check_bth(bth1, pkey, qpn)
     if (
-        psn_word
-        or type_next != (_TYPE_EETH << 4 | _NEXT_XETH)
-        or op != EndpointOp.EV_PROBE
+        qpn != ENDPOINT_QPN
+        or psn_word >> 16
+        or b1 & EETH_BYTE1_RESERVED
         or rsvd
         or r1
         or r2
         or r3
-        or mask != port_state
-        or ts != _ts16(echo_ts_ns)
-        or ftype != _FTYPE
+        or r4
+        or r5
+        or r6
+        or ts != ts16(echo_ts_ns)
         or xflags
         or xrsvd
         or xrsvd2
         or msn
     ):
-        raise _bad("probe reply PSN, reserved, op or copied fields invalid")
-    return ProbeReplyPacket(qpn, ev, port, tx_seq, echo_ev, echo_ts_ns, port_state)
+        raise bad("endpoint response QP, PSN, reserved or copied fields invalid")
+    op = b1 >> EETH_OP_SHIFT & 3
+    if op not in (EndpointOp.EV_PROBE, EndpointOp.PORT_STATUS_UPDATE):
+        raise bad(f"endpoint response op {op}")
+    return ProbeReplyPacket(qpn, ev, port, tx_seq, psn_word, echo_ts_ns, port_state, op)

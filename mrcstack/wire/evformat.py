@@ -8,18 +8,22 @@
   is written into the UDP source port and the IPv6 flow label, which switches hash to pick
   an uplink.  This is how MRC runs on a fabric without SRv6.
 
-The mapping of an EV onto the source port and flow label lives here, so every side (the
-sender's header, the ICRC's pseudo header, a receiver checking it) agrees.
+The EV's stripe over the UDP source port and the flow label is the structured EV of OCP
+MRC 1.0 as the public transcription builds it (section 9.3.4): ``UDP.src_port = EV[31:16]``,
+``flow_label[15:0] = EV[15:0]``.  A peer without mrcstack's extension carries every packet's
+EV this way in every format (with uSID the destination no longer names the path when the
+packet arrives), so the receiver reads it back with :func:`ev_from_outer`.  The mapping
+lives here so that every side (the sender's header, the ICRC's pseudo header, a receiver
+reading it) agrees.
 """
 
 from __future__ import annotations
 
 import enum
 
-#: STEV source ports: the top two bits set (49152-65535, the dynamic range), then the EV's
-#: low 14 bits (T1 index, plane and the first entropy bits of our EV layout).
-STEV_PORT_BASE = 0xC000
-STEV_PORT_BITS = 14
+#: The EV's bits in the UDP source port (its top half) and in the flow label (its bottom).
+EV_PORT_SHIFT = 16
+EV_LABEL_MASK = 0xFFFF
 FLOW_LABEL_BITS = 20
 
 
@@ -32,10 +36,15 @@ class EvFormat(enum.Enum):
 
 
 def stev_source_port(ev: int) -> int:
-    """The UDP source port a STEV packet on EV ``ev`` leaves from."""
-    return STEV_PORT_BASE | (ev & ((1 << STEV_PORT_BITS) - 1))
+    """The UDP source port a packet striped with EV ``ev`` leaves from: ``EV[31:16]``."""
+    return (ev >> EV_PORT_SHIFT) & 0xFFFF
 
 
 def stev_flow_label(ev: int) -> int:
-    """The IPv6 flow label of a STEV packet on EV ``ev`` (its low 20 bits)."""
-    return ev & ((1 << FLOW_LABEL_BITS) - 1)
+    """The IPv6 flow label of a packet striped with EV ``ev``: ``EV[15:0]`` (bits 19-16 0)."""
+    return ev & EV_LABEL_MASK
+
+
+def ev_from_outer(source_port: int, flow_label: int) -> int:
+    """The EV a striped packet carries, from its UDP source port and flow label."""
+    return (source_port & 0xFFFF) << EV_PORT_SHIFT | (flow_label & EV_LABEL_MASK)

@@ -1,18 +1,22 @@
 """MRC packets as frozen dataclasses, and their OCP MRC 1.0 wire layout.
 
 Every packet is the payload of a UDP datagram to port 4791 (RoCEv2): a BTH, the MRC
-extension headers of the OCP MRC 1.0 specification, mrcstack's own extension header (XETH on
-data and probes, XFETH on feedback) and a trailer.  ``docs/wire-format.md`` is the
-conformance table: every field, its offset and width, its source and our reading where the
-public record is ambiguous.  Layout (all big-endian)::
+extension headers of the OCP MRC 1.0 specification, optionally mrcstack's own extension
+header (XETH on data and probes, XFETH on feedback: negotiated per QP) and a trailer.
+``docs/wire-format.md`` is the conformance table: every field, its offset and width, its
+source and our reading where the public record is ambiguous.  Layout (all big-endian)::
 
-    write (0xC6-0xCB)  BTH 12 | METH 4 | TSETH 4 | RETH 16 | [ImmDt 4] | XETH 32 | payload
-    SACK (0xDC)        BTH 12 | SETH 28 | CC_STATE 8 | XFETH 36
-    NACK (0xDD)        BTH 12 | NETH 20 | SETH 28 | CC_STATE 8 | XFETH 36
-    EV probe (0xD8)    BTH 12 | ERTH 16 | XETH 32
-    probe reply (0xD9) BTH 12 | EETH 36 | XFETH 36
-    reliability probe  BTH 12 | PETH 16 | XETH 32                   (0xDE)
+    write (0xC6-0xCB)  BTH 12 | METH 4 | [TSETH 4] | RETH 16 | [ImmDt 4] | [XETH 32] | payload
+    SACK (0xDC)        BTH 12 | SETH 28 | CC_STATE 8 | [XFETH 36]
+    NACK (0xDD)        BTH 12 | NETH 20 | [XFETH 36]
+    EV probe (0xD8)    BTH 12 (QP 2, PSN = probe id) | ERTH 16 | [XETH 32]
+    probe reply (0xD9) BTH 12 (QP 2, PSN = probe id) | EETH 36 | [XFETH 36]
+    reliability probe  BTH 12 | PETH 16 | [XETH 32]                  (0xDE)
+    ACKNOWLEDGE (0xD1) BTH 12 | AETH 4
     every packet       ... | trailer: the RoCEv2 ICRC (4), or an AES-GCM tag (16)
+
+``mrcstack.wire.codec`` encodes the form with mrcstack's extension (``encode``/``decode``),
+``mrcstack.wire.plain`` the specification's alone (``encode_plain``/``decode_plain``).
 
 Packets are values: nothing changes one after it is built.  They are not declared frozen
 because a frozen dataclass sets each field through ``object.__setattr__``, which made
@@ -34,8 +38,13 @@ ROCEV2_UDP_PORT = 4791
 PSN_BITS = 24
 PSN_MOD = 1 << PSN_BITS
 PSN_MASK = PSN_MOD - 1
-#: Version byte of mrcstack's extension headers (XETH, XFETH); 1 was the pre-OCP framing.
-MRC_EXT_VERSION = 3
+#: Version byte of mrcstack's extension headers (XETH, XFETH): 1 was the pre-OCP framing, 2
+#: had no write offset, 3 sat behind the pre-transcription positions of the OCP headers.
+MRC_EXT_VERSION = 4
+#: Destination QP of the endpoint operations (EV probe, port status update) and their
+#: answers, OCP MRC 1.0 section 7.4.7: not a connection; the probe id rides in PSN[15:0].
+ENDPOINT_QPN = 0x2
+PROBE_ID_MASK = 0xFFFF
 #: PSN offsets in SETH (ACK PSN, SACK base) are signed 16-bit; MPR counts units of 128 PSNs.
 PSN_OFFSET_MIN = -(1 << 15)
 PSN_OFFSET_MAX = (1 << 15) - 1
@@ -91,6 +100,7 @@ class DataFlags(enum.IntFlag):
 
     RETX = 0x01  # a retransmission (BTH RTX)
     LAST = 0x02  # last packet of a message (opcode LAST/ONLY)
+    ACK_REQ = 0x04  # the sender asks for an acknowledgement now (BTH A)
     FIRST = 0x08  # first packet of a message (opcode FIRST/ONLY)
     TRIMMED = 0x40  # set by a switch that cut the payload
     TRIM_LASTHOP = 0x80  # set by a switch that trimmed on a host-facing port
@@ -101,10 +111,13 @@ SWITCH_FLAGS = DataFlags.TRIMMED | DataFlags.TRIM_LASTHOP
 
 
 class FeedbackFlags(enum.IntFlag):
-    """Feedback flags: ECN_ECHO travels in SETH's cc flags, DUPLICATE in XFETH's flags."""
+    """Feedback flags: ECN_ECHO travels in SETH's (NETH's) cc flags, PROBE_RESPONSE is SETH's
+    ``pr``, RETX the BTH's RTX bit, DUPLICATE XFETH's flags (mrcstack's extension only)."""
 
     ECN_ECHO = 0x01  # the triggering data packet arrived ECN-marked (CE)
     DUPLICATE = 0x02  # the triggering data packet had already arrived (like TCP's DSACK)
+    PROBE_RESPONSE = 0x04  # SETH pr: this SACK answers a reliability probe
+    RETX = 0x08  # BTH RTX on feedback (a spec peer's SACK for a retransmission sets it)
 
 
 class SkipHint(enum.IntEnum):
@@ -132,10 +145,11 @@ class NackReason(enum.IntEnum):
 
 class Dscp(enum.IntEnum):
     """Traffic classes of OCP MRC 1.0: switches trim only DATA, and forward TRIMMED (what a
-    trim leaves) ahead of data."""
+    trim leaves; TRIMMED_LASTHOP when the trimming port faced the host) ahead of data."""
 
     DATA = 4
     TRIMMED = 12
+    TRIMMED_LASTHOP = 16
     CONTROL = 46
 
 
@@ -181,8 +195,11 @@ class DataPacket:
     dma_len: int = -1
     msn: int = 0  # METH MSN: the message's sequence number, mod 2**16
     #: Where this payload sits in its write, in bytes (XETH): ``va - offset`` is the write's
-    #: first byte, and ``offset // mtu`` its first packet's PSN distance.
+    #: first byte, and ``offset // mtu`` its first packet's PSN distance.  Decoded without
+    #: the extension it is what the opcode and RETH tell: 0 for a first packet, the DMA
+    #: length minus the payload for a last one, and -1 (unknown) for a middle one.
     offset: int = 0
+    rq_msn: int = 0  # METH RQ MSN: carried as received; mrcstack sends 0
 
     @property
     def trimmed(self) -> bool:
@@ -210,12 +227,16 @@ class AckPacket:
     skip: int = 0  # SkipHint: SETH m
     ooo_count: int = 0  # CC_STATE: out-of-order packets held (15 bits, saturating)
     rcv_bytes: int = 0  # CC_STATE: bytes received, mod 2**24
-    window: int = MAX_WINDOW  # SETH MPR x 128: the receiver's PSN window
+    window: int = MAX_WINDOW  # SETH MPR x 128: the receiver's PSN window (0: not stated)
+    cc_type: int = 0  # SETH/NETH cc_type: carried as received; mrcstack sends 0
+    #: SETH/NETH source context id: the sending QP's number (its low 16 bits).
+    scid: int = 0
 
 
 @dataclass(slots=True, unsafe_hash=True)
 class ProbePacket:
-    """An EV probe (ERTH EV_PROBE): tests one path to the peer; answered by a reply."""
+    """An EV probe (ERTH EV_PROBE) to the peer's endpoint (QP 2): tests one path; answered
+    by a reply carrying the same probe id."""
 
     qpn: int
     ev: int
@@ -223,25 +244,28 @@ class ProbePacket:
     tx_seq: int
     ts_ns: int
     port_state: int = 0  # ERTH port status mask
+    probe_id: int = 0  # BTH PSN[15:0]
 
 
 @dataclass(slots=True, unsafe_hash=True)
 class ProbeReplyPacket:
-    """Answer to a probe (EETH), echoing its EV and timestamp; carries the port state."""
+    """An endpoint response (EETH) to the prober's endpoint (QP 2): the probe id and the
+    probe's timestamp, echoed; with mrcstack's extension, the responder's port state."""
 
     qpn: int
     ev: int
     port: int
     tx_seq: int
-    echo_ev: int
+    probe_id: int
     echo_ts_ns: int
-    port_state: int
+    port_state: int = 0
+    op: int = 1  # EndpointOp: EV_PROBE (a spec peer may answer a port status update, op 0)
 
 
 @dataclass(slots=True, unsafe_hash=True)
 class PortStatusPacket:
-    """PORT_STATUS_UPDATE (ERTH op 0): which of the sender's NIC ports are up, sent over the
-    fabric to a peer; no answer (it is repeated on every plane that is up)."""
+    """PORT_STATUS_UPDATE (ERTH op 0) to the peer's endpoint (QP 2): which of the sender's
+    NIC ports are up; no answer needed (it is repeated on every plane that is up)."""
 
     qpn: int
     port_state: int
@@ -249,12 +273,13 @@ class PortStatusPacket:
     port: int
     tx_seq: int
     ts_ns: int
+    probe_id: int = 0  # BTH PSN[15:0]
 
 
 @dataclass(slots=True, unsafe_hash=True)
 class ReliabilityProbePacket:
     """A reliability probe (PETH): asks the receiver for its acknowledgement state now; it
-    answers with a SACK whose entropy and timestamp echo the probe's."""
+    answers with a SACK (``pr`` set) whose entropy and timestamp echo the probe's."""
 
     qpn: int
     probe_id: int
@@ -262,6 +287,23 @@ class ReliabilityProbePacket:
     port: int
     tx_seq: int
     ts_ns: int
+    scid: int = 0  # PETH source context id: the prober's QP number (its low 16 bits)
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class AcknowledgePacket:
+    """ACKNOWLEDGE (0xD1, the IBTA AETH): a cumulative acknowledgement up to and including
+    ``psn`` (syndrome 0x00-0x1F), or an IBTA NAK (syndrome 0x60-0x7F) of ``psn``.  A spec
+    peer may send it; mrcstack acknowledges with SACKs.  It has no room for mrcstack's
+    extension: ``ev`` and ``port`` are what the outer header and the plane say."""
+
+    qpn: int
+    psn: int
+    syndrome: int
+    msn: int
+    ev: int = 0
+    port: int = 0
+    tx_seq: int = 0  # (no room for one: always 0)
 
 
 Packet = (
@@ -271,4 +313,5 @@ Packet = (
     | ProbeReplyPacket
     | ReliabilityProbePacket
     | PortStatusPacket
+    | AcknowledgePacket
 )

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from mrcstack.wire import (
     CRC_TRAILER_LEN,
+    ENDPOINT_QPN,
     MPR_UNIT,
     PSN_MASK,
+    AcknowledgePacket,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -21,6 +23,7 @@ from mrcstack.wire import (
     Integrity,
     NackReason,
     Packet,
+    PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     ReliabilityProbePacket,
@@ -62,10 +65,13 @@ data_packets = st.builds(
     tx_seq=u(64),
     ts_ns=u(64),
     flags=st.sampled_from([0, DataFlags.FIRST, DataFlags.LAST]).flatmap(
-        lambda f: st.sampled_from([f, f | DataFlags.RETX, f | DataFlags.FIRST])
+        lambda f: st.sampled_from(
+            [f, f | DataFlags.RETX, f | DataFlags.FIRST, f | DataFlags.ACK_REQ]
+        )
     ),
     imm=st.none() | u(32),
     msn=u(16),
+    rq_msn=u(16),
 ).map(lambda p: p if p.imm is None else dataclasses.replace(p, flags=p.flags | DataFlags.LAST))
 
 
@@ -86,6 +92,10 @@ def ack_packets(draw: st.DrawFn) -> AckPacket:
     """Any valid SACK or NACK: its PSN offsets fit SETH's signed 16 bits."""
     cum = draw(u(24))
     offset = st.integers(-(1 << 15), (1 << 15) - 1)
+    reason = draw(st.sampled_from([0, *(int(r) for r in NackReason)]))
+    flags = draw(st.integers(0, 15))
+    if reason:  # (a NACK does not answer a reliability probe)
+        flags &= ~FeedbackFlags.PROBE_RESPONSE
     return AckPacket(
         qpn=draw(u(24)),
         cum_psn=cum,
@@ -99,29 +109,47 @@ def ack_packets(draw: st.DrawFn) -> AckPacket:
         sack_base=(cum + draw(offset)) & PSN_MASK,
         sack_bitmap=draw(u(64)),
         port_state=draw(u(16)),
-        flags=draw(
-            st.sampled_from([0, int(FeedbackFlags.ECN_ECHO), int(FeedbackFlags.DUPLICATE), 3])
-        ),
-        nack_reason=draw(st.sampled_from([0, *(int(r) for r in NackReason)])),
+        flags=flags,
+        nack_reason=reason,
         skip=draw(st.integers(0, 2)),
         ooo_count=draw(u(15)),
         rcv_bytes=draw(u(24)),
-        window=draw(st.integers(1, 255)) * MPR_UNIT,
+        window=draw(st.integers(0, 255)) * MPR_UNIT,
+        cc_type=draw(u(4)),
+        scid=draw(u(16)),
     )
 
 
 probe_packets = st.builds(
-    ProbePacket, qpn=u(24), ev=u(32), port=u(8), tx_seq=u(64), ts_ns=u(64), port_state=u(16)
-)
-probe_reply_packets = st.builds(
-    ProbeReplyPacket,
-    qpn=u(24),
+    ProbePacket,
+    qpn=st.just(ENDPOINT_QPN),
     ev=u(32),
     port=u(8),
     tx_seq=u(64),
-    echo_ev=u(32),
+    ts_ns=u(64),
+    port_state=u(32),
+    probe_id=u(16),
+)
+port_status_packets = st.builds(
+    PortStatusPacket,
+    qpn=st.just(ENDPOINT_QPN),
+    port_state=u(32),
+    ev=u(32),
+    port=u(8),
+    tx_seq=u(64),
+    ts_ns=u(64),
+    probe_id=u(16),
+)
+probe_reply_packets = st.builds(
+    ProbeReplyPacket,
+    qpn=st.just(ENDPOINT_QPN),
+    ev=u(32),
+    port=u(8),
+    tx_seq=u(64),
+    probe_id=u(16),
     echo_ts_ns=u(64),
     port_state=u(16),
+    op=st.sampled_from([0, 1]),
 )
 reliability_probe_packets = st.builds(
     ReliabilityProbePacket,
@@ -131,9 +159,24 @@ reliability_probe_packets = st.builds(
     port=u(8),
     tx_seq=u(64),
     ts_ns=u(64),
+    scid=u(16),
+)
+acknowledge_packets = st.builds(
+    AcknowledgePacket,
+    qpn=u(24),
+    psn=u(24),
+    syndrome=st.integers(0, 0x1F) | st.sampled_from([0x60, 0x61, 0x62]),
+    msn=u(24),
+    ev=st.just(0),
+    port=st.just(0),
 )
 any_packet = (
-    data_packets | ack_packets() | probe_packets | probe_reply_packets | reliability_probe_packets
+    data_packets
+    | ack_packets()
+    | probe_packets
+    | port_status_packets
+    | probe_reply_packets
+    | reliability_probe_packets
 )
 
 
@@ -177,19 +220,65 @@ def ack(**kw: object) -> AckPacket:
     return AckPacket(**fields)  # type: ignore[arg-type]
 
 
-PROBE = ProbePacket(qpn=7, ev=0x01020304, port=5, tx_seq=79, ts_ns=42 << 10, port_state=0b101)
+PROBE = ProbePacket(
+    qpn=ENDPOINT_QPN, ev=0x01020304, port=5, tx_seq=79, ts_ns=42 << 10, port_state=0b101,
+    probe_id=0x0102,
+)  # fmt: skip
 PROBE_REPLY = ProbeReplyPacket(
-    qpn=7, ev=9, port=1, tx_seq=80, echo_ev=0x01020304, echo_ts_ns=42, port_state=0xFF
+    qpn=ENDPOINT_QPN, ev=9, port=1, tx_seq=80, probe_id=0x0102, echo_ts_ns=42, port_state=0xFF
 )
 
 
 def normalized(pkt: Packet) -> Packet:
-    """What decode(encode(pkt)) must return: payload as bytes, dma_len filled in."""
+    """What decode(encode(pkt)) must return: payload as bytes, dma_len filled in, a NACK
+    without the SACK state it does not carry."""
     if isinstance(pkt, DataPacket):
         payload = bytes(pkt.payload)
         dma_len = pkt.dma_len if pkt.dma_len >= 0 else pkt.offset + len(payload)
         return dataclasses.replace(pkt, payload=payload, dma_len=dma_len)
+    if isinstance(pkt, AckPacket) and pkt.nack_reason:
+        return _nack_only(pkt)
     return pkt
+
+
+def _nack_only(pkt: AckPacket) -> AckPacket:
+    psn = pkt.echo_psn
+    return dataclasses.replace(
+        pkt, cum_psn=psn, sack_base=psn, sack_bitmap=0, skip=0, ooo_count=0, rcv_bytes=0,
+        window=0,
+    )  # fmt: skip
+
+
+def normalized_plain(pkt: Packet, ev: int = 0, port: int = 0) -> Packet:
+    """What decode_plain(encode_plain(pkt), ev=, port=) must return: what the extension would
+    have carried is gone (tx_seq, the full timestamps, the port state, the feedback's MSN),
+    the EV and port are the outer header's, timestamps are 16 bits in 1.024 us units, and a
+    write's offset is what its opcode and length tell."""
+
+    def ts(ns: int) -> int:
+        return -1 if ns < 0 else (ns >> 10 & 0xFFFF) << 10
+
+    if isinstance(pkt, DataPacket):
+        payload = bytes(pkt.payload)
+        dma_len = pkt.dma_len if pkt.dma_len >= 0 else pkt.offset + len(payload)
+        last, first = pkt.flags & DataFlags.LAST, pkt.flags & DataFlags.FIRST
+        offset = 0 if first else (dma_len - len(payload) if last and not pkt.trimmed else -1)
+        return dataclasses.replace(
+            pkt, payload=payload, dma_len=dma_len, ev=ev, port=port, tx_seq=0, ts_ns=ts(pkt.ts_ns),
+            offset=offset,
+        )  # fmt: skip
+    common = {"ev": ev, "port": port, "tx_seq": 0}
+    if isinstance(pkt, AckPacket):
+        if pkt.nack_reason:
+            pkt = _nack_only(pkt)
+        return dataclasses.replace(
+            pkt, **common, msn=0, port_state=0, echo_ts_ns=ts(pkt.echo_ts_ns)
+        )  # fmt: skip
+    if isinstance(pkt, ProbeReplyPacket):
+        return dataclasses.replace(pkt, **common, port_state=0, echo_ts_ns=ts(pkt.echo_ts_ns))
+    if isinstance(pkt, AcknowledgePacket):
+        return dataclasses.replace(pkt, ev=ev, port=port)
+    return dataclasses.replace(pkt, **common, ts_ns=ts(pkt.ts_ns))  # type: ignore[type-var]
 
 
 def forge(wire: bytes, offset: int, value: int, trailer_len: int = CRC_TRAILER_LEN) -> bytes:

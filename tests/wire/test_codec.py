@@ -17,7 +17,6 @@ from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire import (
     BTH_LEN,
     BTH_PKEY,
-    CC_STATE_LEN,
     CRC_TRAILER_LEN,
     DATA_HDR_LEN,
     DATA_IMM_HDR_LEN,
@@ -29,7 +28,6 @@ from mrcstack.wire import (
     PSN_MOD,
     RELIABILITY_PROBE_HDR_LEN,
     SACK_HDR_LEN,
-    SETH_LEN,
     TS_UNIT_NS_SHIFT,
     XFETH_LEN,
     BthFlags,
@@ -39,6 +37,7 @@ from mrcstack.wire import (
     DecodeError,
     DecodeReason,
     EndpointOp,
+    FeedbackFlags,
     IcrcPath,
     NackReason,
     Opcode,
@@ -145,7 +144,10 @@ def test_psn_out_of_range_is_a_local_error(psn: int) -> None:
         (ack(echo_psn=(0x00FFFE + (1 << 15)) & PSN_MASK), "echo_psn"),
         (ack(sack_base=(0x00FFFE - (1 << 15) - 1) & PSN_MASK), "sack_base"),
         (dataclasses.replace(PROBE, ts_ns=1 << 64), "ts_ns"),
-        (dataclasses.replace(PROBE_REPLY, echo_ev=1 << 32), "echo_ev"),
+        (dataclasses.replace(PROBE_REPLY, probe_id=1 << 16), "probe_id"),
+        (dataclasses.replace(PROBE, port_state=1 << 32), "port_state"),
+        (data(rq_msn=1 << 16), "rq_msn"),
+        (ack(scid=1 << 16), "scid"),
     ],
 )
 def test_out_of_range_field_is_named(pkt: Packet, field: str) -> None:
@@ -158,17 +160,19 @@ def test_out_of_range_field_is_named(pkt: Packet, field: str) -> None:
 @pytest.mark.parametrize(
     "pkt",
     [
-        data(flags=0x04),
+        data(flags=0x10),
         data(flags=DataFlags.TRIM_LASTHOP),
         data(flags=DataFlags.FIRST, imm=5),  # an immediate only on the last packet
         data(flags=DataFlags.TRIMMED, dma_len=10),  # trimmed but carries a payload
         data(payload=b"", flags=DataFlags.TRIMMED),  # trimmed needs dma_len >= 0
         ack(nack_reason=0x55),
-        ack(flags=0x04),
+        ack(flags=0x10),
+        ack(nack_reason=NackReason.TRIMMED, flags=FeedbackFlags.PROBE_RESPONSE),
         ack(skip=3),
         ack(window=100),
-        ack(window=0),
         ack(window=256 * 128),
+        dataclasses.replace(PROBE, qpn=7),  # endpoint operations go to QP 2
+        dataclasses.replace(PROBE_REPLY, op=2),
     ],
 )
 def test_invalid_combinations_are_refused(pkt: Packet) -> None:
@@ -205,7 +209,7 @@ def test_write_layout_offsets() -> None:
     assert int.from_bytes(wire[5:8]) == pkt.qpn
     assert wire[8] == BthFlags.RTX | BthFlags.TS  # A clear
     assert int.from_bytes(wire[9:12]) == pkt.psn
-    assert int.from_bytes(wire[12:14]) == 0  # METH RQ MSN
+    assert int.from_bytes(wire[12:14]) == pkt.rq_msn  # METH RQ MSN
     assert int.from_bytes(wire[14:16]) == pkt.msn
     assert int.from_bytes(wire[16:18]) == (pkt.ts_ns >> TS_UNIT_NS_SHIFT) & 0xFFFF  # TSETH
     assert int.from_bytes(wire[18:20]) == 0x0001  # TSR 0, ftype 1
@@ -255,17 +259,18 @@ def test_immediate_sits_between_reth_and_extension() -> None:
 
 
 def test_sack_layout() -> None:
-    pkt = ack(skip=SkipHint.SKIP_ONCE, ooo_count=5, rcv_bytes=0x123456, window=256)
+    pkt = ack(skip=SkipHint.SKIP_ONCE, ooo_count=5, rcv_bytes=0x123456, window=256, scid=0x77)
     wire = encode(pkt, CrcIntegrity())
     assert len(wire) == SACK_HDR_LEN + CRC_TRAILER_LEN
     assert wire[0] == Opcode.RELIABILITY_SACK
     assert int.from_bytes(wire[9:12]) == pkt.cum_psn
     seth = wire[12:40]
-    assert seth[0] >> 4 == 0x1  # SETH type; next header (low nibble) = mrcstack's XFETH
-    assert seth[1] == SkipHint.SKIP_ONCE  # m
+    assert seth[0] == 0x0F  # type 0; next header 0x1F (mrcstack's XFETH): bits 3-0 ...
+    assert seth[1] == 0x80 | SkipHint.SKIP_ONCE << 5  # ... and bit 7 here; m in bits 6-5
     assert int.from_bytes(seth[2:4], signed=True) == pkt.echo_psn - pkt.cum_psn
     assert int.from_bytes(seth[4:8]) == pkt.echo_ev  # entropy of the acknowledged packet
-    assert seth[8:12] == bytes(4)  # context ids
+    assert int.from_bytes(seth[8:10]) == 0x77  # source context id: the sending QP
+    assert int.from_bytes(seth[10:12]) == pkt.qpn & 0xFFFF  # destination context id
     assert seth[12] == 0
     assert int.from_bytes(seth[13:16]) == pkt.cum_psn
     assert seth[16] == 0x01  # cc flags: ECN echo
@@ -284,20 +289,20 @@ def test_sack_layout() -> None:
 
 @pytest.mark.parametrize("reason", list(NackReason))
 def test_nack_layout(reason: NackReason) -> None:
-    pkt = ack(nack_reason=reason, flags=0)
+    pkt = ack(nack_reason=reason, flags=0, scid=0x99)
     wire = encode(pkt, CrcIntegrity())
-    assert len(wire) == NACK_HDR_LEN + CRC_TRAILER_LEN
+    assert len(wire) == NACK_HDR_LEN + CRC_TRAILER_LEN == BTH_LEN + 20 + XFETH_LEN + 4
     assert wire[0] == Opcode.RELIABILITY_NACK
+    assert int.from_bytes(wire[9:12]) == pkt.echo_psn  # the BTH PSN is the NACKed one
     neth = wire[12:32]
-    assert neth[0] == 0x21  # NETH type 2, next header: a SETH
+    assert neth[0] == 0x0F and neth[1] == 0x80  # type 0, next: mrcstack's XFETH
     assert neth[2] == reason
     assert int.from_bytes(neth[4:8]) == pkt.echo_ev
+    assert int.from_bytes(neth[8:10]) == 0x99 and int.from_bytes(neth[10:12]) == pkt.qpn & 0xFFFF
     assert int.from_bytes(neth[13:16]) == pkt.echo_psn
     assert int.from_bytes(neth[18:20]) == (pkt.echo_ts_ns >> TS_UNIT_NS_SHIFT) & 0xFFFF
-    sack = encode(dataclasses.replace(pkt, nack_reason=0), CrcIntegrity())
-    tail = SETH_LEN + CC_STATE_LEN + XFETH_LEN - 4  # the SACK state it carries, but hdr_check
-    assert wire[32 : 32 + tail] == sack[12 : 12 + tail]
-    assert decode(wire, CrcIntegrity()) == pkt
+    assert wire[32] == MRC_EXT_VERSION  # XFETH follows: no SETH, no CC_STATE
+    assert decode(wire, CrcIntegrity()) == normalized(pkt)
 
 
 def test_probe_layouts() -> None:
@@ -305,15 +310,19 @@ def test_probe_layouts() -> None:
     probe = encode(PROBE, crc)
     assert len(probe) == PROBE_HDR_LEN + CRC_TRAILER_LEN
     assert probe[0] == Opcode.ENDPOINT_REQUEST
-    assert probe[BTH_LEN + 1] == EndpointOp.EV_PROBE
+    assert int.from_bytes(probe[5:8]) == 2  # the endpoint's QP, section 7.4.7
+    assert int.from_bytes(probe[9:12]) == PROBE.probe_id  # the probe id in PSN[15:0]
+    assert probe[BTH_LEN + 1] == 0x80 | EndpointOp.EV_PROBE  # next[0], op in bits 1-0
     assert int.from_bytes(probe[BTH_LEN + 4 : BTH_LEN + 8]) == PROBE.port_state
     assert int.from_bytes(probe[BTH_LEN + 12 : BTH_LEN + 14]) == 42  # ts in 1.024 us units
     reply = encode(PROBE_REPLY, crc)
     assert len(reply) == PROBE_REPLY_HDR_LEN + CRC_TRAILER_LEN
     assert reply[0] == Opcode.ENDPOINT_RESPONSE
-    assert reply[BTH_LEN + 1] == EndpointOp.EV_PROBE
-    assert int.from_bytes(reply[BTH_LEN + 4 : BTH_LEN + 8]) == PROBE_REPLY.echo_ev
+    assert int.from_bytes(reply[9:12]) == PROBE_REPLY.probe_id
+    assert reply[BTH_LEN + 1] == 0x80 | EndpointOp.EV_PROBE << 4  # op in bits 5-4
+    assert reply[BTH_LEN + 2 : BTH_LEN + 28] == bytes(26)  # reserved
     assert int.from_bytes(reply[BTH_LEN + 28 : BTH_LEN + 30]) == 0  # ts echo: 42 ns >> 10
+    assert reply[BTH_LEN + 30 : BTH_LEN + 36] == bytes(6)  # reserved
 
 
 @given(pkt=any_packet)
@@ -352,7 +361,8 @@ def test_header_and_trimmed_lengths() -> None:
     assert trimmed_length(Opcode.RDMA_WRITE_ONLY_IMM) == 72
     assert trimmed_length(Opcode.RDMA_WRITE_LAST_IMM) == 72
     assert header_length(Opcode.RELIABILITY_SACK) == 84
-    assert header_length(Opcode.RELIABILITY_NACK) == 104
+    assert header_length(Opcode.RELIABILITY_NACK) == 68
+    assert header_length(Opcode.ACKNOWLEDGE) == 16
     assert header_length(Opcode.ENDPOINT_REQUEST) == 60
     assert header_length(Opcode.ENDPOINT_RESPONSE) == 84
     with pytest.raises(WireUsageError):
@@ -442,12 +452,13 @@ def test_setting_trimmed_on_a_full_packet_is_a_length_error() -> None:
         (1, 0x40, DecodeReason.BAD_FIELD),  # BTH MigReq
         (2, 0x7F, DecodeReason.BAD_FIELD),  # P_Key
         (4, 0x01, DecodeReason.BAD_FIELD),  # BTH reserved byte
-        (8, 0x90, DecodeReason.BAD_FIELD),  # AckReq
+        (8, 0x50, DecodeReason.BAD_FIELD),  # R
         (8, 0x18, DecodeReason.BAD_FIELD),  # BTH reserved bits
-        (12, 0x01, DecodeReason.BAD_FIELD),  # METH RQ MSN
+        (8, 0x00, DecodeReason.BAD_FIELD),  # no TSETH: mrcstack's extension always has one
         (19, 0x02, DecodeReason.BAD_FIELD),  # TSETH ftype
         (35, 0x01, DecodeReason.BAD_LENGTH),  # RETH DMA length != payload
         (36, 1, DecodeReason.BAD_VERSION),  # mrcstack extension version (1: pre-OCP)
+        (36, 3, DecodeReason.BAD_VERSION),  # 3: before the transcription's positions
         (37, 0x08, DecodeReason.BAD_FIELD),  # unknown flag bit
         (37, 0x80, DecodeReason.BAD_FIELD),  # TRIM_LASTHOP without TRIMMED
         (39, 0x01, DecodeReason.BAD_FIELD),  # reserved byte
@@ -461,7 +472,7 @@ def test_field_sanity_even_with_valid_checks(offset: int, value: int, reason: De
     assert info.value.reason is reason
 
 
-@pytest.mark.parametrize("opcode", [0x00, 0x0A, 0x0B, 0x11, 0x64, 0xC0, 0xC5, 0xD1, 0xDF, 0xFF])
+@pytest.mark.parametrize("opcode", [0x00, 0x0A, 0x0B, 0x11, 0x64, 0xC0, 0xC5, 0xD0, 0xDF, 0xFF])
 def test_unknown_opcodes(opcode: int) -> None:
     wire = bytearray(encode(data(), CrcIntegrity()))
     wire[0] = opcode
@@ -474,22 +485,28 @@ def test_unknown_opcodes(opcode: int) -> None:
     ("nack", "offset", "value"),
     [
         (False, 9, 0x01),  # BTH PSN differs from SETH cack_psn
-        (False, 12, 0x31),  # SETH type
-        (False, 13, 0x03),  # m = 3 is not a hint
-        (False, 13, 0x04),  # pr bit
-        (False, 20, 0x01),  # context id
+        (False, 8, 0x80),  # BTH A on feedback
+        (False, 12, 0x1F),  # SETH type not 0
+        (False, 12, 0x0E),  # next header not mrcstack's extension (the QP negotiated it)
+        (False, 13, 0xE0),  # m = 3 is not a hint
+        (False, 13, 0x84),  # reserved bit 2
+        (False, 13, 0x81),  # reserved bit 0
+        (False, 23, 0x01),  # destination context id is not the QP's
         (False, 24, 0x01),  # reserved byte
         (False, 28, 0x02),  # unknown cc flag
-        (False, 29, 0x00),  # MPR 0: no window
         (False, 42, 0x80),  # CC_STATE reserved bit
         (False, 40, 0x00),  # timestamp echo differs from XFETH's
         (False, 48 + 1, 0x04),  # unknown XFETH flag
         (False, 48 + 30, 0x01),  # XFETH reserved u16
-        (True, 12, 0x22),  # NETH next header is not a SETH
+        (True, 12, 0x0E),  # NETH next header is not mrcstack's extension
+        (True, 13, 0x81),  # NETH reserved bits
         (True, 14, 0x55),  # unknown NACK reason
         (True, 15, 0x01),  # vendor info
-        (True, 19, 0x00),  # NETH entropy differs from SETH's
-        (True, 25, 0x02),  # NACK PSN differs from SETH's
+        (True, 23, 0x00),  # destination context id is not the QP's
+        (True, 24, 0x01),  # reserved byte
+        (True, 25, 0x02),  # NACK PSN differs from the BTH's
+        (True, 29, 0x01),  # reserved byte
+        (True, 30, 0x00),  # timestamp differs from XFETH's
     ],
 )
 def test_feedback_field_sanity(nack: bool, offset: int, value: int) -> None:
@@ -640,8 +657,9 @@ def test_reliability_probe_layout() -> None:
     assert len(wire) == RELIABILITY_PROBE_HDR_LEN + CRC_TRAILER_LEN
     assert wire[0] == Opcode.RELIABILITY_PROBE_REQ
     peth = wire[12:28]
-    assert peth[0] == 0x3F  # PETH type 3, next header mrcstack's XETH
+    assert peth[0] == 0x0F and peth[1] == 0x80  # type 0, next header mrcstack's XETH
     assert int.from_bytes(peth[4:6]) == 0x1234
+    assert int.from_bytes(peth[10:12]) == 9  # destination context id: the QP
     assert int.from_bytes(peth[12:14]) == 7  # tx_timestamp in 1.024 us units
     assert int.from_bytes(peth[14:16]) == 0x0001  # ftype
     assert decode(wire, CrcIntegrity()) == probe

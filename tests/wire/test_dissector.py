@@ -49,7 +49,7 @@ PACKETS: list[Packet] = [
     PROBE,
     PROBE_REPLY,
     ReliabilityProbePacket(qpn=3, probe_id=0xBEEF, ev=0x203, port=2, tx_seq=5, ts_ns=9 << 10),
-    PortStatusPacket(qpn=0, port_state=0b1101, ev=0x100, port=1, tx_seq=6, ts_ns=3 << 10),
+    PortStatusPacket(qpn=2, port_state=0b1101, ev=0x100, port=1, tx_seq=6, ts_ns=3 << 10, probe_id=9),
 ]
 
 
