@@ -154,6 +154,31 @@ class Controller:
         result: list[dict[str, Any]] = self.call("query_qps", qpn=qpn)
         return result
 
+    def connect_qp(
+        self,
+        qpn: int,
+        remote_host: int,
+        remote_qpn: int,
+        remote_psn: int,
+        *,
+        key: bytes | None = None,
+        extensions: bool = False,
+    ) -> dict[str, Any]:
+        """Set an application's QP up out of band (``ibv_modify_qp`` to RTS) with a peer
+        that has no mrcd: its host, QPN and first PSN, and an AES-GCM key if both ends hold
+        one; without mrcstack's extension headers unless ``extensions``.  Root only."""
+        args: dict[str, Any] = {
+            "qpn": qpn,
+            "remote_host": remote_host,
+            "remote_qpn": remote_qpn,
+            "remote_psn": remote_psn,
+            "extensions": extensions,
+        }
+        if key is not None:
+            args["key"] = bytes(key).hex()
+        result: dict[str, Any] = self.call("connect_qp", **args)
+        return result
+
     # CC profiles ------------------------------------------------------------------------------
     def create_cc_profile(
         self, ident: int, algorithm: str = "nscc", **config: Any

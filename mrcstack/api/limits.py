@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 
 from mrcstack.api.errors import ApiError
-from mrcstack.wire.codec import QPN_MASK
+from mrcstack.wire.layout import QPN_MASK
 
 U16 = 0xFFFF
 U32 = 0xFFFF_FFFF

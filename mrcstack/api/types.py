@@ -219,6 +219,11 @@ class QpInfo:
     failure: str | None
     outstanding_sends: int
     posted_recvs: int
+    #: The first PSN this QP sends: what a peer set up out of band needs (``rq_psn``).
+    psn: int = 0
+    #: mrcstack's extension headers on the wire (negotiated, or set out of band); None
+    #: before the QP is connected.
+    extensions: bool | None = None
 
     def __repr__(self) -> str:
         return dataclass_repr(self)  # the QPN in hex, as everywhere
@@ -236,4 +241,6 @@ class QpInfo:
             failure=doc.get("failure"),
             outstanding_sends=int(doc["outstanding_sends"]),
             posted_recvs=int(doc["posted_recvs"]),
+            psn=int(doc.get("psn", 0)),
+            extensions=doc.get("extensions"),
         )

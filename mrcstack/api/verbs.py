@@ -184,6 +184,33 @@ class QueuePair:
         result = await self.context.conn.call_async("connect", args)
         return bytes.fromhex(result["private_data"])
 
+    def connect_manual(
+        self,
+        remote_host: int,
+        remote_qpn: int,
+        remote_psn: int,
+        *,
+        key: bytes | None = None,
+        extensions: bool = False,
+    ) -> int:
+        """Connect out of band, as ``ibv_modify_qp`` to RTR and RTS: the peer's host (its NIC
+        addresses, one per plane, are the address plan's), its QPN and its first PSN, which
+        the application exchanged itself; ``key``: an AES-GCM packet key both ends hold.
+        For a peer without mrcd (a NIC that speaks only OCP MRC 1.0) the QP runs without
+        mrcstack's extension headers; two mrcds set up this way may ask for them on both
+        ends (``extensions``).  Returns this QP's first PSN, for the peer (also in
+        ``query().psn``)."""
+        args: dict[str, Any] = {
+            "qpn": self.qpn,
+            "remote_host": remote_host,
+            "remote_qpn": remote_qpn,
+            "remote_psn": remote_psn,
+            "extensions": extensions,
+        }
+        if key is not None:
+            args["key"] = bytes(key).hex()
+        return int(self.context.conn.call("connect_manual", args)["psn"])
+
     def _connect_args(self, remote_host: int, service: int, private_data: bytes) -> dict[str, Any]:
         return {
             "qpn": self.qpn,

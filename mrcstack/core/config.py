@@ -35,6 +35,9 @@ class ConnectionConfig:
     mtu_payload: int = 4096
     key: bytes | None = None  # AES-GCM key: authenticate every packet (and replay-protect)
     encrypt: bool = False  # also encrypt payloads (needs key)
+    #: mrcstack's extension headers (XETH/XFETH), negotiated with the peer: off, the QP
+    #: speaks OCP MRC 1.0 alone (a peer without mrcstack).  AES-GCM needs them.
+    extensions: bool = True
     # Per plane (local, peer) IPv6 addresses as packets arrive, for the RoCEv2 ICRC's
     # pseudo header; empty: the ICRC counts them as ``::`` (the simulator, loopback tests).
     icrc_paths: tuple[IcrcPath, ...] = ()
@@ -94,6 +97,12 @@ class ConnectionConfig:
             raise ConfigError(f"ConnectionConfig.evs: {exc}") from None
         _check(1 <= self.mtu_payload <= 65000, "mtu_payload", f"out of range: {self.mtu_payload}")
         _check(not self.encrypt or self.key is not None, "encrypt", "needs a key")
+        _check(
+            self.extensions or self.key is None,
+            "key",
+            "AES-GCM packet authentication needs mrcstack's extension headers (its nonce is "
+            "their tx_seq), which this QP has off",
+        )
         _check(
             0 <= self.profile_id < 1 << 64, "profile_id", f"must be a u64, got {self.profile_id}"
         )

@@ -8,7 +8,12 @@ loss recovery's (:mod:`mrcstack.core.recovery`) and the EV probe tick.  Nothing 
 clock, opens a socket or draws global randomness.
 
 The codec sits at the edge: ``receive_datagram`` is ``decode`` then ``receive_packet``, and
-``datagrams_to_send`` is ``packets_to_send`` then ``encode``.  An adapter whose packets never
+``datagrams_to_send`` is ``packets_to_send`` then ``encode``.  A QP whose peer did not
+negotiate mrcstack's extension (``ConnectionConfig.extensions`` off) uses the specification's
+encoding alone (``decode_plain``/``encode_plain``): the adapter hands it each datagram's EV
+and traffic class from the outer header, and :mod:`mrcstack.core.plainrx` works out what the
+extension would have said.  EV probes go to the peer's endpoint (QP 2) with a probe id from
+the host's :class:`~mrcstack.core.endpoint.ProbeIds`.  An adapter whose packets never
 meet a wire (the simulator) uses the packet forms and skips the codec; the protocol logic
 behind both is the same.
 """
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
+from mrcstack.core.endpoint import ProbeIds
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -31,15 +37,19 @@ from mrcstack.core.events import (
 )
 from mrcstack.core.evs import EvEntry, EvSignal, EvSlot, EvStatus, EvTable
 from mrcstack.core.memory import MemoryTable
+from mrcstack.core.plainrx import Placement, widen
+from mrcstack.core.psn import unwrap
 from mrcstack.core.reasons import EvReason, RejectReason
 from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.core.tx import U64, Outgoing, new_record
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
+    ENDPOINT_QPN,
     MPR_UNIT,
     NACK_HDR_LEN,
     SACK_HDR_LEN,
+    AcknowledgePacket,
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
@@ -47,7 +57,9 @@ from mrcstack.wire import (
     DecodeError,
     EvFormat,
     FeedbackFlags,
+    IcrcPath,
     Integrity,
+    NackReason,
     Packet,
     PortStatusPacket,
     ProbePacket,
@@ -56,8 +68,11 @@ from mrcstack.wire import (
     ReplayWindow,
     SkipHint,
     decode,
+    decode_plain,
     encode,
+    encode_plain,
     encoded_length,
+    has_extension,
 )
 
 # Plain ints: IntFlag arithmetic costs a method call per packet.
@@ -65,8 +80,19 @@ _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _SKIP_NONE = int(SkipHint.NONE)
+_PROBE_RESPONSE = int(FeedbackFlags.PROBE_RESPONSE)
 #: What a QP that refused one of its peer's writes still takes (see Connection._refused).
 _DRAINED = frozenset({DataPacket, ReliabilityProbePacket})
+#: Packets addressed to a host's endpoint (QP 2), not to a connection.
+_ENDPOINT_PACKETS = frozenset({ProbePacket, ProbeReplyPacket, PortStatusPacket})
+#: An ACKNOWLEDGE's (IBTA AETH) NAK syndromes, as the NACK reasons they mean.
+_AETH_NAKS = {
+    0x60: int(NackReason.SEQ_ERROR),
+    0x61: int(NackReason.INVALID_REQUEST),
+    0x62: int(NackReason.REMOTE_ACCESS),
+}
+#: A tx_seq no packet carries: a QP without the extension takes no port bitmap from ACKs.
+_NO_PORTS = 1 << 64
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
 
@@ -88,6 +114,7 @@ class Connection:
         memory: MemoryTable,
         rng: random.Random,
         now: float,
+        probe_ids: ProbeIds | None = None,
     ) -> None:
         self.cfg = config
         self.rng = rng
@@ -109,16 +136,25 @@ class Connection:
         params = config.cc_params if config.cc_params is not None else cc_mod.CCParams()
         self.cc = cc_mod.create(config.cc, params, config.mtu_payload, now)
         self.integrity: Integrity
+        #: Without mrcstack's extension every packet stripes its EV over the UDP source port
+        #: and the flow label (which the ICRC covers); with it only STEV does.
+        self.plain = not config.extensions
+        striped = self.plain or config.ev_format is EvFormat.STEV
+        # Endpoint packets (EV probes, QP 2) are the host's, whatever the QP's key: the ICRC.
+        self.endpoint_integrity: Integrity = CrcIntegrity(config.icrc_paths, ev_ports=striped)
+        # An endpoint's answer is checked with the UDP source port it came from (in ``ev``).
+        self._endpoint_open = CrcIntegrity(config.icrc_paths, ev_ports=True)
+        self._answer_crc: dict[int, CrcIntegrity] = {}  # source port -> its ICRC check
         if config.key is not None:
             self.integrity = AeadIntegrity(
                 config.key, config.local_qpn, config.remote_qpn, encrypt=config.encrypt
             )
             self.replay: ReplayWindow | None = ReplayWindow()
         else:
-            self.integrity = CrcIntegrity(
-                config.icrc_paths, ev_ports=config.ev_format is EvFormat.STEV
-            )
+            self.integrity = self.endpoint_integrity
             self.replay = None
+        self._encode = encode_plain if self.plain else encode
+        self.probe_ids = probe_ids if probe_ids is not None else ProbeIds(rng)
         self._trailer_len = self.integrity.trailer_len
         self.sender = Sender(
             config, self.evs, self.cc, self.stats, self._emit, trailer_len=self._trailer_len
@@ -137,7 +173,12 @@ class Connection:
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
         self._pending_span = [(0, 0)] * config.planes
         self._tx_seq = 0
-        self._ports_seq = -1  # tx_seq of the packet whose port bitmap was applied last
+        # tx_seq of the packet whose port bitmap was applied last (a QP without the
+        # extension learns the peer's ports from its PORT_STATUS_UPDATEs only).
+        self._ports_seq = _NO_PORTS if self.plain else -1
+        self._placement = Placement(config.mtu_payload) if self.plain else None
+        self._dup_flag = 0 if self.plain else _DUPLICATE  # (XFETH's: no room without it)
+        self._scid = config.local_qpn & 0xFFFF
         # Feedback rotates over each plane's reverse EVs on its own: one shared counter
         # would lock every plane to one parity when arrivals alternate between planes.
         self._reverse_rr = [rng.randrange(1 << 16) for _ in range(config.planes)]
@@ -150,6 +191,7 @@ class Connection:
         # The receive window stated in every SACK (MPR counts 128-PSN units, at least one).
         self._window = max(MPR_UNIT, config.max_window // MPR_UNIT * MPR_UNIT)
         self._probes: dict[int, float] = {}  # EV -> when its outstanding probe left
+        self._probe_evs: dict[int, int] = {}  # probe id -> the EV it probes
         self._next_probe: float | None = None
         self._last_data_rx = -1.0
         self.failed: str | None = None
@@ -287,21 +329,110 @@ class Connection:
 
     # Network input --------------------------------------------------------------------
     def receive_datagram(
-        self, data: bytes | memoryview, *, now: float, port: int, ecn: bool = False
+        self,
+        data: bytes | memoryview,
+        *,
+        now: float,
+        port: int,
+        ecn: bool = False,
+        ev: int = 0,
+        tclass: int = 0,
     ) -> None:
         """A datagram from NIC port ``port``: decoded and verified here (what fails is
-        counted in ``stats.rejected`` and dropped), then handled as by ``receive_packet``."""
+        counted in ``stats.rejected`` and dropped), then handled as by ``receive_packet``.
+
+        A QP without mrcstack's extension needs ``ev``, the EV the outer header carried
+        (``mrcstack.wire.ev_from_outer`` of its UDP source port and flow label), and
+        ``tclass``, its traffic class (a trimmed write arrives in DSCP 12 or 16)."""
         stats = self.stats
         if self.failed is not None and not self._draining:
             return
         if not 0 <= port < self.cfg.planes:
             stats.count(stats.rejected, RejectReason.PORT)
             return
+        if self.plain:
+            self._receive_plain(data, now, port, ecn, ev, tclass)
+            return
         try:
             pkt = decode(data, self.integrity)
         except DecodeError as exc:
             stats.count(stats.rejected, exc.reason.name.lower())
             return
+        self._receive(pkt, len(data), now=now, port=port, ecn=ecn)
+
+    def receive_endpoint_datagram(
+        self, data: bytes | memoryview, *, now: float, port: int, ev: int = 0
+    ) -> None:
+        """A datagram the peer's endpoint (QP 2) sent to ours that answers one of this QP's
+        EV probes (the adapter finds the QP by the probe id).  ``ev``: the EV the outer header
+        carries (``ev_from_outer``), whose UDP source port the ICRC covers."""
+        stats = self.stats
+        if self.failed is not None or not 0 <= port < self.cfg.planes:
+            return
+        try:
+            if has_extension(data):
+                pkt = decode(data, self._endpoint_open_with(ev))
+            else:
+                pkt = decode_plain(data, self._endpoint_open, ev=ev, port=port)
+        except DecodeError as exc:
+            stats.count(stats.rejected, exc.reason.name.lower())
+            return
+        if type(pkt) is not ProbeReplyPacket:
+            stats.count(stats.rejected, RejectReason.QPN)
+            return
+        if not has_extension(data):
+            pkt.echo_ts_ns = widen(pkt.echo_ts_ns, now)
+        stats.packets_received[port] += 1
+        stats.bytes_received[port] += len(data)
+        self._probe_reply(pkt, now)
+
+    def _endpoint_open_with(self, ev: int) -> Integrity:
+        """The ICRC check of an endpoint answer with the extension: the EV in its XETH is not
+        the one its outer header carries, so its source port is fixed from ``ev``."""
+        sport = ev >> 16
+        crc = self._answer_crc.get(sport)
+        if crc is None:
+            paths = tuple(
+                IcrcPath(p.local, p.peer, p.local_port, sport) for p in self.cfg.icrc_paths
+            )
+            crc = self._answer_crc[sport] = CrcIntegrity(paths)
+        return crc
+
+    def _receive_plain(
+        self, data: bytes | memoryview, now: float, port: int, ecn: bool, ev: int, tclass: int
+    ) -> None:
+        """A datagram in the specification's encoding: decoded, then what the extension
+        would have said worked out (a middle packet's offset, full timestamps)."""
+        stats = self.stats
+        try:
+            pkt = decode_plain(data, self.integrity, ev=ev, port=port, tclass=tclass)
+        except DecodeError as exc:
+            stats.count(stats.rejected, exc.reason.name.lower())
+            return
+        kind = type(pkt)
+        placement = self._placement
+        if kind is DataPacket and placement is not None:
+            data_pkt: DataPacket = pkt  # type: ignore[assignment]
+            if not data_pkt.trimmed and data_pkt.qpn == self.cfg.local_qpn:
+                seq = unwrap(data_pkt.psn, self.receiver.rcv_nxt)
+                first = placement.first_of(data_pkt, seq)  # (a first or last one teaches it)
+                if data_pkt.offset < 0:
+                    if first is not None:
+                        data_pkt.offset = (seq - first) * self.cfg.mtu_payload
+                    elif seq < self.receiver.rcv_nxt:
+                        data_pkt.offset = 0  # a duplicate: acknowledged, never placed again
+                    else:
+                        if not placement.hold(data_pkt, seq, len(data), ecn, port):
+                            stats.count(stats.rejected, RejectReason.UNPLACED)
+                        return
+            self._receive(pkt, len(data), now=now, port=port, ecn=ecn)
+            if placement.held:
+                placement.forget_below(self.receiver.rcv_nxt)
+                for held in placement.ready():
+                    self._receive(held.pkt, held.size, now=now, port=held.port, ecn=held.ecn)
+            return
+        if kind is AckPacket or kind is ProbeReplyPacket:
+            pkt.echo_ts_ns = widen(pkt.echo_ts_ns, now)  # type: ignore[union-attr]
         self._receive(pkt, len(data), now=now, port=port, ecn=ecn)
 
     def receive_packet(
@@ -316,11 +447,17 @@ class Connection:
         if not 0 <= port < self.cfg.planes:
             stats.count(stats.rejected, RejectReason.PORT)
             return
-        if pkt.qpn != self.cfg.local_qpn:
+        if pkt.qpn != self.cfg.local_qpn and not (
+            pkt.qpn == ENDPOINT_QPN and type(pkt) in _ENDPOINT_PACKETS
+        ):
             stats.count(stats.rejected, RejectReason.QPN)
             return
         replay = self.replay
-        if replay is not None and not (type(pkt) is DataPacket and pkt.trimmed):
+        if (
+            replay is not None
+            and not (type(pkt) is DataPacket and pkt.trimmed)
+            and type(pkt) not in _ENDPOINT_PACKETS
+        ):
             if not replay.check(pkt.tx_seq):
                 stats.count(stats.rejected, RejectReason.REPLAY)
                 return
@@ -349,27 +486,53 @@ class Connection:
             if sender.failed is not None:
                 self._fail(*sender.failed)
         elif type(pkt) is ProbePacket:
-            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
             self._reply_probe(pkt, port)
         elif type(pkt) is PortStatusPacket:
-            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
+            if self.plain:
+                self._peer_ports(pkt.port_state)
+            else:
+                self._peer_ports_from(pkt.tx_seq, pkt.port_state)
         elif type(pkt) is ReliabilityProbePacket:
             stats.reliability_probes += 1
+            queued = len(self._control)
             fb = self.receiver.state_feedback(pkt.ev, pkt.ts_ns, port)
             if fb is not None:
                 self._feedback(fb, port)
+            if len(self._control) > queued:  # the SACK answering it: SETH pr
+                self._control[-1][0].flags |= _PROBE_RESPONSE  # type: ignore[union-attr]
         elif type(pkt) is ProbeReplyPacket:
-            self._peer_ports_from(pkt.tx_seq, pkt.port_state)
-            if self._probes.pop(pkt.echo_ev, None) is not None:
-                stats.probe_replies += 1
-                self.recovery.rtt_sample(now - pkt.echo_ts_ns / 1e9)
-                self.evs.probe_result(
-                    pkt.echo_ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed
-                )
+            self._probe_reply(pkt, now)
+        elif type(pkt) is AcknowledgePacket:
+            self._acknowledge(pkt, now)
 
     # The datagram path's handling once decoded: the same as a packet's (a subclass that
     # wraps receive_packet, as the benchmark's timing one does, is not entered twice).
     _receive = receive_packet
+
+    def _probe_reply(self, pkt: ProbeReplyPacket, now: float) -> None:
+        """The peer's endpoint answered one of our EV probes (matched by its probe id)."""
+        ev = self._probe_evs.pop(pkt.probe_id, None)
+        self.probe_ids.release(pkt.probe_id)
+        if ev is None or self._probes.pop(ev, None) is None:
+            return  # not ours, or given up for lost
+        self.stats.probe_replies += 1
+        if pkt.echo_ts_ns:
+            self.recovery.rtt_sample(now - pkt.echo_ts_ns / 1e9)
+        self.evs.probe_result(ev, True, now, self.cfg.probe_ok_needed, self.cfg.probe_lost_needed)
+
+    def _acknowledge(self, pkt: AcknowledgePacket, now: float) -> None:
+        """An ACKNOWLEDGE (IBTA AETH) from a spec peer: a cumulative ACK up to its PSN, or a
+        NAK of it; it names no EV or time, so it says nothing of a path."""
+        nak = _AETH_NAKS.get(pkt.syndrome, 0)
+        psn = pkt.psn
+        ack = AckPacket(
+            pkt.qpn, psn, pkt.msn, pkt.ev, pkt.port, 0, -1, psn, 0, (psn + 1) & 0xFFFFFF, 0, 0, 0,
+            nak,
+        )  # fmt: skip
+        sender = self.sender
+        sender.on_ack(ack, now)
+        if sender.failed is not None:
+            self._fail(*sender.failed)
 
     def _peer_ports_from(self, tx_seq: int, bits: int) -> None:
         """A bitmap the peer sent in packet ``tx_seq``: only one newer than the last applied
@@ -515,13 +678,15 @@ class Connection:
         ack.sack_base = sack_base
         ack.sack_bitmap = sack_bitmap
         ack.port_state = self._port_bits
-        ack.flags = (_ECN_ECHO if ecn else 0) | (_DUPLICATE if dup else 0)
+        ack.flags = (_ECN_ECHO if ecn else 0) | (self._dup_flag if dup else 0)
         ack.nack_reason = nack
         # skip: an ECN-marked packet's path is busier than the others: skip it a while.
         ack.skip = _SKIP_ONCE if ecn else _SKIP_NONE
         ack.ooo_count = ooo_count
         ack.rcv_bytes = rcv_bytes
         ack.window = self._window
+        ack.cc_type = 0
+        ack.scid = self._scid
         # _queue, inline: one per data packet received.
         size = (NACK_HDR_LEN if nack else SACK_HDR_LEN) + self._trailer_len
         self._control.append((ack, size))
@@ -530,17 +695,19 @@ class Connection:
         stats.bytes_sent[out_port] += size
 
     def _reply_probe(self, probe: ProbePacket, port: int) -> None:
+        """Answer an EV probe as this host's endpoint would (an adapter with one connection
+        per host hands them to it), on a reverse path of the plane it came on."""
         slot = self._reverse_slot(port)
         if slot is None:
             return
         reply = ProbeReplyPacket(
-            qpn=self.cfg.remote_qpn,
+            qpn=ENDPOINT_QPN,
             ev=slot.entry.value,
             port=slot.entry.port,
             tx_seq=self._next_tx_seq(),
-            echo_ev=probe.ev,
+            probe_id=probe.probe_id,
             echo_ts_ns=probe.ts_ns,
-            port_state=self._port_bits,
+            port_state=0 if self.plain else self._port_bits,
         )
         self._queue(reply, slot)
 
@@ -559,10 +726,19 @@ class Connection:
         packets (an adapter pacing a NIC asks only for what its wire can take now: a
         packet is sent, and its timers start, when it leaves, not while it waits)."""
         integrity = self.integrity
-        return [
-            Datagram(encode(pkt, integrity), pkt.port, pkt.ev)
-            for pkt, _ in self.packets_to_send(now, limit, data_limit)
-        ]
+        out = self.packets_to_send(now, limit, data_limit)
+        if self.replay is not None:  # AES-GCM: endpoint packets are sealed the host's way
+            endpoint = self.endpoint_integrity
+            return [
+                Datagram(
+                    self._encode(pkt, endpoint if pkt.qpn == ENDPOINT_QPN else integrity),
+                    pkt.port,
+                    pkt.ev,
+                )
+                for pkt, _ in out
+            ]
+        coder = self._encode
+        return [Datagram(coder(pkt, integrity), pkt.port, pkt.ev) for pkt, _ in out]
 
     def packets_to_send(
         self, now: float, limit: int = DEFAULT_BATCH, data_limit: int | None = None
@@ -643,6 +819,10 @@ class Connection:
             if now - sent > timeout:
                 del self._probes[ev]
                 self.evs.probe_result(ev, False, now, cfg.probe_ok_needed, cfg.probe_lost_needed)
+        for ident, ev in list(self._probe_evs.items()):
+            if ev not in self._probes:
+                del self._probe_evs[ident]
+                self.probe_ids.release(ident)
         receiving = now - self._last_data_rx < 8 * timeout
         if self.sender.idle and not receiving:
             self._next_probe = None  # idle: no traffic, no probes
@@ -658,13 +838,16 @@ class Connection:
             if value in self._probes:
                 continue
             self._probes[value] = now
+            ident = self.probe_ids.allocate(cfg.local_qpn)
+            self._probe_evs[ident] = value
             probe = ProbePacket(
-                self.cfg.remote_qpn,
+                ENDPOINT_QPN,
                 value,
                 slot.entry.port,
                 self._next_tx_seq(),
                 int(now * 1e9) & U64 or 1,
                 self._port_bits,
+                ident,
             )
             self.stats.probes_sent += 1
             self._queue(probe, slot)
@@ -683,6 +866,9 @@ class Connection:
         self.sender.flush(status)
         self._control.clear()
         self._probes.clear()
+        for ident in self._probe_evs:
+            self.probe_ids.release(ident)
+        self._probe_evs.clear()
         self._next_probe = None
         self._emit(ConnectionFailed(reason, wr_id))
 

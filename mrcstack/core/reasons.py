@@ -55,6 +55,7 @@ class RejectReason(enum.StrEnum):
     INVALID_REQUEST = "invalid_request"  # a write that cannot be what its sender meant
     REFUSED = "refused"  # at or after a refused write: the QP places nothing more there
     NO_REVERSE_PATH = "no_reverse_path"  # feedback with no usable EV to carry it
+    UNPLACED = "unplaced"  # a spec peer's middle packet, no room to wait for its write's place
 
 
 #: ``ConnectionStats.nacks_received`` keys: each NACK reason's lower-case name (a reason

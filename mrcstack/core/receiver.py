@@ -37,7 +37,9 @@ _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 #: signed 16-bit offset from the cumulative PSN (and the sender has long forgotten it).
 OLD_DUPLICATE = 1 << 15
 _OOO_MAX = (1 << 15) - 1  # CC_STATE ooo_count saturates at 15 bits
-_BYTES_MASK = (1 << 24) - 1  # CC_STATE received bytes wrap at 24 bits
+_BYTES_MASK = (1 << 24) - 1  # CC_STATE received bytes wrap at 24 bits...
+_UNIT_SHIFT = 8  # ...and count 256-byte units (rounded up), section 7.5.5.4 as transcribed
+_UNIT = 1 << _UNIT_SHIFT
 
 
 @dataclass(slots=True)
@@ -62,7 +64,7 @@ class Feedback:
     base: int = 0  # the unwrapped PSN of bit 0 of the SACK bitmap
     rcv_nxt: int = 0  # everything below this is acknowledged cumulatively
     ooo_count: int = 0  # packets held beyond rcv_nxt (saturating, for CC_STATE)
-    rcv_bytes: int = 0  # payload bytes placed, mod 2**24 (CC_STATE)
+    rcv_bytes: int = 0  # payload bytes placed in 256-byte units, mod 2**24 (CC_STATE)
 
 
 class Receiver:
@@ -145,7 +147,9 @@ class Receiver:
             if self.nak_sent_at == nxt:
                 return None
             self.nak_sent_at = nxt
-            return self._feedback(pkt, seq, ecn, NackReason.SEQ_ERROR, port)
+            # As an IBTA sequence-error NAK: the PSN it names is the one expected next.
+            return self._build(pkt.ev, nxt & PSN_MASK, pkt.ts_ns, nxt, ecn, NackReason.SEQ_ERROR,
+                               False, port)  # fmt: skip
         payload = pkt.payload
         size = len(payload)
         offset = pkt.offset
@@ -297,7 +301,7 @@ class Receiver:
         held = len(self.ooo)
         if held > _OOO_MAX:
             held = _OOO_MAX
-        placed = self.stats.data_bytes_placed & _BYTES_MASK
+        placed = ((self.stats.data_bytes_placed + _UNIT - 1) >> _UNIT_SHIFT) & _BYTES_MASK
         direct = self.direct
         if direct is not None:
             direct(port, cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,

@@ -307,9 +307,9 @@ class Recovery:
             skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
             self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
 
-    def retry_nack(self, tx: Tx | None, cum: int) -> None:
+    def retry_nack(self, tx: Tx | None, seq: int) -> None:
         """A NACK asks for ``tx`` again (the receiver had no room for it; None: the NACK is
-        not for the current transmission).  ``cum``: one past its cumulative PSN."""
+        not for the current transmission).  ``seq``: the packet it names."""
         if tx is not None:
             self.lose(tx, RetxReason.NACK)
 
@@ -577,8 +577,8 @@ class GoBackN(Recovery):
     def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
         pass
 
-    def retry_nack(self, tx: Tx | None, cum: int) -> None:
-        self.go_back(cum, RetxReason.NACK)
+    def retry_nack(self, tx: Tx | None, seq: int) -> None:
+        self.go_back(seq, RetxReason.NACK)
 
     def _timed_out(self, tx: Tx, now: float) -> None:
         self.go_back(tx.seq, _TIMEOUT)

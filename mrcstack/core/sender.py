@@ -281,6 +281,7 @@ class Sender:
         pkt.dma_len = wr.length  # the whole write: its receiver checks it as one
         pkt.msn = wr.msn
         pkt.offset = offset
+        pkt.rq_msn = 0
         return pkt, length
 
     # Feedback -------------------------------------------------------------------------
@@ -316,11 +317,13 @@ class Sender:
             skip = ack.skip
             if ecn or nack or skip:
                 self._path_news(slot, echo_tx.ev, skip, ecn, nack, now)
+        if nack:  # a NACK (NETH) states no cumulative PSN: only the packet it names
+            self._on_nack(ack, echo_seq, now)
+            rec.after_ack(echo_tx, nack, now)
+            return
         cum = unwrap(ack.cum_psn, snd_una) + 1
         if cum > self.next_seq:
             return  # acknowledges what we never sent: ignore
-        if nack:
-            self._on_nack(ack, echo_seq, cum, now)
         acked = self._delivered
         seq = snd_una
         while seq < cum:
@@ -398,8 +401,8 @@ class Sender:
         else:
             slot.congested_until = max(slot.congested_until, until)
 
-    def _on_nack(self, ack: AckPacket, seq: int, cum: int, now: float) -> None:
-        """A NACK for packet ``seq`` (``cum``: one past its cumulative PSN)."""
+    def _on_nack(self, ack: AckPacket, seq: int, now: float) -> None:
+        """A NACK for packet ``seq`` (for a sequence error: the packet the receiver expects)."""
         reason = ack.nack_reason
         self.stats.count(self.stats.nacks_received, NACK_NAMES.get(reason, "other"))
         rec = self.recovery
@@ -408,13 +411,13 @@ class Sender:
             self._refuse(seq, *refusal)
             return
         if reason == NackReason.SEQ_ERROR:
-            rec.go_back(cum, RetxReason.NACK)
+            rec.go_back(seq, RetxReason.NACK)
             return
         tx = rec.txs.get(seq)
         if tx is not None and tx.ev != ack.echo_ev:
             tx = None  # for an earlier transmission of that packet
         if reason in _RETRY_NACKS:
-            rec.retry_nack(tx, cum)
+            rec.retry_nack(tx, seq)
         elif tx is not None and reason in _TRIMS:
             self.cc.on_trim(now)
             srtt = rec.srtt

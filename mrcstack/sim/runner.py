@@ -38,6 +38,7 @@ from typing import Any
 
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
+from mrcstack.core.endpoint import ENDPOINT_QPN, ProbeIds
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -80,7 +81,18 @@ from mrcstack.sim.result import (
     sum_counts,
 )
 from mrcstack.stats import Method, quantile
-from mrcstack.wire import DataPacket, encode, encoded_length, peek_qpn, trim
+from mrcstack.wire import (
+    DataPacket,
+    Opcode,
+    ProbeReplyPacket,
+    encode,
+    encoded_length,
+    peek_qpn,
+    trim,
+)
+
+#: What answers an EV probe, as a packet and as a datagram's opcode.
+_REPLIES = frozenset({ProbeReplyPacket, int(Opcode.ENDPOINT_RESPONSE)})
 
 __all__ = [
     "DATA_PACKET_OVERHEAD_BYTES",
@@ -289,7 +301,7 @@ class _Endpoint:
 
     def receive(self, msg: Any, size: int, plane: int, ecn: bool) -> None:
         sim = self.sim
-        if not sim.wire and msg.qpn != self.qpn:
+        if not sim.wire and msg.qpn not in (self.qpn, ENDPOINT_QPN):
             sim.unknown_qpn += 1  # (attached alone to its host: the host's table is not asked)
             return
         now = sim.engine.now
@@ -451,6 +463,7 @@ class _Simulation:
         self.series: dict[int, list[int]] | None = None if cfg.series_interval_s is None else {}
         self.flows: list[_Flow] = []
         self.by_host: dict[int, dict[int, _Endpoint]] = {}  # host -> local QPN -> endpoint
+        self.probe_ids: dict[int, ProbeIds] = {}  # host -> the ids of its EV probes
         self.ev_log: list[EvRecord] = []
         self.port_log: list[PortRecord] = []
         self.ev_changes = 0
@@ -483,6 +496,8 @@ class _Simulation:
                 else:
                     memory = flow.sink
                 conn = factory(config, memory, random.Random(master.getrandbits(64)))
+                # EV probes go to the peer's endpoint (QP 2): their ids are the host's.
+                conn.probe_ids = self.probe_ids.setdefault(host, ProbeIds())
                 endpoint = _Endpoint(self, flow, conn, sender)
                 flow.ends.append(endpoint)
                 self.by_host.setdefault(host, {})[local] = endpoint
@@ -569,9 +584,19 @@ class _Simulation:
             (endpoint,) = table.values()
             return endpoint.receive  # it checks the QPN itself
         wire = self.wire
+        first = table[min(table)]
+        ids = first.conn.probe_ids
 
         def deliver(msg: Any, size: int, plane: int, ecn: bool) -> None:
-            endpoint = table.get(peek_qpn(msg) if wire else msg.qpn)
+            qpn = peek_qpn(msg) if wire else msg.qpn
+            if qpn == ENDPOINT_QPN:  # the host's endpoint: a probe, or an answer to ours
+                if (msg[0] if wire else type(msg)) in _REPLIES:
+                    owner = ids.owner(int.from_bytes(msg[10:12]) if wire else msg.probe_id)
+                    endpoint = table.get(owner) if owner is not None else None
+                else:
+                    endpoint = first  # any of its connections answers as the endpoint
+            else:
+                endpoint = table.get(qpn)
             if endpoint is None:
                 self.unknown_qpn += 1
             else:

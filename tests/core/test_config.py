@@ -24,9 +24,14 @@ from mrcstack.wire import (
     AeadIntegrity,
     CrcIntegrity,
     DataPacket,
+    FeedbackFlags,
     Integrity,
     Packet,
+    PortStatusPacket,
+    ProbePacket,
+    ProbeReplyPacket,
     encode,
+    encode_plain,
 )
 from tests.support.wire import any_packet
 
@@ -105,6 +110,7 @@ aimed = st.tuples(
     mode=st.sampled_from(["mrc", "roce"]),
     ack_coalesce=st.sampled_from([1, 4]),
     keyed=st.booleans(),
+    plain=st.booleans(),
     post=st.booleans(),
     inputs=st.lists(
         st.tuples(
@@ -123,9 +129,13 @@ def test_receive_datagram_raises_nothing_but_typed_errors(
     mode: str,
     ack_coalesce: int,
     keyed: bool,
+    plain: bool,
     post: bool,
     inputs: list[tuple[tuple[Packet, bool, int, int] | bytes, int, bool, float]],
 ) -> None:
+    """The same, without mrcstack's extension too (``plain``: the specification's encoding,
+    the EV and traffic class from the outer header)."""
+    keyed = keyed and not plain
     memory = MemoryTable()
     region = memory.register(bytearray(4096))
     conn = Connection(
@@ -137,6 +147,7 @@ def test_receive_datagram_raises_nothing_but_typed_errors(
             ack_coalesce=ack_coalesce,
             key=KEY if keyed else None,
             mtu_payload=256,
+            extensions=not plain,
         ),
         memory=memory,
         rng=random.Random(1),
@@ -152,8 +163,8 @@ def test_receive_datagram_raises_nothing_but_typed_errors(
             data = item
         else:
             pkt, ours, psn, ev = item
-            if ours:  # aimed at this connection, so it gets past the QPN check
-                pkt = dataclasses.replace(pkt, qpn=LOCAL)
+            if ours and not isinstance(pkt, ProbePacket | ProbeReplyPacket | PortStatusPacket):
+                pkt = dataclasses.replace(pkt, qpn=LOCAL)  # past the QPN check
                 if isinstance(pkt, DataPacket):
                     pkt = dataclasses.replace(pkt, psn=psn, va=region.va + psn, rkey=region.rkey)
                 elif isinstance(pkt, AckPacket):  # about packets this end really sent
@@ -166,9 +177,13 @@ def test_receive_datagram_raises_nothing_but_typed_errors(
                     pkt = dataclasses.replace(pkt, ev=ev)
             # A fresh sealer each time: tx_seq values repeat, the connection's replay
             # window (not the test's sealer) must deal with that.
-            data = encode(pkt, _peer_integrity(keyed))
+            if plain and isinstance(pkt, AckPacket):
+                pkt = dataclasses.replace(pkt, flags=pkt.flags & ~FeedbackFlags.DUPLICATE)
+            data = (encode_plain if plain else encode)(pkt, _peer_integrity(keyed))
         try:
-            conn.receive_datagram(data, now=now, port=port, ecn=ecn)
+            conn.receive_datagram(
+                data, now=now, port=port, ecn=ecn, ev=ecn * 0x101, tclass=0x30 if dt > 0.009 else 0
+            )
             conn.datagrams_to_send(now)
             timer = conn.get_timer()
             if timer is not None and timer <= now:

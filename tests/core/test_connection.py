@@ -330,6 +330,7 @@ PROFILE = int(os.environ.get("MRC_PROPERTY_CASES", "2000"))
     sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=6),
     imm_mask=st.integers(0, 63),
     keyed=st.booleans(),
+    plain=st.booleans(),
 )
 def test_property_every_byte_lands_every_completion_once_in_order(
     seed: int,
@@ -344,7 +345,10 @@ def test_property_every_byte_lands_every_completion_once_in_order(
     sizes: list[int],
     imm_mask: int,
     keyed: bool,
+    plain: bool,
 ) -> None:
+    """Also without mrcstack's extension (``plain``: OCP MRC 1.0's encoding alone, no key)."""
+    keyed = keyed and not plain
     faults = LinkFaults(
         loss=loss,
         dup=dup,
@@ -364,6 +368,7 @@ def test_property_every_byte_lands_every_completion_once_in_order(
         mtu=256,
         exp_cnt=10,
         ack_coalesce=ack_coalesce,
+        extensions=not plain,
     )
     total = sum(sizes)
     backing, va, rkey = region(net, 1, total)

@@ -2,7 +2,10 @@
 
 The link's faults (:class:`LinkFaults`): random loss, duplication, reordering (random extra
 delay), trimming (the switch's cut, with the last-hop flag sometimes), ECN marks, and EV
-blackouts (a failed path) in time windows.  Time is virtual; nothing sleeps.
+blackouts (a failed path) in time windows.  Time is virtual; nothing sleeps.  Without
+mrcstack's extension (``extensions=False``) each datagram carries its EV and traffic class
+beside it, as the outer header would, and a trim cuts a write to the specification's headers
+and marks it DSCP 12 (16 on the last hop).
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from mrcstack.core.connection import Connection, Datagram
 from mrcstack.core.events import Event
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
-from mrcstack.wire import WRITE_OPCODES, encode_trimmed
+from mrcstack.wire import (
+    WRITE_OPCODES,
+    Dscp,
+    encode_trimmed,
+    plain_header_length,
+    traffic_class,
+)
 
 
 @dataclass
@@ -93,7 +102,8 @@ class PairNet:
         ]
         self.events: list[list[Event]] = [[], []]
         self.event_times: list[list[float]] = [[], []]  # when each of ``events`` came out
-        self._heap: list[tuple[float, int, int, bytes, int, bool]] = []
+        self._heap: list[tuple[float, int, int, bytes, int, bool, int, int]] = []
+        self.plain = not self.conns[0].cfg.extensions
         self._tie = 0
         self.delivered = 0
         self.dropped = 0
@@ -122,8 +132,14 @@ class PairNet:
                 continue
             data = d.data
             ecn = rng.random() < f.ecn
+            tclass = 0
             if data[0] in WRITE_OPCODES and rng.random() < f.trim:
-                data = encode_trimmed(data, lasthop=rng.random() < 0.3)
+                lasthop = rng.random() < 0.3
+                if self.plain:  # cut to the spec's headers, the class says trimmed
+                    data = data[: plain_header_length(data[0], bool(data[8] & 0x10))]
+                    tclass = traffic_class(Dscp.TRIMMED_LASTHOP if lasthop else Dscp.TRIMMED)
+                else:
+                    data = encode_trimmed(data, lasthop=lasthop)
             copies = 2 if rng.random() < f.dup else 1
             for _ in range(copies):
                 at = self.now + f.delay + rng.random() * f.reorder
@@ -131,7 +147,9 @@ class PairNet:
                     if who == 1 - side and start <= at < end:
                         at = end
                 self._tie += 1
-                heapq.heappush(self._heap, (at, self._tie, 1 - side, data, d.port, ecn))
+                heapq.heappush(
+                    self._heap, (at, self._tie, 1 - side, data, d.port, ecn, d.ev, tclass)
+                )
 
     def _drain(self, side: int) -> None:
         conn = self.conns[side]
@@ -163,15 +181,19 @@ class PairNet:
                 return
             self.now = t
             if t_net is not None and t_net <= t:
-                _, _, side, data, port, ecn = heapq.heappop(self._heap)
+                _, _, side, data, port, ecn, ev, tclass = heapq.heappop(self._heap)
                 self.delivered += 1
-                self.conns[side].receive_datagram(data, now=t, port=port, ecn=ecn)
+                self.conns[side].receive_datagram(
+                    data, now=t, port=port, ecn=ecn, ev=ev, tclass=tclass
+                )
                 # Everything arriving at that instant is one receive batch (as a daemon
                 # drains a socket) before the endpoint transmits.
                 while self._heap and self._heap[0][0] <= t and self._heap[0][2] == side:
-                    _, _, _, data, port, ecn = heapq.heappop(self._heap)
+                    _, _, _, data, port, ecn, ev, tclass = heapq.heappop(self._heap)
                     self.delivered += 1
-                    self.conns[side].receive_datagram(data, now=t, port=port, ecn=ecn)
+                    self.conns[side].receive_datagram(
+                        data, now=t, port=port, ecn=ecn, ev=ev, tclass=tclass
+                    )
                 self._drain(side)
                 continue
             for side, timer in enumerate(timers):
