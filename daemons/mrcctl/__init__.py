@@ -10,7 +10,7 @@
     mrcctl ev profile deny|allow ID EV... | destroy ID
     mrcctl ev events [--follow] [--count N]
     mrcctl cc [profile] create ID [--algorithm A] [NAME=VALUE ...] | [show] [ID] | destroy ID
-    mrcctl qp [show] [QPN]
+    mrcctl qp [show] [QPN] | qp connect QPN --host H --qpn N --psn P [--key HEX] [--extensions]
     mrcctl probe HOST [-c N] [-i S] [--plane P --ev EV] [--timeout S]
 
 As with iproute2, an object without an action shows it (``mrcctl port``, ``mrcctl ev``,

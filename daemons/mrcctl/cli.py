@@ -62,7 +62,7 @@ NOUNS: dict[str, Noun] = {
         action_aliases={"show": "states", "profiles": "profile", "formats": "format"},
     ),
     "cc": Noun(("profile",), "profile", action_aliases={"profiles": "profile"}),
-    "qp": Noun(("show",), "show", numbered=True, aliases=("qps",)),
+    "qp": Noun(("show", "connect"), "show", numbered=True, aliases=("qps",)),
     "probe": Noun(aliases=("probes",)),
 }
 #: The second level: ``ev profile`` and ``cc profile`` show when given no action.
@@ -125,6 +125,16 @@ def number(text: str) -> int:
         return int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def hex_key(text: str) -> bytes:
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not hex digits: {text!r}") from None
+    if len(key) not in (16, 32):
+        raise argparse.ArgumentTypeError(f"an AES-GCM key is 16 or 32 bytes, got {len(key)}")
+    return key
 
 
 def qpn(text: str) -> int:
@@ -288,6 +298,19 @@ def parser() -> argparse.ArgumentParser:
     )
     qp_show = qp.add_parser("show", help="every QP, or one (the default)")
     qp_show.add_argument("qpn", type=qpn, nargs="?", help="one QP: 0xbb2357 or 12264279")
+    qp_conn = qp.add_parser(
+        "connect", help="set an application's QP up out of band with a peer without mrcd"
+    )
+    qp_conn.add_argument("qpn", type=qpn, help="our QP (in reset): 0xbb2357 or 12264279")
+    qp_conn.add_argument("--host", type=host, required=True, help="the peer's host")
+    qp_conn.add_argument("--qpn", dest="remote_qpn", type=qpn, required=True,
+                         help="the peer's QP number")  # fmt: skip
+    qp_conn.add_argument("--psn", dest="remote_psn", type=number, required=True,
+                         help="the peer's first PSN")  # fmt: skip
+    qp_conn.add_argument("--key", type=hex_key, help="AES-GCM packet key (32 or 64 hex digits)")
+    qp_conn.add_argument(
+        "--extensions", action="store_true", help="with mrcstack's extension (a peer with mrcd)"
+    )
 
     probe = sub.add_parser(
         "probe",

@@ -258,6 +258,16 @@ def _ms(value: object) -> str:
 
 
 def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
+    if args.action == "connect":
+        r = ctl.connect_qp(
+            args.qpn, args.host, args.remote_qpn, args.remote_psn, key=args.key,
+            extensions=args.extensions,
+        )  # fmt: skip
+        ext = "with" if r["extensions"] else "without"
+        show(args, r, f"QP {qpn_text(r['qpn'])}: {r['state']} to {r['remote_host']} QP "
+                      f"{qpn_text(r['remote_qpn'])}, {ext} mrcstack's extension; "
+                      f"its first PSN {r['psn']}")  # fmt: skip
+        return 0
     qps = ctl.qps(args.qpn)
     rows = [
         (

@@ -77,6 +77,9 @@ class MrcdConfig:
     # Authenticate every packet of a QP with its AES-GCM key (mrcstack's extension to OCP
     # MRC 1.0, agreed per QP: used only if both ends want it); false: the plain RoCEv2 ICRC.
     packet_auth: bool = True
+    # mrcstack's extension headers (XETH/XFETH) on QPs to other mrcds: negotiated per QP,
+    # used only if both ends offer the same version; false: OCP MRC 1.0's headers alone.
+    extensions: bool = True
     peers: tuple[tuple[str, Address], ...] = ()  # host node name -> control address
     auth: AuthConfig = field(default_factory=AuthConfig)
     data_mode: str = "srv6"  # "loopback": plane sockets on ::1 (tests, laptops)
@@ -88,6 +91,11 @@ class MrcdConfig:
     interfaces: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.packet_auth and not self.extensions:
+            raise MrcdConfigError(
+                "mrcd.packet_auth: AES-GCM packet authentication needs mrcstack's extension "
+                "headers (its nonce is their tx_seq): set packet_auth = false, or extensions = true"
+            )
         if not self.interfaces:
             names = tuple(f"nic{p}" for p in range(self.fabric.planes))
             object.__setattr__(self, "interfaces", names)
@@ -144,6 +152,7 @@ _KEYS = {
     "ack_coalesce",
     "encrypt",
     "packet_auth",
+    "extensions",
     "peers",
     "auth",
     "data_mode",
@@ -243,6 +252,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         ack_coalesce=coalesce,
         encrypt=_bool(table, "encrypt", False),
         packet_auth=_bool(table, "packet_auth", True),
+        extensions=_bool(table, "extensions", True),
         peers=tuple(peers),
         auth=_auth(_table(table, "auth")),
         data_mode=mode,

@@ -28,7 +28,7 @@ from mrcstack.daemons.mrcd.node.node import Node
 from mrcstack.daemons.mrcd.node.qps import IncomingConnect, QpAttrs, QpState
 from mrcstack.daemons.mrcd.ops.metrics import make_registry
 from mrcstack.errors import LocalError
-from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode
+from mrcstack.wire import CrcIntegrity, DataPacket, ProbePacket, encode, encode_plain
 from tests.support.apiharness import FABRIC, Recorder, node_config
 from tests.support.isolation import free_base
 
@@ -172,9 +172,10 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
         await asyncio.sleep(0.005)
 
 
-async def test_malformed_datagrams_for_qpn_0_are_counted_by_reason(pair: list[Node]) -> None:
-    """QPN 0 carries only CRC-checked probes: anything else sent there is rejected and
-    counted (bounded reasons), like datagrams for a live QP."""
+async def test_malformed_datagrams_for_qp_2_are_counted_by_reason(pair: list[Node]) -> None:
+    """QP 2 (the endpoint) carries only probes, their answers and port status updates:
+    anything else sent there is rejected and counted (bounded reasons), like datagrams for
+    a live QP."""
     a, b = pair
     dst = b.data_address(b.host, 1)
     probe = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1, 5), CrcIntegrity())
@@ -183,8 +184,8 @@ async def test_malformed_datagrams_for_qpn_0_are_counted_by_reason(pair: list[No
     sent = {
         "bad_checksum": probe[:-1] + bytes([probe[-1] ^ 1]),  # a forged or corrupted probe
         "truncated": probe[:20],
-        "bad_opcode": bytes(12),  # a bare BTH for QPN 0
-        "probe_unexpected": encode(data, CrcIntegrity()),  # well formed, but data on QPN 0
+        "bad_opcode": bytes(7) + bytes([PROBE_QPN]) + bytes(4),  # a bare BTH for QP 2
+        "probe_unexpected": encode_plain(data, CrcIntegrity()),  # well formed, but data
         "probe_source": probe,  # a good probe from an address that is no host's NIC
     }
     before = dict(b.snapshot().traffic.rejections)
@@ -345,7 +346,7 @@ async def test_probes_are_authenticated_and_rate_limited(pair: list[Node]) -> No
 
     assert await a.probe(3, 1, 0x101, timeout=2.0) > 0  # sealed with h0-h3's key
     assert rejected() == {}
-    crc_only = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1 << 40, 5), CrcIntegrity())
+    crc_only = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1 << 40, 5), a.prober._crc(b.host))
     assert a._send_raw(1, crc_only, dst)  # from h0's own plane-1 socket
     await wait_until(lambda: rejected().get("probe_unauthenticated", 0) == 1)
     burst = 2 * int(probes.PROBE_BURST)

@@ -1,10 +1,12 @@
-"""The EV prober's rules on its own: who gets an answer, with or without the port bitmap,
-and how often (real codec and AES-GCM; the network is a list)."""
+"""The endpoint's (QP 2) rules on their own: who gets an answer, with or without the port
+bitmap, in which encoding, and how often (real codecs and AES-GCM; the network is a list)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+
+import pytest
 
 from mrcstack.daemons.mrcd.control.auth import Credentials
 from mrcstack.daemons.mrcd.datapath import probes
@@ -16,7 +18,9 @@ from mrcstack.wire import (
     ProbePacket,
     ProbeReplyPacket,
     decode,
+    decode_plain,
     encode,
+    encode_plain,
 )
 
 H0, H2 = ("::1", 1000), ("::1", 1002)  # the sources of host 0 (keyed) and host 2 (not)
@@ -41,33 +45,46 @@ def test_sealed_probes_get_the_bitmap_crc_ones_do_not() -> None:
     sent: list[bytes] = []
     p = responder(sent, key)
     h0 = AeadIntegrity(key, 1, 4)  # host 0's side of the pair's key
-    p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 9, 77), h0)), H0, 1)
+    p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, 9, 77, 0, 5), h0)), H0, 1)
     reply = decode(sent[-1], h0)
     assert type(reply) is ProbeReplyPacket and reply.port_state == BITS
-    assert reply.echo_ts_ns == 77
-    p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 10, 78), CrcIntegrity())), H0, 1)
+    assert reply.echo_ts_ns == 77 and reply.probe_id == 5 and reply.qpn == 2
+    probe = ProbePacket(2, 0x101, 1, 10, 78, 0, 6)
+    p.on_datagram(memoryview(encode(probe, CrcIntegrity())), H0, 1)
     reply = decode(sent[-1], CrcIntegrity())
     assert type(reply) is ProbeReplyPacket and reply.port_state == 0  # withheld
+    assert reply.probe_id == 6
     assert p.rejected == {probes.PROBE_UNAUTHENTICATED: 1}
 
 
-def test_a_host_without_a_key_is_refused() -> None:
+def test_a_host_without_a_key_is_answered_without_the_bitmap() -> None:
+    """With the extension (an mrcd we share no key with) or without it (a peer without
+    mrcstack): answered in its own encoding, the port bitmap withheld."""
     sent: list[bytes] = []
     p = responder(sent, os.urandom(32))
-    p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 1, 5), CrcIntegrity())), H2, 1)
-    assert sent == [] and p.rejected == {probes.PROBE_NO_KEY: 1}
+    probe = ProbePacket(2, 0x101, 1, 1, 5 << 10, 0, 7)
+    p.on_datagram(memoryview(encode(probe, CrcIntegrity())), H2, 1)
+    reply = decode(sent[-1], CrcIntegrity())
+    assert type(reply) is ProbeReplyPacket and reply.probe_id == 7 and reply.port_state == 0
+    p.on_datagram(memoryview(encode_plain(probe, CrcIntegrity())), H2, 1, 0)
+    reply = decode_plain(sent[-1], CrcIntegrity())
+    assert type(reply) is ProbeReplyPacket and reply.probe_id == 7
+    assert reply.echo_ts_ns == 5 << 10  # the 16-bit timestamp, echoed
+    assert p.rejected == {probes.PROBE_NO_KEY: 2}
 
 
-def test_each_source_has_a_rate() -> None:
+def test_each_source_has_a_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst, then nothing until the bucket refills (the clock stands still here)."""
+    monkeypatch.setattr(probes.time, "monotonic", lambda: 100.0)
     key = os.urandom(32)
     sent: list[bytes] = []
     p = responder(sent, key)
     h0 = AeadIntegrity(key, 1, 4)
     n = int(probes.PROBE_BURST) + 20
     for i in range(n):
-        p.on_datagram(memoryview(encode(ProbePacket(0, 0x101, 1, 100 + i, 5), h0)), H0, 1)
+        p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, 100 + i, 5), h0)), H0, 1)
     refused = p.rejected.get(probes.PROBE_RATE_LIMITED, 0)
-    assert 15 <= refused <= 20 and len(sent) == n - refused
+    assert refused == 20 and len(sent) == n - refused
 
 
 def test_both_ends_derive_the_same_probe_key() -> None:
@@ -89,6 +106,7 @@ def test_port_status_updates_over_the_fabric() -> None:
     p = responder(sent, key)
     p.on_port_status = lambda host, bits: applied.append((host, bits))
     h0 = AeadIntegrity(key, 1, 4)
+    crc = CrcIntegrity()
     assert p.send_port_status(0, 0b0101, [0, 2], t1s=4) == 4
     updates = [decode(d, h0) for d in sent]  # sealed for host 0
     assert all(type(u) is PortStatusPacket and u.port_state == 0b0101 for u in updates)
@@ -102,9 +120,15 @@ def test_port_status_updates_over_the_fabric() -> None:
     for when, bits in ((10, 0b1110), (10, 0b1110), (9, 0b0001), (11, 0b1111)):
         for plane in (1, 3):  # copies on two planes: one update, one timestamp
             seq += 1
-            pkt = PortStatusPacket(0, bits, plane << 8, plane, seq, when)
+            pkt = PortStatusPacket(2, bits, plane << 8, plane, seq, when)
             p.on_datagram(memoryview(encode(pkt, h0)), H0, plane)
     assert applied == [(0, 0b1110), (0, 0b1111)]  # once each, the stale one dropped
-    forged = PortStatusPacket(0, 0, 0x100, 1, 999, 99)
+    forged = PortStatusPacket(2, 0, 0x100, 1, 999, 99)
     p.on_datagram(memoryview(encode(forged, CrcIntegrity())), H0, 1)
     assert applied[-1] == (0, 0b1111) and p.rejected == {probes.PROBE_UNAUTHENTICATED: 1}
+    # A peer without mrcstack (no key, no extension): applied as it comes.
+    p.on_datagram(memoryview(encode_plain(PortStatusPacket(2, 0b0110, 0, 1, 0, 5), crc)), H2, 1)
+    assert applied[-1] == (2, 0b0110)
+    assert p.send_port_status(2, 0b0011, [1], t1s=4, plain=True) == 2
+    update = decode_plain(sent[-1], crc)
+    assert type(update) is PortStatusPacket and update.port_state == 0b0011

@@ -17,7 +17,7 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
-from mrcstack.daemons.mrcd.datapath.rxbatch import BatchReceiver
+from mrcstack.daemons.mrcd.datapath.rxbatch import IPV6_FLOWINFO, BatchReceiver
 from mrcstack.daemons.mrcd.datapath.transport import READ_TURN, Transport, clock, open_plane_socket
 
 PLANES = 2
@@ -37,8 +37,8 @@ class Pair:
         self.conns = [
             Connection(
                 ConnectionConfig(
-                    local_qpn=1 + s,
-                    remote_qpn=2 - s,
+                    local_qpn=1 + 2 * s,  # (QP 2 is the endpoint's)
+                    remote_qpn=3 - 2 * s,
                     planes=PLANES,
                     evs=evs,
                     mtu_payload=MTU,
@@ -55,8 +55,10 @@ class Pair:
         self.transports = []
         for side in (0, 1):
             peer = ports[1 - side]
-            t = Transport(loop, self.socks[side], lambda r, p, ev, fmt, peer=peer: ("::1", peer[p]))
-            t.add(1 + side, self.conns[side], 1 - side, self._recorder(side))
+            t = Transport(
+                loop, self.socks[side], lambda r, p, ev, fmt, striped, peer=peer: ("::1", peer[p])
+            )
+            t.add(1 + 2 * side, self.conns[side], 1 - side, self._recorder(side))
             self.transports.append(t)
         self.ports = ports
 
@@ -127,7 +129,7 @@ def test_plane_socket_has_zero_checksum_options() -> None:
     try:
         assert s.getsockopt(socket.IPPROTO_UDP, 101) == 1
         assert s.getsockopt(socket.IPPROTO_UDP, 102) == 1
-        assert s.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS) == 1
+        assert s.getsockopt(socket.IPPROTO_IPV6, IPV6_FLOWINFO) == 1  # traffic class, label
         assert not s.getblocking()
     finally:
         s.close()
@@ -164,7 +166,7 @@ async def _rtt_samples() -> None:
 
 
 #: A BTH for QP 2 (side 1's connection) and garbage after: its decoder rejects it (counted).
-JUNK_FOR_QP2 = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(80)
+JUNK_FOR_QP3 = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 3, 0, 0, 0, 1]) + bytes(80)
 
 
 def fed(conn: Connection) -> list[tuple[int, bool]]:
@@ -194,7 +196,7 @@ async def test_plane_sockets_are_read_in_turns() -> None:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
             for plane in range(PLANES):
                 for _ in range(per_plane):
-                    s.sendto(JUNK_FOR_QP2, ("::1", pair.ports[1][plane]))
+                    s.sendto(JUNK_FOR_QP3, ("::1", pair.ports[1][plane]))
         await asyncio.sleep(0.05)
         pair.transports[1]._on_readable(0)
         seen = [port for port, _ecn in feed]
@@ -214,6 +216,7 @@ async def test_plane_sockets_are_read_in_turns() -> None:
 
 # ECN: the traffic class of every datagram reaches the core ----------------------------------
 TCLASS_CE = 0x03
+IPV6_FLOWINFO_SEND = 33  # <linux/in6.h>: sendto's flowinfo sets the flow label
 
 
 def sender_with_tclass(tclass: int) -> socket.socket:
@@ -222,26 +225,37 @@ def sender_with_tclass(tclass: int) -> socket.socket:
     return s
 
 
-def test_batch_receiver_reads_length_source_and_traffic_class() -> None:
+def test_batch_receiver_reads_length_source_and_flow_information() -> None:
+    """Each datagram's traffic class (ECN) and flow label, and its source address and port:
+    a peer without mrcstack's extension stripes its EV over the port and the label."""
     rx_sock = open_plane_socket(("::1", 0))
     rx = BatchReceiver(8)
     try:
-        assert rx_sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS) == 1
+        assert rx_sock.getsockopt(socket.IPPROTO_IPV6, IPV6_FLOWINFO) == 1
         assert rx.recv(rx_sock.fileno()) == 0  # nothing there: no error, no block
-        sent = [(0xB8 | TCLASS_CE, b"marked"), (0xB8 | 0x02, b""), (0x00, bytes(range(256)) * 255)]
+        sent = [  # (a label of 0 would be the kernel's to choose)
+            (0xB8 | TCLASS_CE, 0x00ABC, b"marked"),
+            (0xB8 | 0x02, 0xFFFFF, b""),
+            (0x00, 0x12345, bytes(range(256)) * 255),
+            (0x30, 0x00001, b"trimmed class"),
+        ]
         sources = []
-        for tclass, payload in sent:
+        for tclass, label, payload in sent:
             with sender_with_tclass(tclass) as s:
+                s.setsockopt(socket.IPPROTO_IPV6, IPV6_FLOWINFO_SEND, 1)
                 s.bind(("::1", 0))
-                s.sendto(payload, rx_sock.getsockname()[:2])
+                host, port = rx_sock.getsockname()[:2]
+                s.sendto(payload, (host, port, label, 0))
                 sources.append(s.getsockname()[:2])
         time.sleep(0.01)
-        assert rx.recv(rx_sock.fileno()) == 3
-        for i, (tclass, payload) in enumerate(sent):
+        assert rx.recv(rx_sock.fileno()) == len(sent)
+        for i, (tclass, label, payload) in enumerate(sent):
             assert rx.datagram(i) == payload
             assert rx.tclass(i) == tclass
+            assert rx.flowinfo(i) & 0xFFFFF == label
             assert rx.ce(i) is (tclass & 3 == 3)
             assert rx.source(i) == sources[i]
+            assert rx.source_port(i) == sources[i][1]
         assert rx.recv(rx_sock.fileno()) == 0
     finally:
         rx_sock.close()
@@ -261,7 +275,7 @@ async def test_every_datagram_reaches_the_core_with_its_own_ecn_mark() -> None:
         for sock in pair.socks[1]:
             loop.remove_reader(sock.fileno())  # hold reading until all have arrived
         for tclass in order:
-            senders[tclass].sendto(JUNK_FOR_QP2, ("::1", pair.ports[1][0]))
+            senders[tclass].sendto(JUNK_FOR_QP3, ("::1", pair.ports[1][0]))
         await asyncio.sleep(0.05)
         pair.transports[1]._on_readable(0)
         assert [ecn for _port, ecn in feed] == [t & 3 == 3 for t in order]

@@ -188,6 +188,8 @@ class QpTable:
             "failure": qp.failure,
             "outstanding_sends": len(rec.sends),
             "posted_recvs": len(rec.recvs),
+            "psn": qp.psn,
+            "extensions": None if qp.conn is None else not qp.conn.plain,
         }
 
     def destroy_qp(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -218,6 +220,27 @@ class QpTable:
             raise ApiError(errno.ECONNREFUSED, str(exc)) from None
         self._connected(rec)
         return {"private_data": bytes(peer_data).hex()}
+
+    def connect_manual(self, args: dict[str, Any]) -> dict[str, Any]:
+        """RESET -> RTS out of band (``ibv_modify_qp``): the peer's host, QPN and first PSN,
+        and an AES-GCM key if any, exchanged by the application (a peer without mrcd)."""
+        rec = self._qp(args)
+        remote = a.get_int(args, "remote_host", 0, self.node.fabric.hosts - 1)
+        remote_qpn = a.get_int(args, "remote_qpn", 1, (1 << 24) - 1)
+        remote_psn = a.get_int(args, "remote_psn", 0, (1 << 24) - 1)
+        key = a.get_hex(args, "key", 32) or None
+        extensions = a.get_bool(args, "extensions", False)
+        if remote == self.node.host:
+            raise invalid(f"remote_host {remote} is this host")
+        if key is not None and len(key) not in (16, 32):
+            raise invalid(f"key: AES-GCM takes 16 or 32 bytes, got {len(key)}")
+        self._require_reset(rec)
+        try:
+            self.node.connect_manual(rec.qpn, remote, remote_qpn, remote_psn, key, extensions)
+        except LocalError as exc:
+            raise ApiError(errno.EINVAL, str(exc)) from None
+        self._connected(rec)
+        return {"psn": self.node.qp(rec.qpn).psn}
 
     def _require_reset(self, rec: _Qp) -> None:
         state = self.node.qp(rec.qpn).state

@@ -122,6 +122,7 @@ class Session:
             "query_qp": (0, q.query_qp),
             "destroy_qp": (0, q.destroy_qp),
             "connect": (0, q.connect),
+            "connect_manual": (0, q.connect_manual),
             "listen": (0, q.listen),
             "accept": (0, q.accept),
             "reject": (0, q.reject),

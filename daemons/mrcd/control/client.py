@@ -98,6 +98,9 @@ class ConnectRequest:
     #: The sender wants every packet of the QP authenticated with its AES-GCM key
     #: (mrcstack's extension); absent means yes.
     packet_auth: bool = True
+    #: The version of mrcstack's extension headers the sender offers (0: none, it speaks
+    #: OCP MRC 1.0 alone); -1 when absent (an mrcd from before this was negotiated).
+    extensions: int = -1
 
     def derive_qp_key(self, dst_host: int, dst_qpn: int) -> bytes:
         return derive_qp_key(self.session_secret, self.src_host, self.src_qpn, dst_host, dst_qpn)
@@ -110,6 +113,7 @@ class Accept:
     private_data: bytes = b""
     instance: str = ""  # the accepting mrcd's instance
     packet_auth: bool = True  # both ends agreed on AES-GCM packets (else the plain ICRC)
+    extensions: int = -1  # the extension version agreed (0: none; -1: absent, an old mrcd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,13 @@ def field_bool(msg: Message, name: str, *, default: bool) -> bool:
     if not isinstance(value, bool):
         raise BadRequestError(f"{name}: must be true or false")
     return value
+
+
+def field_extensions(msg: Message) -> int:
+    """The extension version a CONNECT offers or an ACCEPT agrees on; -1 when absent."""
+    if "extensions" not in msg:
+        return -1
+    return field_int(msg, "extensions", 256)
 
 
 def field_instance(msg: Message) -> str:
@@ -273,6 +284,7 @@ class Session:
         instance: str = "",
         timeout: float = REQUEST_TIMEOUT,
         packet_auth: bool = True,
+        extensions: int = 0,
     ) -> Accept:
         """CONNECT: the peer's ACCEPT, or :class:`ConnectRejectedError`.  ``instance`` is
         ours; the ACCEPT carries the peer's, which a later session must show again."""
@@ -288,6 +300,7 @@ class Session:
                 "private_data": b64(private_data),
                 **({"instance": instance} if instance else {}),
                 "packet_auth": packet_auth,
+                "extensions": extensions,
             },
             timeout,
         )
@@ -302,6 +315,7 @@ class Session:
                 field_data(reply, "private_data"),
                 field_instance(reply),
                 field_bool(reply, "packet_auth", default=True),
+                field_extensions(reply),
             )
         except BadRequestError as exc:
             raise ControlError("bad_message", f"{self.peer_host}: {exc}") from None

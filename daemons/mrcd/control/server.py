@@ -37,6 +37,7 @@ from mrcstack.daemons.mrcd.control.client import (
     credentials,
     field_bool,
     field_data,
+    field_extensions,
     field_instance,
     field_int,
     host_index,
@@ -431,6 +432,7 @@ class ControlServer:
             session_secret=keys.session_secret,
             instance=field_instance(msg),
             packet_auth=field_bool(msg, "packet_auth", default=True),
+            extensions=field_extensions(msg),
         )
         if src_host != peer_index:
             return {"type": "REJECT", "reason": f"src_host {src_host} is not {keys.peer_host}"}
@@ -448,4 +450,5 @@ class ControlServer:
             "private_data": b64(result.private_data),
             **({"instance": result.instance} if result.instance else {}),
             "packet_auth": result.packet_auth,
+            **({"extensions": result.extensions} if result.extensions >= 0 else {}),
         }

@@ -25,6 +25,7 @@ ctl.list_cc_profiles       (all profiles)                                      n
 ctl.subscribe_ev_events    mrc_ctl_create_ev_event_cq + poll_ev_event          no
 ctl.recent_ev_events       (the last events, without subscribing)              no
 ctl.ep_batch               mrc_ctl_ep_batch_send_wait (EV_PROBE, PORT_STATUS)  yes
+ctl.connect_qp             (ibv_modify_qp RTR/RTS of an application's QP)      yes
 =========================  ==================================================  ==========
 """
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mrcstack import addrplan
-from mrcstack.api.errors import ApiError
+from mrcstack.api.errors import ApiError, invalid
 from mrcstack.api.limits import U16, U32, U64
 from mrcstack.core import cc as cc_mod
 from mrcstack.core.events import EvStateChanged
@@ -173,6 +174,7 @@ class Controller:
             "ctl.create_cc_profile": self.create_cc_profile,
             "ctl.destroy_cc_profile": self.destroy_cc_profile,
             "ctl.ep_batch": self.ep_batch,
+            "ctl.connect_qp": self.connect_qp,
         }
 
     def close(self) -> None:
@@ -295,6 +297,29 @@ class Controller:
         if qpn is not None and not rows:
             raise ApiError(errno.ENOENT, f"no QP {qpn_text(qpn)}")
         return rows
+
+    def connect_qp(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:
+        """Set an application's QP (in RESET) up out of band, as ``ibv_modify_qp`` takes it:
+        the peer's host, QPN and first PSN, and optionally an AES-GCM key; without
+        mrcstack's extension unless ``extensions`` (a peer without mrcd has none)."""
+        node = self.node
+        qpn = a.get_int(args, "qpn", 1, (1 << 24) - 1)
+        key = a.get_hex(args, "key", 32) or None
+        if key is not None and len(key) not in (16, 32):
+            raise invalid(f"key: AES-GCM takes 16 or 32 bytes, got {len(key)}")
+        try:
+            node.connect_manual(
+                qpn,
+                a.get_int(args, "remote_host", 0, node.fabric.hosts - 1),
+                a.get_int(args, "remote_qpn", 1, (1 << 24) - 1),
+                a.get_int(args, "remote_psn", 0, (1 << 24) - 1),
+                key,
+                a.get_bool(args, "extensions", False),
+            )
+        except LocalError as exc:
+            raise ApiError(errno.EINVAL, str(exc)) from None
+        self.profiles.apply_to_qp(node, qpn)
+        return node.qp_info(qpn)[0]
 
     # CC profiles ------------------------------------------------------------------------------
     def create_cc_profile(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:

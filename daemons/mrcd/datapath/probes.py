@@ -1,17 +1,23 @@
-"""Connectionless EV probes (the controller API's EV_PROBE): MRC probe packets on QPN 0.
+"""The host's endpoint (QP 2): EV probes, their answers and port status updates.
 
-A probe tests one path to a peer's mrcd without a QP: it goes to the path's uSID address,
-the peer answers along the reverse path through the same T1 with a probe reply carrying its
-port bitmap, and the RTT is the probe's own timestamp echoed back.
+OCP MRC 1.0 sends endpoint operations to QP 2 with a probe id in the PSN.  The node's own
+probes (the controller API's EV_PROBE, the peer watch's confirmations) test one path to a
+peer without a QP: the probe goes to the path's uSID address, the peer's endpoint answers
+with the probe id and the probe's timestamp echoed, and the RTT is that timestamp's age.
+The same endpoint answers every probe that arrives, a QP's as well (the transport gives an
+answer to one of our QPs' probes to that QP, by its probe id, and the rest to this module).
 
-A probe is answered only for a host the daemon has a key for (the control channel's
-credentials give one per pair of hosts, :meth:`Credentials.probe_key`): sealed with that key
-(AES-GCM), it gets a sealed reply with the port bitmap; with a CRC only, a reply without it
-(the bitmap field is 0, counted as ``probe_unauthenticated``).  Each source may send
-``PROBE_RATE`` probes a second (bursts of ``PROBE_BURST``).  Everything refused is counted
-by reason: the decode reason, ``probe_source`` (no host's NIC on that plane), ``probe_no_key``
-(a host we have no key for), ``probe_rate`` (over its rate), ``probe_unexpected`` (a
-well-formed packet that is neither a probe nor a reply).
+A peer that runs mrcd sends and gets them with mrcstack's extension (its XETH/XFETH): sealed
+with the key the control channel's credentials give the pair of hosts
+(:meth:`Credentials.probe_key`) when there is one, the answer then carrying our port bitmap;
+otherwise with the ICRC, the answer without the bitmap (counted as ``probe_unauthenticated``
+for a host we share a key with).  A peer without mrcstack (no key, no extension) gets the
+specification's encoding, with the ICRC.  Each source may send ``PROBE_RATE`` probes a second
+(bursts of ``PROBE_BURST``).  Everything refused is counted by reason: the decode reason,
+``probe_source`` (no host's NIC on that plane), ``probe_rate`` (over its rate),
+``probe_unexpected`` (a well-formed packet that is neither a probe nor an answer nor a port
+status update).  ``probe_no_key`` counts answers to hosts we share no key with: answered,
+without the bitmap.
 """
 
 from __future__ import annotations
@@ -21,20 +27,28 @@ import time
 from collections.abc import Callable
 
 from mrcstack import addrplan
+from mrcstack.core.endpoint import ProbeIds
+from mrcstack.core.plainrx import widen
 from mrcstack.daemons.mrcd.datapath.transport import PROBE_QPN, Address
 from mrcstack.wire import (
     AeadIntegrity,
     CrcIntegrity,
     DecodeError,
+    IcrcPath,
+    Integrity,
+    Packet,
     PortStatusPacket,
     ProbePacket,
     ProbeReplyPacket,
     WireUsageError,
     decode,
+    decode_plain,
     encode,
+    encode_plain,
+    ev_from_outer,
+    has_extension,
 )
 
-_CRC = CrcIntegrity()
 #: Rejection reasons of this module besides the decode reasons (bounded: a fixed set).
 PROBE_SOURCE = "probe_source"
 PROBE_UNEXPECTED = "probe_unexpected"
@@ -42,9 +56,10 @@ PROBE_NO_KEY = "probe_no_key"
 PROBE_RATE_LIMITED = "probe_rate"
 PROBE_UNAUTHENTICATED = "probe_unauthenticated"  # answered, but without the port bitmap
 REASONS = (PROBE_SOURCE, PROBE_UNEXPECTED, PROBE_NO_KEY, PROBE_RATE_LIMITED, PROBE_UNAUTHENTICATED)
-#: Probes a second one source may send (token bucket), and the burst it may save up.
-PROBE_RATE = 200.0
-PROBE_BURST = 50.0
+#: Probes a second one source may send (token bucket), and the burst it may save up: a QP's
+#: own EV probes (a few per path that went bad, every RTT) come here too.
+PROBE_RATE = 2000.0
+PROBE_BURST = 200.0
 #: Sources tracked at once; past this the table starts over (a flood of spoofed sources
 #: cannot grow it, and a real prober loses at most one burst).
 MAX_SOURCES = 4096
@@ -57,12 +72,14 @@ HostOf = Callable[[Address, int], int | None]
 Sender = Callable[[int, bytes, Address], bool]
 #: (host, port bitmap): a peer's PORT_STATUS_UPDATE, authenticated.
 PortStatusHook = Callable[[int, int], None]
+#: host -> each plane's ICRC endpoints with that host (none: the unspecified address).
+IcrcPaths = Callable[[int], tuple[IcrcPath, ...]]
 #: EVs (T1 indices) per plane a port-status update is sent on: two paths, in case one fails.
 PORT_STATUS_PATHS = 2
 
 
 class Prober:
-    """Sends EV probes, answers the peers' probes and matches the replies."""
+    """Sends EV probes, answers the peers' probes and matches the answers."""
 
     def __init__(
         self,
@@ -72,6 +89,7 @@ class Prober:
         send: Sender,
         port_bits: Callable[[], int],
         on_port_status: PortStatusHook | None = None,
+        icrc_paths: IcrcPaths | None = None,
     ) -> None:
         self.loop = loop
         self.on_port_status = on_port_status
@@ -80,22 +98,43 @@ class Prober:
         self.host_of = host_of
         self.send = send
         self.port_bits = port_bits
-        #: Datagrams for QPN 0 rejected, by reason (the node adds them to its rejections).
+        self.icrc_paths = icrc_paths
+        #: The host's probe ids (the transport's, shared with its QPs, once it runs).
+        self.probe_ids = ProbeIds()
+        #: Datagrams for QP 2 rejected, by reason (the node adds them to its rejections).
         self.rejected: dict[str, int] = {}
-        self._waiting: dict[tuple[int, int], asyncio.Future[float]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future[float], bool]] = {}  # probe id -> ...
         self._seq = 0  # tx_seq of every probe and reply this daemon seals (never reused)
         self._keys: dict[int, AeadIntegrity] = {}
+        self._crcs: dict[tuple[int | None, int | None], CrcIntegrity] = {}  # (host, port) ->
         self._buckets: dict[Address, tuple[float, float]] = {}  # source -> (tokens, when)
 
     def set_keys(self, local: int, keys: dict[int, bytes]) -> None:
         """The probe key for each peer host we have one for (``local``: our host index)."""
         self._keys = {host: AeadIntegrity(key, local + 1, host + 1) for host, key in keys.items()}
 
-    def _seal(
-        self, pkt: ProbePacket | ProbeReplyPacket | PortStatusPacket, host: int | None
-    ) -> bytes:
+    def _crc(self, host: int | None, peer_port: int | None = None) -> CrcIntegrity:
+        """The ICRC with ``host``, over the addresses the packets carry; ``peer_port``: the
+        UDP source port its datagram came from (a peer without mrcstack's extension stripes
+        its EV there), else its plane socket's."""
+        crc = self._crcs.get((host, peer_port))
+        if crc is None:
+            if len(self._crcs) >= MAX_SOURCES:
+                self._crcs.clear()  # (a peer striping many EVs over its source ports)
+            paths: tuple[IcrcPath, ...] = ()
+            if host is not None and self.icrc_paths is not None:
+                paths = tuple(
+                    p if peer_port is None else IcrcPath(p.local, p.peer, p.local_port, peer_port)
+                    for p in self.icrc_paths(host)
+                )
+            crc = self._crcs[(host, peer_port)] = CrcIntegrity(paths)
+        return crc
+
+    def _seal(self, pkt: Packet, host: int | None, plain: bool = False) -> bytes:
+        if plain:
+            return encode_plain(pkt, self._crc(host))
         aead = self._keys.get(host) if host is not None else None
-        return encode(pkt, aead if aead is not None else _CRC)
+        return encode(pkt, aead if aead is not None else self._crc(host))
 
     def _allow(self, source: Address) -> bool:
         """The source's token bucket has a probe left."""
@@ -111,71 +150,96 @@ class Prober:
         return True
 
     async def probe(
-        self, plane: int, ev: int, dst: Address, timeout: float, host: int | None = None
+        self,
+        plane: int,
+        ev: int,
+        dst: Address,
+        timeout: float,
+        host: int | None = None,
+        plain: bool = False,
     ) -> float:
         """Send one probe on ``plane`` along ``ev`` to ``dst`` (host ``host``, whose key
-        seals it when we have one); the RTT in seconds.
+        seals it when we have one; ``plain``: a peer without mrcstack's extension); the RTT
+        in seconds.
 
         Raises TimeoutError if nothing comes back (the path, or the peer, is down)."""
         self._seq += 1
         ts_ns = time.monotonic_ns()
-        pkt = ProbePacket(PROBE_QPN, ev, plane, self._seq, ts_ns)
+        ident = self.probe_ids.allocate(PROBE_QPN)
+        pkt = ProbePacket(PROBE_QPN, ev, plane, self._seq, ts_ns, 0, ident)
         fut: asyncio.Future[float] = self.loop.create_future()
-        self._waiting[(ev, ts_ns)] = fut
+        self._waiting[ident] = (fut, plain)
         try:
-            if not self.send(plane, self._seal(pkt, host), dst):
+            if not self.send(plane, self._seal(pkt, host, plain), dst):
                 raise TimeoutError(f"plane {plane} refused the probe")
             return await asyncio.wait_for(fut, timeout)
         finally:
-            self._waiting.pop((ev, ts_ns), None)
+            self._waiting.pop(ident, None)
+            self.probe_ids.release(ident)
 
-    def on_datagram(self, data: memoryview, source: Address, plane: int) -> None:
-        """A datagram for QPN 0 (the transport's connectionless hook).  Never raises."""
+    def on_datagram(self, data: memoryview, source: Address, plane: int, flow: int = 0) -> None:
+        """A datagram for QP 2 that is not a QP's (the transport's hook; ``flow``: its traffic
+        class and flow label).  Never raises."""
         host = self.host_of(source, plane)
-        aead = self._keys.get(host) if host is not None else None
+        ext = has_extension(data)
+        aead = self._keys.get(host) if host is not None and ext else None
         authenticated = False
+        crc = self._crc(host, source[1])
         try:
-            if aead is not None:
+            if not ext:
+                pkt = decode_plain(
+                    data, crc, ev=ev_from_outer(source[1], flow), port=plane, tclass=flow >> 20
+                )
+            elif aead is not None:
                 try:
                     pkt = decode(data, aead)
                     authenticated = True
                 except DecodeError:
-                    pkt = decode(data, _CRC)  # not sealed: a CRC-only probe, or garbage
+                    pkt = decode(data, crc)  # not sealed: a CRC-only probe, or garbage
             else:
-                pkt = decode(data, _CRC)
+                pkt = decode(data, crc)
         except DecodeError as exc:
             self._reject(exc.reason.value)
             return
         if type(pkt) is ProbePacket:
-            self._answer(pkt, source, plane, host, authenticated)
+            self._answer(pkt, source, plane, host, authenticated, ext)
         elif type(pkt) is PortStatusPacket:
-            self._port_status(pkt, host, authenticated)
+            self._port_status(pkt, host, authenticated, ext)
         elif type(pkt) is ProbeReplyPacket:
-            fut = self._waiting.get((pkt.echo_ev, pkt.echo_ts_ns))
-            if fut is not None and not fut.done():  # else: late, after its probe timed out
-                fut.set_result((time.monotonic_ns() - pkt.echo_ts_ns) / 1e9)
+            waiting = self._waiting.get(pkt.probe_id)
+            if waiting is not None and not waiting[0].done():  # else: late, after its timeout
+                sent = pkt.echo_ts_ns if ext else widen(pkt.echo_ts_ns, time.monotonic())
+                waiting[0].set_result(max(0, time.monotonic_ns() - sent) / 1e9)
         else:
             self._reject(PROBE_UNEXPECTED)
 
-    def _port_status(self, pkt: PortStatusPacket, host: int | None, authenticated: bool) -> None:
+    def _port_status(
+        self, pkt: PortStatusPacket, host: int | None, authenticated: bool, ext: bool
+    ) -> None:
         """A peer's PORT_STATUS_UPDATE: applied once (it comes on several planes and paths),
-        only the newest, and only sealed with the pair's key when we have one."""
+        only the newest, and only sealed with the pair's key when we have one.  A peer
+        without the extension has no key and no full timestamp: its update is applied as
+        it comes."""
         if host is None:
             self._reject(PROBE_SOURCE)
             return
         if host in self._keys and not authenticated:
             self._reject(PROBE_UNAUTHENTICATED)
             return
-        if pkt.ts_ns <= self._port_ts.get(host, -1):
-            return  # a copy from another plane, or older than one applied
-        self._port_ts[host] = pkt.ts_ns
+        if ext:
+            if pkt.ts_ns <= self._port_ts.get(host, -1):
+                return  # a copy from another plane, or older than one applied
+            self._port_ts[host] = pkt.ts_ns
         if self.on_port_status is not None:
             self.on_port_status(host, pkt.port_state)
 
-    def send_port_status(self, host: int, bitmap: int, planes: list[int], t1s: int) -> int:
+    def send_port_status(
+        self, host: int, bitmap: int, planes: list[int], t1s: int, plain: bool = False
+    ) -> int:
         """PORT_STATUS_UPDATE to ``host`` over the fabric: on every plane of ``planes`` (ours
         that are up), along the paths of the first ``PORT_STATUS_PATHS`` T1s; sealed with
-        the pair's key when we have one.  How many datagrams the ports took."""
+        the pair's key when we have one (``plain``: in the specification's encoding, for a
+        peer without mrcstack).  How many datagrams the ports took."""
         ts_ns = time.monotonic_ns()  # one update: the peer applies the first copy only
         sent = 0
         for plane in planes:
@@ -186,22 +250,27 @@ class Prober:
                 except ValueError:
                     continue
                 self._seq += 1
-                pkt = PortStatusPacket(PROBE_QPN, bitmap, ev, plane, self._seq, ts_ns)
+                ident = self.probe_ids.allocate(PROBE_QPN)
+                self.probe_ids.release(ident)  # (no answer is waited for)
+                pkt = PortStatusPacket(PROBE_QPN, bitmap, ev, plane, self._seq, ts_ns, ident)
                 try:
-                    data = self._seal(pkt, host)
+                    data = self._seal(pkt, host, plain)
                 except WireUsageError:
                     continue
                 sent += self.send(plane, data, dst)
         return sent
 
     def _answer(
-        self, pkt: ProbePacket, source: Address, plane: int, host: int | None, authenticated: bool
+        self,
+        pkt: ProbePacket,
+        source: Address,
+        plane: int,
+        host: int | None,
+        authenticated: bool,
+        ext: bool,
     ) -> None:
         if host is None:
             self._reject(PROBE_SOURCE)
-            return
-        if host not in self._keys:
-            self._reject(PROBE_NO_KEY)
             return
         if not self._allow(source):
             self._reject(PROBE_RATE_LIMITED)
@@ -212,14 +281,21 @@ class Prober:
             self._reject(PROBE_SOURCE)  # an EV that is no path from here to the prober
             return
         self._seq += 1
+        bits = 0  # the port bitmap is for hosts that prove who they are
         if authenticated:
             bits = self.port_bits()
-        else:
-            bits = 0  # the port bitmap is for hosts that prove who they are
+        elif host not in self._keys:
+            self._reject(PROBE_NO_KEY)
+        elif ext:
             self._reject(PROBE_UNAUTHENTICATED)
-        reply = ProbeReplyPacket(PROBE_QPN, pkt.ev, plane, self._seq, pkt.ev, pkt.ts_ns, bits)
+        reply = ProbeReplyPacket(
+            PROBE_QPN, pkt.ev, plane, self._seq, pkt.probe_id, pkt.ts_ns, bits
+        )  # fmt: skip
+        integrity: Integrity = self._crc(host)
+        if authenticated:
+            integrity = self._keys[host]
         try:
-            data = self._seal(reply, host if authenticated else None)
+            data = encode(reply, integrity) if ext else encode_plain(reply, integrity)
         except WireUsageError:
             return  # cannot happen with a fresh tx_seq; never let a probe crash the daemon
         self.send(plane, data, dst)

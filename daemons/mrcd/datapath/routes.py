@@ -1,4 +1,6 @@
-"""The outer headers of the EV formats that mrcd writes itself: SRv6 with an SRH, and STEV.
+"""The outer headers of the EV formats that mrcd writes itself: SRv6 with an SRH, STEV, and
+any format for a QP without mrcstack's extension, whose EV rides in the UDP source port and
+the flow label (``striped``).
 
 Scapy builds each header once per (peer, plane, EV): its ``IPv6ExtHdrSegmentRouting`` for the
 segment list, so the bytes on the wire are those of a well-tested packet library, and Scapy's
@@ -48,13 +50,22 @@ def srh(fabric: Fabric, src_host: int, dst_host: int, plane: int, ev: int) -> Pa
 
 
 def raw_route(
-    fabric: Fabric, src_host: int, dst_host: int, plane: int, ev: int, fmt: EvFormat, port: int
+    fabric: Fabric,
+    src_host: int,
+    dst_host: int,
+    plane: int,
+    ev: int,
+    fmt: EvFormat,
+    port: int,
+    striped: bool = False,
 ) -> RawRoute:
     """The headers (IPv6 [+ SRH] + UDP, zero lengths) for ``ev``'s path under ``fmt``.
 
     SRV6_SRH: to the first segment (the source T0's classic SID), with every switch's classic
     SID and the destination NIC's address in the segment list; UDP from ``port``.
     STEV: to the destination NIC's address, the EV in the flow label and the UDP source port.
+    SRV6 (uSID) only ``striped``: to the EV's uSID address.  ``striped``: whatever the
+    format, the EV in the UDP source port and the flow label.
     The UDP checksum is zero, as on every mrcstack packet (receivers accept it).
     """
     _quiet_scapy()
@@ -63,16 +74,20 @@ def raw_route(
     from scapy.layers.inet6 import IPv6  # noqa: PLC0415
 
     src = str(addrplan.nic_sid(fabric, plane, src_host))
+    striped = striped or fmt is EvFormat.STEV
+    udp = UDP(
+        sport=stev_source_port(ev) if striped else port, dport=port, chksum=0
+    )  # fmt: skip
+    label = stev_flow_label(ev) if striped else 0
     if fmt is EvFormat.SRV6_SRH:
         first = str(addrplan.srh_segments(fabric, src_host, dst_host, plane, ev)[0])
-        label = 0
-        tail: Packet = srh(fabric, src_host, dst_host, plane, ev) / UDP(
-            sport=port, dport=port, chksum=0
-        )
+        tail: Packet = srh(fabric, src_host, dst_host, plane, ev) / udp
     elif fmt is EvFormat.STEV:
         first = str(addrplan.nic_sid(fabric, plane, dst_host))
-        label = stev_flow_label(ev)
-        tail = UDP(sport=stev_source_port(ev), dport=port, chksum=0)
+        tail = udp
+    elif striped:
+        first = str(addrplan.address(fabric, src_host, dst_host, plane, ev))
+        tail = udp
     else:
         raise ValueError(f"EV format {fmt.value} has no header of ours")
     data, control = (

@@ -3,8 +3,13 @@
 docs/linux.md measured asyncio's DatagramProtocol at 30-50k packets/s here and a reader
 callback that drains a non-blocking socket with ``recv_into`` at over a million: so each
 plane's socket gets ``loop.add_reader`` and a callback that drains it into reused buffers,
-``READ_TURN`` datagrams per ``recvmmsg`` call, each with its traffic class (the ECN bits a
-switch may have set to CE, passed to the core: ``rxbatch.py``).  Packets are placed
+``READ_TURN`` datagrams per ``recvmmsg`` call, each with its flow information (the ECN bits
+a switch may have set to CE, passed to the core: ``rxbatch.py``).  A QP whose peer has no
+mrcstack extension is also handed each datagram's EV (its UDP source port and flow label)
+and traffic class, and sends through a raw socket behind headers that stripe its EV the same
+way.  Datagrams for QP 2 are endpoint operations: an answer to one of a QP's EV probes goes
+to that QP (the host's :class:`~mrcstack.core.endpoint.ProbeIds` says whose), the rest to
+the node's prober.  Packets are placed
 synchronously during ``receive_datagram``, so nothing keeps a view of the buffers after the
 call returns.  After a drained batch each touched connection is flushed once (feed, drain
 events, transmit), then the single timer is re-armed.
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mrcstack.core.connection import Connection
+from mrcstack.core.endpoint import ENDPOINT_QPN, ProbeIds
 from mrcstack.core.events import Event
 from mrcstack.daemons.mrcd.datapath import rxbatch
 from mrcstack.qpn import qpn_text
@@ -37,6 +43,7 @@ from mrcstack.wire import (
     TCLASS_DATA,
     DecodeError,
     EvFormat,
+    Opcode,
     peek_qpn,
 )
 
@@ -57,14 +64,17 @@ _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 #: The core's clock (seconds); the node reads the same one.
 clock = time.monotonic
-#: Destination QPN of connectionless EV probes (QP 0 is never allocated to a connection).
-PROBE_QPN = 0
+#: Destination QPN of endpoint operations (EV probes, port status updates), never a QP's.
+PROBE_QPN = ENDPOINT_QPN
+_ENDPOINT_RESPONSE = int(Opcode.ENDPOINT_RESPONSE)
 #: Traffic classes: writes go in the trimmable class (DSCP 4), everything else in the control
 #: class (DSCP 46), both ECT(0) so switches may mark instead of drop.  The socket's default
 #: is the data class; a control packet says otherwise in its own ancillary data.
 _CONTROL_CMSG = [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, struct.pack("@i", TCLASS_CONTROL))]
-#: The ECN bits of a datagram a switch marked Congestion Experienced.
+#: The ECN bits of a datagram a switch marked Congestion Experienced (in the traffic class,
+#: and where the flow information's second byte holds them).
 ECN_CE = rxbatch.ECN_CE
+_FLOW_CE = rxbatch.FLOW_ECN_CE
 
 Address = tuple[str, int]
 _U16 = struct.Struct(">H")
@@ -85,9 +95,14 @@ class RawRoute:
     udp_at: int  # offset of the UDP header
 
 
-#: (remote host, plane, EV, EV format) -> where a datagram goes: a socket address (SRv6
-#: uSID: the path is the destination) or a raw route with its own headers.
-Resolver = Callable[[int, int, int, EvFormat], "Address | RawRoute"]
+#: (remote host, plane, EV, EV format, striped) -> where a datagram goes: a socket address
+#: (SRv6 uSID: the path is the destination) or a raw route with its own headers (the other
+#: formats, and every format when ``striped``: the EV in the UDP source port and flow label,
+#: for a QP without mrcstack's extension).
+Resolver = Callable[[int, int, int, EvFormat, bool], "Address | RawRoute"]
+#: A datagram for QP 2 that is not an answer to a QP's probe: (data, source, plane, flow
+#: information: traffic class and flow label).
+Connectionless = Callable[[memoryview, "Address", int, int], None]
 
 
 @dataclass(slots=True)
@@ -103,11 +118,13 @@ class TransportStats:
 
 
 class _Qp:
-    __slots__ = ("conn", "fmt", "on_event", "remote")
+    __slots__ = ("conn", "fmt", "on_event", "plain", "remote", "route")
 
     def __init__(self, conn: Connection, remote: int, on_event: Callable[[Event], None]) -> None:
         self.conn = conn
         self.fmt = conn.cfg.ev_format
+        self.plain = conn.plain  # no mrcstack extension: the EV rides in the outer header
+        self.route = (self.fmt, self.plain)
         self.remote = remote
         self.on_event = on_event
 
@@ -155,7 +172,7 @@ def open_plane_socket(address: Address, *, device: str | None = None) -> socket.
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_DATA)
-        rxbatch.enable_tclass(sock)
+        rxbatch.enable_flowinfo(sock)
         for force, plain in (
             (_SO_RCVBUFFORCE, socket.SO_RCVBUF),
             (_SO_SNDBUFFORCE, socket.SO_SNDBUF),
@@ -182,7 +199,7 @@ class Transport:
         loop: asyncio.AbstractEventLoop,
         sockets: list[socket.socket],
         resolver: Resolver,
-        connectionless: Callable[[memoryview, Address, int], None] | None = None,
+        connectionless: Connectionless | None = None,
         raw_socket: Callable[[int], socket.socket] | None = None,
     ) -> None:
         self.loop = loop
@@ -191,11 +208,14 @@ class Transport:
         # plane -> a raw socket for EV formats that write their own headers (made on demand)
         self.raw_socket = raw_socket
         self.raw_sockets: dict[int, socket.socket] = {}
-        # Datagrams for QPN 0 (connectionless EV probes): (data, source, plane).
+        # Datagrams for QP 2 that are not a QP's: EV probes to answer, our connectionless
+        # probes' answers, port status updates.
         self.connectionless = connectionless
+        #: The host's probe ids, shared by its QPs and its connectionless probes.
+        self.probe_ids = ProbeIds()
         self.stats = TransportStats()
         self._qps: dict[int, _Qp] = {}
-        self._addr_cache: dict[tuple[int, int, int, EvFormat], Address | RawRoute] = {}
+        self._addr_cache: dict[tuple[int, int, int, tuple[EvFormat, bool]], Address | RawRoute] = {}
         self._rx = rxbatch.BatchReceiver(READ_TURN)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -214,17 +234,22 @@ class Transport:
     ) -> None:
         if qpn in self._qps:
             raise ValueError(f"QP {qpn_text(qpn)} already exists")
+        if qpn == ENDPOINT_QPN:
+            raise ValueError(f"QP {qpn_text(qpn)} is the endpoint's")
+        conn.probe_ids = self.probe_ids
         self._qps[qpn] = _Qp(conn, remote, on_event)
 
-    def prepare(self, remote: int, paths: list[tuple[int, int]], fmt: EvFormat) -> None:
+    def prepare(
+        self, remote: int, paths: list[tuple[int, int]], fmt: EvFormat, striped: bool = False
+    ) -> None:
         """Resolve every (plane, EV) a new connection may use before its first packet, and
         open the raw sockets its routes need: building a format's headers (Scapy) must not
         stall the data path mid-transfer, and a missing CAP_NET_RAW must fail the QP's setup
         (OSError), not a send."""
         for plane, ev in paths:
-            key = (remote, plane, ev, fmt)
+            key = (remote, plane, ev, (fmt, striped))
             if key not in self._addr_cache:
-                self._addr_cache[key] = self.resolver(remote, plane, ev, fmt)
+                self._addr_cache[key] = self.resolver(remote, plane, ev, fmt, striped)
             if type(self._addr_cache[key]) is not tuple:
                 self._raw(plane)
 
@@ -271,7 +296,7 @@ class Transport:
         data, slot = rx.data, rx.slot
         u32, length_at = rx.u32, rx.length_at
         size_t, controllen_at = rx.size_t, rx.controllen_at
-        control, tclass_at = rx.control, rx.tclass_at
+        control, ecn_at = rx.control, rx.ecn_at
         qps = self._qps
         touched = self._pending_flush
         stats = self.stats
@@ -300,18 +325,45 @@ class Transport:
                         continue
                     qp = qps.get(qpn)
                     if qp is None:
-                        if qpn == PROBE_QPN and self.connectionless is not None:
-                            self.connectionless(datagram, rx.source(i), plane)
+                        if qpn == ENDPOINT_QPN:
+                            self._endpoint(datagram, rx, i, plane)
                         else:
                             stats.unknown_qpn += 1
                         continue
                     # The traffic class's ECN bits (no control message: not marked).
-                    ce = size_t[controllen_at[i]] != 0 and control[tclass_at[i]] & ECN_CE == ECN_CE
-                    qp.conn.receive_datagram(datagram, now=now_(), port=plane, ecn=ce)
+                    ce = size_t[controllen_at[i]] != 0 and control[ecn_at[i]] & _FLOW_CE == _FLOW_CE
+                    if qp.plain:  # the EV and the traffic class from the outer header
+                        flow = rx.flowinfo(i)
+                        qp.conn.receive_datagram(
+                            datagram, now=now_(), port=plane, ecn=ce,
+                            ev=rx.source_port(i) << 16 | flow & 0xFFFF, tclass=flow >> 20 & 0xFF,
+                        )  # fmt: skip
+                    else:
+                        qp.conn.receive_datagram(datagram, now=now_(), port=plane, ecn=ce)
                     touched.add(qpn)
                 if k == READ_TURN:
                     still.append((plane, fd))  # a full turn: maybe more there
             readers = still
+
+    def _endpoint(
+        self, datagram: memoryview, rx: rxbatch.BatchReceiver, i: int, plane: int
+    ) -> None:
+        """A datagram for QP 2: the answer to one of a QP's probes goes to that QP, anything
+        else to the node's prober."""
+        flow = rx.flowinfo(i)
+        if len(datagram) >= 12 and datagram[0] == _ENDPOINT_RESPONSE:
+            owner = self.probe_ids.owner(int.from_bytes(datagram[10:12], "big"))
+            qp = self._qps.get(owner) if owner is not None else None
+            if qp is not None:
+                qp.conn.receive_endpoint_datagram(
+                    datagram, now=clock(), port=plane, ev=rx.source_port(i) << 16 | flow & 0xFFFF
+                )
+                self._pending_flush.add(owner)  # type: ignore[arg-type]
+                return
+        if self.connectionless is not None:
+            self.connectionless(datagram, rx.source(i), plane, flow)
+        else:
+            self.stats.unknown_qpn += 1
 
     # Transmit and timers ------------------------------------------------------------------
     def _flush_pending(self) -> None:
@@ -339,14 +391,14 @@ class Transport:
         out = conn.datagrams_to_send(clock(), SEND_BATCH)
         cache = self._addr_cache
         remote = qp.remote
-        fmt = qp.fmt
+        route = qp.route
         sockets = self.sockets
         stats = self.stats
         for d in out:
-            key = (remote, d.port, d.ev, fmt)
+            key = (remote, d.port, d.ev, route)
             addr = cache.get(key)
             if addr is None:
-                addr = cache[key] = self.resolver(remote, d.port, d.ev, fmt)
+                addr = cache[key] = self.resolver(remote, d.port, d.ev, *route)
             data = d.data
             try:
                 if type(addr) is tuple:  # SRv6 uSID: the kernel writes the headers

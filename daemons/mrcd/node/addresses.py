@@ -46,13 +46,17 @@ class Addresses:
             paths.append(IcrcPath(local, peer, local_port, peer_port))
         return tuple(paths)
 
-    def route(self, remote: int, plane: int, ev: int, fmt: EvFormat) -> Address | RawRoute:
+    def route(
+        self, remote: int, plane: int, ev: int, fmt: EvFormat, striped: bool = False
+    ) -> Address | RawRoute:
         """Where the transport sends a QP's datagram: SRv6 uSID addresses, or the headers of
-        the formats mrcd writes itself (built once per path and cached by the transport)."""
-        if fmt is EvFormat.SRV6:
+        the formats mrcd writes itself and of a QP without mrcstack's extension (``striped``:
+        the EV in the UDP source port and flow label), built once per path and cached by the
+        transport."""
+        if fmt is EvFormat.SRV6 and not striped:
             return self.resolve(remote, plane, ev)
         cfg = self.cfg
-        return raw_route(cfg.fabric, cfg.host, remote, plane, ev, fmt, cfg.data_port)
+        return raw_route(cfg.fabric, cfg.host, remote, plane, ev, fmt, cfg.data_port, striped)
 
     def resolve(self, remote: int, plane: int, ev: int) -> Address:
         """The uSID address of one EV to ``remote`` (loopback: its plane socket)."""
@@ -67,8 +71,13 @@ class Addresses:
         if not 0 <= remote < self.cfg.fabric.hosts or remote == self.cfg.host:
             raise LocalError(f"bad remote host {remote}")
 
-    def check_ev_format(self, fmt: EvFormat) -> None:
-        """LocalError unless this daemon can send in ``fmt``."""
+    def check_ev_format(self, fmt: EvFormat, striped: bool = False) -> None:
+        """LocalError unless this daemon can send in ``fmt`` (``striped``: without mrcstack's
+        extension, the EV in the UDP source port, which loopback mode's ports cannot carry)."""
+        if striped and self.cfg.data_mode == "loopback":
+            raise LocalError(
+                "a QP without mrcstack's extension needs a fabric (data_mode srv6), not loopback"
+            )
         if fmt is EvFormat.SRV6:
             return
         if self.cfg.data_mode == "loopback":

@@ -1,12 +1,16 @@
-"""Connection setup: our CONNECT over the control channel, the answer to a peer's, and the
-step both end in, :meth:`ConnectionSetup.ready`, which builds the sans-IO connection.
+"""Connection setup: our CONNECT over the control channel, the answer to a peer's, a QP set
+up out of band, and the step all end in, :meth:`ConnectionSetup.ready`, which builds the
+sans-IO connection.
 
-The control channel carries QPN, first PSN, private data and the mrcd instance both ways and
-gives both ends the same per-QP packet key (:mod:`.control.client`); a peer's CONNECT waits
-for the application listening on its service (:mod:`.listeners`).  ``ready`` takes the QP
-from RESET to RTS: its EV and CC profiles (:mod:`.profiles`), addresses and ICRC paths
-(:mod:`.addresses`) and the daemon's settings make the connection's config, and the
-transport starts carrying it.
+The control channel carries QPN, first PSN, private data and the mrcd instance both ways,
+gives both ends the same per-QP packet key (:mod:`.control.client`) and agrees on mrcstack's
+extension headers (:func:`negotiate`); a peer's CONNECT waits for the application listening
+on its service (:mod:`.listeners`).  A peer without mrcd (a NIC that speaks only OCP MRC 1.0)
+has no control channel: :meth:`ConnectionSetup.connect_manual` takes what ``ibv_modify_qp``
+would (its QPN and first PSN, its host, a key) and runs the QP without the extension.
+``ready`` takes the QP from RESET to RTS: its EV and CC profiles (:mod:`.profiles`),
+addresses and ICRC paths (:mod:`.addresses`) and the daemon's settings make the
+connection's config, and the transport starts carrying it.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from mrcstack.daemons.mrcd.node.snapshot import NodeCounters
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 from mrcstack.qpn import qpn_text
-from mrcstack.wire import EvFormat
+from mrcstack.wire import MRC_EXT_VERSION, EvFormat
 
 log = logging.getLogger("mrcd")
 
@@ -52,6 +56,23 @@ log = logging.getLogger("mrcd")
 INITIAL_RTO = 0.05
 #: What a CONNECT request gets at least, however long opening the session took.
 MIN_REQUEST_TIME = 1.0
+
+
+def negotiate(ours: int, theirs: int, peer: str) -> bool | str:
+    """Whether a QP with ``peer`` carries mrcstack's extension, from the versions each end
+    offers (0: none; -1: the peer says nothing, an mrcd from before this was agreed); a
+    one-line reason to refuse the QP instead.  Either end without it: none (negotiated
+    down); both with it: only the same version."""
+    if theirs < 0:
+        return (
+            f"mrcd on {peer} does not negotiate mrcstack's extension headers (it lays out OCP "
+            "MRC 1.0's headers the way before the public transcription): upgrade it"
+        )
+    if ours == 0 or theirs == 0:
+        return False
+    if ours != theirs:
+        return f"mrcd on {peer} speaks mrcstack extension version {theirs}, this one {ours}"
+    return True
 
 
 class SetupNode(Running, Protocol):
@@ -84,10 +105,22 @@ class ConnectionSetup:
     def host(self) -> int:
         return self.addresses.cfg.host
 
+    @property
+    def offered(self) -> int:
+        """The extension version this mrcd offers its peers (0: it has them off)."""
+        return MRC_EXT_VERSION if self.node.cfg.extensions else 0
+
     def ready(
-        self, qpn: int, remote_host: int, remote_qpn: int, remote_psn: int, key: bytes | None
+        self,
+        qpn: int,
+        remote_host: int,
+        remote_qpn: int,
+        remote_psn: int,
+        key: bytes | None,
+        extensions: bool = True,
     ) -> None:
-        """Both ends agreed: build the connection and put it on the wire (RESET -> RTS)."""
+        """Both ends agreed: build the connection and put it on the wire (RESET -> RTS);
+        ``extensions``: with mrcstack's extension headers (else OCP MRC 1.0's alone)."""
         qp = self.table.qp(qpn)
         if qp.state is not QpState.RESET:
             raise LocalError(f"QP {qpn_text(qpn)} is {qp.state.value}, not reset")
@@ -96,7 +129,12 @@ class ConnectionSetup:
         transport = self.node.running_transport()
         attrs = qp.attrs
         fields = self.profiles.config_fields(attrs, self.host, remote_host)
-        self.addresses.check_ev_format(fields["ev_format"])
+        self.addresses.check_ev_format(fields["ev_format"], striped=not extensions)
+        if key is not None and not extensions:
+            raise LocalError(
+                f"QP {qpn_text(qpn)}: AES-GCM packet authentication needs mrcstack's extension headers, "
+                "which this QP has off"
+            )
         config = ConnectionConfig(
             local_qpn=qpn,
             remote_qpn=remote_qpn,
@@ -114,15 +152,18 @@ class ConnectionSetup:
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.node.cfg.ack_coalesce,
             icrc_paths=self.addresses.icrc_paths(remote_host),
+            extensions=extensions,
         )
-        if config.ev_format is not EvFormat.SRV6:
+        if config.ev_format is not EvFormat.SRV6 or not extensions:
             paths = [(e.port, e.value) for e in config.evs]
             try:
-                transport.prepare(remote_host, paths, config.ev_format)
+                transport.prepare(remote_host, paths, config.ev_format, not extensions)
             except OSError as exc:
-                raise LocalError(
-                    f"EV format {config.ev_format.value} needs raw sockets (CAP_NET_RAW): {exc}"
-                ) from None
+                what = (
+                    f"EV format {config.ev_format.value}" if extensions
+                    else "a QP without mrcstack's extension (its EV in the UDP source port)"
+                )  # fmt: skip
+                raise LocalError(f"{what} needs raw sockets (CAP_NET_RAW): {exc}") from None
         now = clock()
         conn = Connection(
             config, memory=qp.ctx.memory, rng=random.Random(self.table.rng.random()), now=now
@@ -136,12 +177,34 @@ class ConnectionSetup:
         self.counters.connections_total += 1
         transport.add(qpn, conn, remote_host, functools.partial(self.events.on_event, qpn))
         log.info(
-            "event=qp_ready qpn=%s remote=%s remote_qpn=%s keyed=%s",
+            "event=qp_ready qpn=%s remote=%s remote_qpn=%s keyed=%s extensions=%s",
             qpn_text(qpn),
             Fabric.host_name(remote_host),
             qpn_text(remote_qpn),
             key is not None,
+            extensions,
         )
+
+    def connect_manual(
+        self,
+        qpn: int,
+        remote_host: int,
+        remote_qpn: int,
+        remote_psn: int,
+        key: bytes | None = None,
+        extensions: bool = False,
+    ) -> None:
+        """Set our QP up out of band, as ``ibv_modify_qp`` to RTR and RTS does: the peer's
+        host (its NIC addresses are the address plan's), QPN and first PSN, and optionally
+        the AES-GCM key, exchanged by the application.  For a peer without mrcd the QP runs
+        without mrcstack's extension (the default); two mrcds set up this way may turn it
+        on, on both ends."""
+        if not 0 <= remote_qpn < 1 << 24 or remote_qpn in (0, 2):
+            raise LocalError(f"remote QPN {qpn_text(remote_qpn)} is not a QP's (24 bits, not 0 or 2)")
+        if not 0 <= remote_psn < 1 << 24:
+            raise LocalError(f"remote PSN {remote_psn} is not 24 bits")
+        self.ready(qpn, remote_host, remote_qpn, remote_psn, key, extensions)
+        self.table.qp(qpn).peer_instance = ""
 
     async def connect_qp(
         self,
@@ -179,6 +242,7 @@ class ConnectionSetup:
                 instance=self.node.instance,
                 timeout=max(deadline - loop.time(), MIN_REQUEST_TIME),
                 packet_auth=self.node.cfg.packet_auth,
+                extensions=self.offered,
             )
         except ConnectRejectedError as exc:
             raise LocalError(f"{peer} rejected the connection: {exc}") from None
@@ -188,10 +252,14 @@ class ConnectionSetup:
             raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
         except (OSError, TimeoutError) as exc:
             raise LocalError(f"cannot reach mrcd on {peer}: {exc}") from None
+        agreed = negotiate(self.offered, accept.extensions, peer)
+        if isinstance(agreed, str) or (agreed and not self.offered):
+            raise LocalError(str(agreed) if isinstance(agreed, str) else f"{peer} broke the "
+                             "negotiation of mrcstack's extension")  # fmt: skip
         key = None
-        if accept.packet_auth and self.node.cfg.packet_auth:
+        if agreed and accept.packet_auth and self.node.cfg.packet_auth:
             key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
-        self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key)
+        self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key, agreed)
         qp.peer_instance = accept.instance
         return accept.private_data
 
@@ -201,6 +269,9 @@ class ConnectionSetup:
             return Reject("mrcd is stopping")
         if req.planes != self.fabric.planes:
             return Reject(f"plane count differs: {req.planes} != {self.fabric.planes}")
+        agreed = negotiate(self.offered, req.extensions, Fabric.host_name(req.src_host))
+        if isinstance(agreed, str):
+            return Reject(agreed)
         incoming = IncomingConnect(
             remote_host=req.src_host,
             remote_qpn=req.src_qpn,
@@ -212,18 +283,24 @@ class ConnectionSetup:
         accepted = await self.listeners.offer(incoming)
         if accepted is None:
             return Reject(f"nothing accepted service {req.service}")
-        # AES-GCM packets only if both ends want them; else OCP's plain ICRC.
-        auth = req.packet_auth and self.node.cfg.packet_auth
+        # AES-GCM packets only if both ends want them (and the extension that carries its
+        # nonce is on); else OCP's plain ICRC.
+        auth = agreed and req.packet_auth and self.node.cfg.packet_auth
         try:
             key = req.derive_qp_key(self.host, accepted.qpn) if auth else None
-            self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key)
+            self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key, agreed)
         except LocalError as exc:
             accepted.connected.set_result(str(exc))
             return Reject(str(exc))
         self.table.qps[accepted.qpn].peer_instance = req.instance
         accepted.connected.set_result(None)
         return Accept(
-            accepted.qpn, accepted.psn, accepted.private_data, self.node.instance, packet_auth=auth
+            accepted.qpn,
+            accepted.psn,
+            accepted.private_data,
+            self.node.instance,
+            packet_auth=auth,
+            extensions=self.offered if agreed else 0,
         )
 
     def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:

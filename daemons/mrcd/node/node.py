@@ -96,7 +96,14 @@ class Node:
             self.counters,
         )
         self.probing = Probing(
-            self, cfg, self.loop, self.addresses, self.ports, self._send_raw, self.on_port_status
+            self,
+            cfg,
+            self.loop,
+            self.addresses,
+            self.ports,
+            self._send_raw,
+            self.on_port_status,
+            plain=self.plain_peer,
         )
         self.prober = self.probing.prober
         self._bind()
@@ -122,6 +129,7 @@ class Node:
         # Connection setup (connect.py, listeners.py); on_connect is a ControlHooks call.
         self.ready = setup.ready
         self.connect_qp = setup.connect_qp
+        self.connect_manual = setup.connect_manual
         self.on_connect = setup.on_connect
         self.listen = self.listeners.listen
         self.accept = setup.accept
@@ -189,6 +197,7 @@ class Node:
         self.transport = Transport(
             self.loop, self.sockets, self.addresses.route, self.prober.on_datagram, self._open_raw
         )
+        self.prober.probe_ids = self.transport.probe_ids  # the host's, shared with its QPs
 
     def _open_raw(self, plane: int) -> socket.socket:
         device = self.cfg.interfaces[plane] if self.cfg.bind_devices else None
@@ -259,6 +268,13 @@ class Node:
 
     def _send_raw(self, plane: int, data: bytes, dst: Address) -> bool:
         return self.running_transport().send_raw(plane, data, dst)
+
+    def plain_peer(self, host: int) -> bool:
+        """``host`` is a peer without mrcstack's extension: a QP to it has them off."""
+        return any(
+            qp.remote_host == host and qp.conn is not None and qp.conn.plain
+            for qp in self.qps.values()
+        )
 
     # The control server's hooks (ControlHooks; on_connect is connect.py's) -------------------
     def on_port_status(self, host: int, bitmap: int) -> None:

@@ -1,5 +1,5 @@
-"""The node's connectionless datagrams on QPN 0: EV probes along one path to a peer (the
-controller API's EV_PROBE, the peer watch's confirmations) and PORT_STATUS_UPDATE.
+"""The node's endpoint operations (QP 2): EV probes along one path to a peer (the controller
+API's EV_PROBE, the peer watch's confirmations) and PORT_STATUS_UPDATE.
 
 :class:`.datapath.probes.Prober` seals, sends, answers and matches them; this module
 chooses where they go and refuses what cannot be sent.
@@ -8,6 +8,7 @@ chooses where they go and refuses what cannot be sent.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from mrcstack import addrplan
 from mrcstack.daemons.mrcd.config import MrcdConfig
@@ -31,8 +32,12 @@ class Probing:
         ports: Ports,
         send: Sender,
         on_port_status: PortStatusHook,
+        plain: Callable[[int], bool] = lambda host: False,
     ) -> None:
         self.node = node
+        #: Whether a host is a peer without mrcstack's extension (a QP to it has them off):
+        #: it gets probes and port status updates in the specification's encoding.
+        self.plain = plain
         self.fabric = cfg.fabric
         self.host = cfg.host
         self.addresses = addresses
@@ -44,6 +49,7 @@ class Probing:
             send,
             ports.bits,
             on_port_status=on_port_status,
+            icrc_paths=addresses.icrc_paths,
         )
 
     async def probe(self, remote_host: int, plane: int, ev: int, timeout: float = 1.0) -> float:
@@ -60,7 +66,9 @@ class Probing:
         except ValueError as exc:
             raise LocalError(str(exc)) from None
         self.node.running_transport()
-        return await self.prober.probe(plane, ev, dst, timeout, host=remote_host)
+        return await self.prober.probe(
+            plane, ev, dst, timeout, host=remote_host, plain=self.plain(remote_host)
+        )
 
     def send_port_status(self, host: int, bitmap: int) -> int:
         """PORT_STATUS_UPDATE to ``host`` over the fabric, on every plane up (0 if none is,
@@ -68,4 +76,6 @@ class Probing:
         planes = [p for p in range(self.fabric.planes) if self.ports.up(p)]
         if not planes or self.node.transport is None:
             return 0
-        return self.prober.send_port_status(host, bitmap, planes, self.fabric.t1_per_plane)
+        return self.prober.send_port_status(
+            host, bitmap, planes, self.fabric.t1_per_plane, plain=self.plain(host)
+        )

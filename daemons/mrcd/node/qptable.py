@@ -16,6 +16,7 @@ from typing import Protocol
 
 from mrcstack.api.limits import QPN_LIMIT
 from mrcstack.core.connection import Connection
+from mrcstack.core.endpoint import ENDPOINT_QPN
 from mrcstack.core.events import Event
 from mrcstack.core.memory import Access, MemoryRegion
 from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
@@ -78,7 +79,7 @@ class QpTable:
         self.node.check_running()
         while True:
             qpn = self.rng.randrange(1, QPN_LIMIT)
-            if qpn not in self.qps:
+            if qpn not in self.qps and qpn != ENDPOINT_QPN:  # (QP 2 is the endpoint's)
                 break
         self.qps[qpn] = Qp(qpn, ctx, attrs, on_event, psn=self.rng.randrange(QPN_LIMIT))
         ctx.qpns.add(qpn)
@@ -222,6 +223,8 @@ class QpTable:
                 "timeout": qp.attrs.timeout,
                 "linear_cnt": qp.attrs.linear_cnt,
                 "exp_cnt": qp.attrs.exp_cnt,
+                "psn": qp.psn,
+                "extensions": None if conn is None else not conn.plain,
             }
             if conn is not None:
                 doc.update(
