@@ -6,9 +6,14 @@
 -- InfiniBand dissector, so plain RoCEv2 traffic still decodes as before.
 --
 -- The layout is docs/wire-format.md in the mrcstack repository: BTH, the OCP headers (METH,
--- TSETH, RETH, ImmDt, SETH, CC_STATE, NETH, ERTH, EETH, PETH, AETH), mrcstack's extension
--- headers (XETH on writes and EV probes, XFETH on feedback) and the trailer (ICRC, or an
--- AES-GCM tag when the preference says so).  Trimmed writes have no trailer.
+-- TSETH, RETH, ImmDt, SETH, CC_STATE, NETH, ERTH, EETH, PETH, AETH), mrcstack's optional
+-- extension header (XETH on writes and requests, XFETH on feedback: "mrc.ext" says whether
+-- a packet carries one) and the trailer.  The trailer is the RoCEv2 ICRC unless the
+-- extension's AEAD_TAG flag says it is mrcstack's 16-byte AES-GCM tag, so no preference is
+-- needed.  A control packet names the extension in its next header (0x1F); a write is
+-- recognised by the extension's version and header check.  Trimmed writes have no trailer:
+-- with the extension its TRIMMED flag says so, without it the traffic class (DSCP 12, or 16
+-- when trimmed on the last hop).
 
 local mrc = Proto("mrc", "OCP Multipath Reliable Connection")
 
@@ -22,6 +27,7 @@ local NACK_REASONS = {
     [0x01] = "TRIMMED", [0x02] = "TRIMMED_LASTHOP", [0x06] = "NO_BITMAP",
     [0x07] = "NO_PKT_BUFFER", [0x0A] = "NO_RESOURCE", [0x0B] = "PSN_OOR_WINDOW",
     [0x19] = "UNEXP_EVENT", [0xE0] = "REMOTE_ACCESS (mrcstack)", [0xE1] = "SEQ_ERROR (mrcstack)",
+    [0xE2] = "INVALID_REQUEST (mrcstack)",
 }
 local SKIP_HINTS = { [0] = "none", [1] = "SKIP_ONCE", [2] = "ALWAYS_SKIP" }
 local ENDPOINT_OPS = { [0] = "PORT_STATUS_UPDATE", [1] = "EV_PROBE" }
@@ -57,6 +63,8 @@ field("x_flags", "xeth.flags", "uint8", "Flags", base.HEX)
 field("x_trimmed", "xeth.trimmed", "uint8", "TRIMMED", base.DEC, nil, 0x40)
 field("x_lasthop", "xeth.trim_lasthop", "uint8", "TRIM_LASTHOP", base.DEC, nil, 0x80)
 field("x_duplicate", "xfeth.duplicate", "uint8", "DUPLICATE", base.DEC, nil, 0x02)
+field("x_tag", "xeth.aead_tag", "uint8", "AEAD_TAG (trailer is an AES-GCM tag)", base.DEC, nil,
+    0x20)
 field("x_port", "xeth.port", "uint8", "Port (plane)", base.DEC)
 field("x_ev", "xeth.ev", "uint32", "EV", base.HEX)
 field("x_tx_seq", "xeth.tx_seq", "uint64", "tx_seq", base.DEC)
@@ -67,9 +75,9 @@ field("x_port_state", "xfeth.port_state", "uint16", "Port state", base.HEX)
 field("x_hdr_check", "xeth.hdr_check", "uint32", "hdr_check", base.HEX)
 -- SETH, CC_STATE
 field("seth_type", "seth.type", "uint8", "Type", base.HEX, nil, 0xF0)
-field("seth_next", "seth.next", "uint8", "Next header", base.HEX, nil, 0x0F)
-field("seth_m", "seth.m", "uint8", "m (skip hint)", base.DEC, SKIP_HINTS, 0x03)
-field("seth_pr", "seth.pr", "uint8", "pr", base.DEC, nil, 0x04)
+field("seth_next", "seth.next", "uint16", "Next header", base.HEX, nil, 0x0F80)
+field("seth_m", "seth.m", "uint8", "m (skip hint)", base.DEC, SKIP_HINTS, 0x60)
+field("seth_pr", "seth.pr", "uint8", "pr (answers a reliability probe)", base.DEC, nil, 0x02)
 field("seth_ack_off", "seth.ack_psn_offset", "int16", "ACK PSN offset", base.DEC)
 field("seth_ack_psn", "seth.ack_psn", "uint24", "ACK PSN", base.DEC)
 field("seth_entropy", "seth.entropy", "uint32", "Entropy (EV)", base.HEX)
@@ -90,7 +98,7 @@ field("cc_penalty", "cc.penalty", "uint8", "Receiver cwnd penalty", base.DEC, ni
 field("cc_bytes", "cc.received_bytes", "uint24", "Received bytes", base.DEC)
 -- NETH
 field("neth_type", "neth.type", "uint8", "Type", base.HEX, nil, 0xF0)
-field("neth_next", "neth.next", "uint8", "Next header", base.HEX, nil, 0x0F)
+field("neth_next", "neth.next", "uint16", "Next header", base.HEX, nil, 0x0F80)
 field("reason", "neth.reason", "uint8", "NACK reason", base.HEX, NACK_REASONS)
 field("vendor", "neth.vendor", "uint8", "Vendor info", base.HEX)
 field("neth_entropy", "neth.entropy", "uint32", "Entropy (EV)", base.HEX)
@@ -98,10 +106,11 @@ field("neth_psn", "neth.psn", "uint24", "NACK PSN", base.DEC)
 field("neth_ts", "neth.tx_timestamp", "uint16", "tx_timestamp", base.DEC)
 -- ERTH, EETH, PETH, AETH
 field("ep_type", "ep.type", "uint8", "Type", base.HEX, nil, 0xF0)
-field("ep_next", "ep.next", "uint8", "Next header", base.HEX, nil, 0x0F)
+field("ep_next", "ep.next", "uint16", "Next header", base.HEX, nil, 0x0F80)
 field("ep_op", "ep.op", "uint8", "Op", base.DEC, ENDPOINT_OPS, 0x03)
+field("eeth_op", "eeth.op", "uint8", "Op", base.DEC, ENDPOINT_OPS, 0x30)
 field("ep_mask", "ep.port_mask", "uint32", "Port status mask", base.HEX)
-field("ep_entropy", "eeth.entropy", "uint32", "Probed EV (echo)", base.HEX)
+field("ep_probe_id", "ep.probe_id", "uint16", "Probe id (BTH PSN[15:0])", base.DEC)
 field("ep_ts", "ep.tx_timestamp", "uint16", "tx_timestamp", base.DEC)
 field("probe_id", "peth.probe_id", "uint16", "Probe id", base.DEC)
 field("aeth_syndrome", "aeth.syndrome", "uint8", "Syndrome", base.HEX)
@@ -110,18 +119,49 @@ field("aeth_msn", "aeth.msn", "uint24", "MSN", base.DEC)
 field("payload", "payload", "bytes", "Payload")
 field("icrc", "icrc", "uint32", "ICRC (as sent, LSB first)", base.HEX)
 field("tag", "aead_tag", "bytes", "AES-GCM tag (mrcstack)")
-local f_trimmed_pkt = ProtoField.bool("mrc.trimmed_packet", "Trimmed in flight")
-F.trimmed_pkt = f_trimmed_pkt
+F.trimmed_pkt = ProtoField.bool("mrc.trimmed_packet", "Trimmed in flight")
+F.ext = ProtoField.bool("mrc.ext", "mrcstack extension (XETH/XFETH) present")
 
 local fields = {}
 for _, f in pairs(F) do fields[#fields + 1] = f end
 mrc.fields = fields
 
-mrc.prefs.aead = Pref.bool("AES-GCM trailer", false,
-    "Packets end with mrcstack's 16-byte AES-GCM tag instead of the 4-byte ICRC")
-
 local BTH, METH, TSETH, RETH, IMMDT = 12, 4, 4, 16, 4
 local XETH, XFETH, SETH, CC, NETH, ERTH, EETH, PETH = 32, 36, 28, 8, 20, 16, 36, 16
+local EXT_VERSION, NEXT_EXT, TAG_FLAG, SWITCH_FLAGS = 4, 0x1F, 0x20, 0xC0
+local DSCP_TRIMMED, DSCP_TRIMMED_LASTHOP = 12, 16
+local f_tclass = Field.new("ipv6.tclass")
+
+-- CRC32 (zlib's polynomial), for the extension's header check.
+local CRC_TABLE = {}
+for i = 0, 255 do
+    local c = i
+    for _ = 1, 8 do
+        if bit32.band(c, 1) == 1 then c = bit32.bxor(0xEDB88320, bit32.rshift(c, 1))
+        else c = bit32.rshift(c, 1) end
+    end
+    CRC_TABLE[i] = c
+end
+
+-- hdr_check of the header buf(0, hlen): the check field as zero, the switch's flag bits clear.
+local function header_check(buf, hlen, flags_at)
+    local crc = 0xFFFFFFFF
+    for i = 0, hlen - 1 do
+        local b = 0
+        if i < hlen - 4 then
+            b = buf(i, 1):uint()
+            if i == flags_at then b = bit32.band(b, bit32.bnot(SWITCH_FLAGS)) end
+        end
+        crc = bit32.bxor(CRC_TABLE[bit32.band(bit32.bxor(crc, b), 0xFF)], bit32.rshift(crc, 8))
+    end
+    return bit32.bxor(crc, 0xFFFFFFFF)
+end
+
+-- The 5-bit next header of an OCP extension header at off (type 0 only).
+local function next_header(buf, off)
+    if buf:len() < off + 2 or buf(off, 1):uint() >= 0x10 then return -1 end
+    return bit32.band(buf(off, 1):uint(), 0x0F) * 2 + bit32.rshift(buf(off + 1, 1):uint(), 7)
+end
 
 local function psn_add(base_psn, offset)
     return (base_psn + offset) % 0x1000000
@@ -133,6 +173,7 @@ local function add_xeth(tree, buf, off)
     local fl = t:add(F.x_flags, buf(off + 1, 1))
     fl:add(F.x_trimmed, buf(off + 1, 1))
     fl:add(F.x_lasthop, buf(off + 1, 1))
+    fl:add(F.x_tag, buf(off + 1, 1))
     t:add(F.x_port, buf(off + 2, 1))
     t:add(F.x_ev, buf(off + 4, 4))
     t:add(F.x_tx_seq, buf(off + 8, 8))
@@ -147,6 +188,7 @@ local function add_xfeth(tree, buf, off)
     t:add(F.x_version, buf(off, 1))
     local fl = t:add(F.x_flags, buf(off + 1, 1))
     fl:add(F.x_duplicate, buf(off + 1, 1))
+    fl:add(F.x_tag, buf(off + 1, 1))
     t:add(F.x_port, buf(off + 2, 1))
     t:add(F.x_ev, buf(off + 4, 4))
     t:add(F.x_tx_seq, buf(off + 8, 8))
@@ -154,12 +196,13 @@ local function add_xfeth(tree, buf, off)
     t:add(F.x_msn, buf(off + 24, 4))
     t:add(F.x_port_state, buf(off + 28, 2))
     t:add(F.x_hdr_check, buf(off + 32, 4))
+    return buf(off + 1, 1):uint()
 end
 
 local function add_seth(tree, buf, off)
     local t = tree:add(mrc, buf(off, SETH + CC), "SETH + CC_STATE")
     t:add(F.seth_type, buf(off, 1))
-    t:add(F.seth_next, buf(off, 1))
+    t:add(F.seth_next, buf(off, 2))
     t:add(F.seth_m, buf(off + 1, 1))
     t:add(F.seth_pr, buf(off + 1, 1))
     local cack = buf(off + 13, 3):uint()
@@ -192,18 +235,99 @@ local function add_seth(tree, buf, off)
     t:add(F.cc_rc, buf(c + 4, 1))
     t:add(F.cc_penalty, buf(c + 4, 1))
     t:add(F.cc_bytes, buf(c + 5, 3))
-    return cack, psn_add(cack, ack_off), buf(off + 1, 1):uint() % 4, buf(off + 20, 8):uint64()
+    local m = bit32.rshift(bit32.band(buf(off + 1, 1):uint(), 0x60), 5)
+    return cack, psn_add(cack, ack_off), m, buf(off + 20, 8):uint64()
 end
 
-local function add_trailer(tree, buf, off, len)
-    if mrc.prefs.aead then
-        tree:add(F.tag, buf(off, len))
-    else
-        tree:add_le(F.icrc, buf(off, len))
+-- The trailer: an AES-GCM tag when the extension's flags say so, else the ICRC.
+local function add_trailer(tree, buf, hlen, xflags)
+    local size = buf:len()
+    if xflags ~= nil and bit32.band(xflags, TAG_FLAG) ~= 0 then
+        if size >= hlen + 16 then tree:add(F.tag, buf(size - 16, 16)) end
+        return 16
     end
+    if size >= hlen + 4 then tree:add_le(F.icrc, buf(size - 4, 4)) end
+    return 4
+end
+
+-- A control packet's extension (XETH after a request, XFETH after feedback), if its next
+-- header names one; returns its flags byte, or nil.
+local function add_control_ext(tree, buf, off, hdr_off, is_request)
+    local len = is_request and XETH or XFETH
+    if next_header(buf, hdr_off) ~= NEXT_EXT or buf:len() < off + len then
+        tree:add(F.ext, false):set_generated()
+        return nil
+    end
+    tree:add(F.ext, true):set_generated()
+    if is_request then
+        local flags = add_xeth(tree, buf, off)
+        return flags
+    end
+    return add_xfeth(tree, buf, off)
 end
 
 local ib_dissector = DissectorTable.get("udp.port"):get_dissector(4791)
+
+local function add_ctx(tree, buf, off)
+    tree:add(F.sctx, buf(off, 2))
+    tree:add(F.dctx, buf(off + 2, 2))
+end
+
+-- A write: METH, [TSETH], RETH, [ImmDt], [XETH], payload, trailer.
+local function dissect_write(tree, buf, pinfo, opcode, psn, info)
+    local size = buf:len()
+    local off = BTH
+    local meth = tree:add(mrc, buf(off, METH), "METH")
+    meth:add(F.rq_msn, buf(off, 2))
+    meth:add(F.msn, buf(off + 2, 2))
+    off = off + METH
+    if bit32.band(buf(8, 1):uint(), 0x10) ~= 0 then
+        local ts = tree:add(mrc, buf(off, TSETH), "TSETH")
+        ts:add(F.tseth_ts, buf(off, 2))
+        ts:add(F.tseth_tsr, buf(off + 2, 2))
+        ts:add(F.tseth_ftype, buf(off + 2, 2))
+        off = off + TSETH
+    end
+    local reth = tree:add(mrc, buf(off, RETH), "RETH")
+    reth:add(F.va, buf(off, 8))
+    reth:add(F.rkey, buf(off + 8, 4))
+    reth:add(F.dmalen, buf(off + 12, 4))
+    local dmalen = buf(off + 12, 4):uint()
+    off = off + RETH
+    if opcode == 0xC9 or opcode == 0xCB then
+        tree:add(F.immdt, buf(off, IMMDT))
+        off = off + IMMDT
+    end
+    info = info .. string.format(" PSN=%d len=%d", psn, dmalen)
+    if bit32.band(buf(8, 1):uint(), 0x20) ~= 0 then info = info .. " RTX" end
+    -- The extension: its version where it would sit, and its header check.
+    local hlen = off + XETH
+    local xflags = nil
+    if size >= hlen and buf(off, 1):uint() == EXT_VERSION
+        and header_check(buf, hlen, off + 1) == buf(hlen - 4, 4):uint() then
+        tree:add(F.ext, true):set_generated()
+        local ev
+        xflags, ev = add_xeth(tree, buf, off)
+        off = hlen
+        info = info .. string.format(" EV=0x%x", ev)
+        if bit32.band(xflags, 0x40) ~= 0 then
+            tree:add(F.trimmed_pkt, true):set_generated()
+            return info .. (bit32.band(xflags, 0x80) ~= 0 and " TRIMMED_LASTHOP" or " TRIMMED")
+        end
+    else
+        tree:add(F.ext, false):set_generated()
+        local tc = f_tclass()
+        local dscp = tc ~= nil and bit32.rshift(tc.value, 2) or -1
+        if dscp == DSCP_TRIMMED or dscp == DSCP_TRIMMED_LASTHOP then
+            tree:add(F.trimmed_pkt, true):set_generated()
+            return info .. (dscp == DSCP_TRIMMED_LASTHOP and " TRIMMED_LASTHOP" or " TRIMMED")
+        end
+    end
+    local tlen = (xflags ~= nil and bit32.band(xflags, TAG_FLAG) ~= 0) and 16 or 4
+    if size - tlen > off then tree:add(F.payload, buf(off, size - tlen - off)) end
+    add_trailer(tree, buf, off, xflags)
+    return info
+end
 
 function mrc.dissector(buf, pinfo, root)
     local size = buf:len()
@@ -215,7 +339,6 @@ function mrc.dissector(buf, pinfo, root)
         return 0
     end
     pinfo.cols.protocol = "MRC"
-    local tlen = mrc.prefs.aead and 16 or 4
     local tree = root:add(mrc, buf(), "OCP MRC 1.0, " .. name)
     local bth = tree:add(mrc, buf(0, BTH), "BTH")
     bth:add(F.opcode, buf(0, 1))
@@ -234,54 +357,21 @@ function mrc.dissector(buf, pinfo, root)
     local off = BTH
 
     if opcode >= 0xC6 and opcode <= 0xCB then
-        local meth = tree:add(mrc, buf(off, METH), "METH")
-        meth:add(F.rq_msn, buf(off, 2))
-        meth:add(F.msn, buf(off + 2, 2))
-        off = off + METH
-        if bit32.band(buf(8, 1):uint(), 0x10) ~= 0 then
-            local ts = tree:add(mrc, buf(off, TSETH), "TSETH")
-            ts:add(F.tseth_ts, buf(off, 2))
-            ts:add(F.tseth_tsr, buf(off + 2, 2))
-            ts:add(F.tseth_ftype, buf(off + 2, 2))
-            off = off + TSETH
-        end
-        local reth = tree:add(mrc, buf(off, RETH), "RETH")
-        reth:add(F.va, buf(off, 8))
-        reth:add(F.rkey, buf(off + 8, 4))
-        reth:add(F.dmalen, buf(off + 12, 4))
-        local dmalen = buf(off + 12, 4):uint()
-        off = off + RETH
-        if opcode == 0xC9 or opcode == 0xCB then
-            tree:add(F.immdt, buf(off, IMMDT))
-            off = off + IMMDT
-        end
-        local flags, ev = add_xeth(tree, buf, off)
-        off = off + XETH
-        info = info .. string.format(" PSN=%d EV=0x%x len=%d", psn, ev, dmalen)
-        if bit32.band(buf(8, 1):uint(), 0x20) ~= 0 then info = info .. " RTX" end
-        if bit32.band(flags, 0x40) ~= 0 then
-            tree:add(F.trimmed_pkt, true):set_generated()
-            info = info .. (bit32.band(flags, 0x80) ~= 0 and " TRIMMED_LASTHOP" or " TRIMMED")
-            pinfo.cols.info = info
-            return size
-        end
-        if size - tlen > off then tree:add(F.payload, buf(off, size - tlen - off)) end
-        add_trailer(tree, buf, size - tlen, tlen)
+        info = dissect_write(tree, buf, pinfo, opcode, psn, info)
     elseif opcode == 0xDC then
         local cack, ack_psn, m, bitmap = add_seth(tree, buf, off)
-        add_xfeth(tree, buf, off + SETH + CC)
+        local xflags = add_control_ext(tree, buf, off + SETH + CC, off, false)
         info = info .. string.format(" cack=%d ack=%d bitmap=0x%s", cack, ack_psn, bitmap:tohex())
         if m ~= 0 then info = info .. " m=" .. (SKIP_HINTS[m] or tostring(m)) end
-        add_trailer(tree, buf, size - tlen, tlen)
+        add_trailer(tree, buf, off + SETH + CC, xflags)
     elseif opcode == 0xDD then
         local neth = tree:add(mrc, buf(off, NETH), "NETH")
         neth:add(F.neth_type, buf(off, 1))
-        neth:add(F.neth_next, buf(off, 1))
+        neth:add(F.neth_next, buf(off, 2))
         neth:add(F.reason, buf(off + 2, 1))
         neth:add(F.vendor, buf(off + 3, 1))
         neth:add(F.neth_entropy, buf(off + 4, 4))
-        neth:add(F.sctx, buf(off + 8, 2))
-        neth:add(F.dctx, buf(off + 10, 2))
+        add_ctx(neth, buf, off + 8)
         neth:add(F.neth_psn, buf(off + 13, 3))
         neth:add(F.cc_type, buf(off + 16, 1))
         neth:add(F.cc_ecn, buf(off + 16, 1))
@@ -289,55 +379,55 @@ function mrc.dissector(buf, pinfo, root)
         local reason = buf(off + 2, 1):uint()
         info = info .. string.format(" %s PSN=%d EV=0x%x", NACK_REASONS[reason] or
             string.format("reason 0x%02x", reason), buf(off + 13, 3):uint(), buf(off + 4, 4):uint())
-        off = off + NETH
-        if size >= off + SETH + CC + XFETH then
-            add_seth(tree, buf, off)
-            add_xfeth(tree, buf, off + SETH + CC)
-        end
-        add_trailer(tree, buf, size - tlen, tlen)
-    elseif opcode == 0xD8 or opcode == 0xD9 then
-        local len = opcode == 0xD8 and ERTH or EETH
-        local ep = tree:add(mrc, buf(off, len), opcode == 0xD8 and "ERTH" or "EETH")
+        local xflags = add_control_ext(tree, buf, off + NETH, off, false)
+        add_trailer(tree, buf, off + NETH, xflags)
+    elseif opcode == 0xD8 then
+        local ep = tree:add(mrc, buf(off, ERTH), "ERTH")
         ep:add(F.ep_type, buf(off, 1))
-        ep:add(F.ep_next, buf(off, 1))
+        ep:add(F.ep_next, buf(off, 2))
         ep:add(F.ep_op, buf(off + 1, 1))
+        ep:add(F.vendor, buf(off + 3, 1))
+        ep:add(F.ep_mask, buf(off + 4, 4))
+        ep:add(F.ep_ts, buf(off + 12, 2))
+        ep:add(F.tseth_ftype, buf(off + 14, 2))
+        bth:add(F.ep_probe_id, buf(10, 2))
         local op = ENDPOINT_OPS[buf(off + 1, 1):uint() % 4] or "op?"
-        if opcode == 0xD8 then
-            ep:add(F.vendor, buf(off + 3, 1))
-            ep:add(F.ep_mask, buf(off + 4, 4))
-            ep:add(F.ep_ts, buf(off + 12, 2))
-            ep:add(F.tseth_ftype, buf(off + 14, 2))
-            local _, ev = add_xeth(tree, buf, off + ERTH)
-            info = info .. string.format(" %s EV=0x%x", op, ev)
-        else
-            ep:add(F.ep_entropy, buf(off + 4, 4))
-            ep:add(F.ep_mask, buf(off + 8, 4))
-            ep:add(F.ep_ts, buf(off + 28, 2))
-            add_xfeth(tree, buf, off + EETH)
-            info = info .. string.format(" %s EV=0x%x", op, buf(off + 4, 4):uint())
+        info = info .. string.format(" %s id=%d", op, buf(10, 2):uint())
+        local xflags = add_control_ext(tree, buf, off + ERTH, off, true)
+        if xflags ~= nil then
+            info = info .. string.format(" EV=0x%x", buf(off + ERTH + 4, 4):uint())
         end
-        add_trailer(tree, buf, size - tlen, tlen)
+        add_trailer(tree, buf, off + ERTH, xflags)
+    elseif opcode == 0xD9 then
+        local ep = tree:add(mrc, buf(off, EETH), "EETH")
+        ep:add(F.ep_type, buf(off, 1))
+        ep:add(F.ep_next, buf(off, 2))
+        ep:add(F.eeth_op, buf(off + 1, 1))
+        ep:add(F.ep_ts, buf(off + 28, 2))
+        bth:add(F.ep_probe_id, buf(10, 2))
+        local op = ENDPOINT_OPS[bit32.rshift(bit32.band(buf(off + 1, 1):uint(), 0x30), 4)]
+        info = info .. string.format(" %s id=%d", op or "op?", buf(10, 2):uint())
+        local xflags = add_control_ext(tree, buf, off + EETH, off, false)
+        add_trailer(tree, buf, off + EETH, xflags)
     elseif opcode == 0xDE then
         local peth = tree:add(mrc, buf(off, PETH), "PETH")
         peth:add(F.ep_type, buf(off, 1))
-        peth:add(F.ep_next, buf(off, 1))
+        peth:add(F.ep_next, buf(off, 2))
         peth:add(F.vendor, buf(off + 3, 1))
         peth:add(F.probe_id, buf(off + 4, 2))
-        peth:add(F.sctx, buf(off + 8, 2))
-        peth:add(F.dctx, buf(off + 10, 2))
+        add_ctx(peth, buf, off + 8)
         peth:add(F.ep_ts, buf(off + 12, 2))
         peth:add(F.tseth_ftype, buf(off + 14, 2))
-        if size >= off + PETH + XETH then
-            local _, ev = add_xeth(tree, buf, off + PETH)
-            info = info .. string.format(" id=%d EV=0x%x", buf(off + 4, 2):uint(), ev)
-        end
-        add_trailer(tree, buf, size - tlen, tlen)
+        info = info .. string.format(" id=%d", buf(off + 4, 2):uint())
+        local xflags = add_control_ext(tree, buf, off + PETH, off, true)
+        add_trailer(tree, buf, off + PETH, xflags)
     elseif opcode == 0xD1 then
         local aeth = tree:add(mrc, buf(off, 4), "AETH")
         aeth:add(F.aeth_syndrome, buf(off, 1))
         aeth:add(F.aeth_msn, buf(off + 1, 3))
+        tree:add(F.ext, false):set_generated()
         info = info .. string.format(" PSN=%d", psn)
-        add_trailer(tree, buf, size - tlen, tlen)
+        add_trailer(tree, buf, off + 4, nil)
     end
     pinfo.cols.info = info
     return size

@@ -59,6 +59,7 @@ from mrcstack.wire.integrity import (
     crc32_header,
 )
 from mrcstack.wire.packets import (
+    AEAD_TAG_FLAG,
     ECT0,
     ENDPOINT_QPN,
     FIRST_CONTROL_OPCODE,
@@ -97,6 +98,7 @@ from mrcstack.wire.plain import decode_plain, encode_plain, plain_header_length
 __all__ = [
     "ACKNOWLEDGE_HDR_LEN",
     "AEAD_KEY_LENS",
+    "AEAD_TAG_FLAG",
     "AEAD_TAG_LEN",
     "AETH_LEN",
     "BTH_LEN",

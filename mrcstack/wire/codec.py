@@ -107,6 +107,7 @@ from mrcstack.wire.layout import (
     write_opcode,
 )
 from mrcstack.wire.packets import (
+    AEAD_TAG_FLAG,
     ENDPOINT_QPN,
     IMM_OPCODES,
     MPR_UNIT,
@@ -174,6 +175,8 @@ __all__ = [
 _SWITCH = int(SWITCH_FLAGS)
 _VALID_DATA_FLAGS = SENDER_DATA_FLAGS | _SWITCH
 _VALID_FEEDBACK_FLAGS = ECN_ECHO | DUPLICATE | PROBE_RESPONSE | FB_RETX
+_TAG = AEAD_TAG_FLAG
+_NOT_SENDER_OR_SWITCH = 0xFF & ~(_SWITCH | _TAG)
 _XETH_FLAGS_FROM_END = XETH_LEN - 1  # flags byte offset, counted back from the header end
 _NEXT0, _NEXT1 = NEXT_EXT >> 1, (NEXT_EXT & 1) << 7  # an extension follows: bytes 0 and 1
 
@@ -258,6 +261,7 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
     opcode = write_opcode(flags, imm)
     bth8 = BTH_TS | (BTH_RTX if flags & RETX else 0) | (BTH_ACK_REQ if flags & ACK_REQ else 0)
     ts_ns = pkt.ts_ns
+    tag = integrity.tag_flag
     try:
         if imm is None:
             hlen = DATA_HDR_LEN
@@ -266,7 +270,7 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
                 header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << U24_SHIFT | pkt.psn,
                 pkt.rq_msn, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK, FTYPE,
                 pkt.va, pkt.rkey, dma_len,
-                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
+                MRC_EXT_VERSION, tag, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
             )  # fmt: skip
         else:
             hlen = DATA_IMM_HDR_LEN
@@ -275,13 +279,13 @@ def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
                 header, 0, opcode, 0, BTH_PKEY, pkt.qpn, bth8 << U24_SHIFT | pkt.psn,
                 pkt.rq_msn, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK, FTYPE,
                 pkt.va, pkt.rkey, dma_len, imm,
-                MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
+                MRC_EXT_VERSION, tag, pkt.port, 0, pkt.ev, pkt.tx_seq, ts_ns, offset, 0,
             )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise field_error(pkt, exc) from None
     _U32.pack_into(header, hlen - HDR_CHECK_LEN, zlib.crc32(header))
     if trimmed:
-        header[hlen - _XETH_FLAGS_FROM_END] = flags & _SWITCH
+        header[hlen - _XETH_FLAGS_FROM_END] |= flags & _SWITCH
         return bytes(header)
     body, trailer = integrity.seal(header, payload, pkt.tx_seq, pkt.port, pkt.ev)
     return b"".join((header, body, trailer))
@@ -297,7 +301,8 @@ def _encode_ack(pkt: AckPacket, integrity: Integrity) -> bytes:
     echo_ts_ns = pkt.echo_ts_ns
     rtx = BTH_RTX << U24_SHIFT if flags & FB_RETX else 0
     xfeth = (
-        MRC_EXT_VERSION, flags & DUPLICATE, pkt.port, 0, pkt.ev, pkt.tx_seq, echo_ts_ns, pkt.msn,
+        MRC_EXT_VERSION, flags & DUPLICATE | integrity.tag_flag, pkt.port, 0, pkt.ev, pkt.tx_seq,
+        echo_ts_ns, pkt.msn,
         pkt.port_state, 0, 0,
     )  # fmt: skip
     try:
@@ -344,7 +349,7 @@ def _encode_probe(pkt: ProbePacket | PortStatusPacket, integrity: Integrity) -> 
         _PROBE.pack_into(
             header, 0, Opcode.ENDPOINT_REQUEST, 0, BTH_PKEY, pkt.qpn, pkt.probe_id,
             _NEXT0, _NEXT1 | op, 0, 0, pkt.port_state, 0, ts16(pkt.ts_ns), FTYPE,
-            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
+            MRC_EXT_VERSION, integrity.tag_flag, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise field_error(pkt, exc) from None
@@ -359,7 +364,7 @@ def _encode_probe_reply(pkt: ProbeReplyPacket, integrity: Integrity) -> bytes:
         _PROBE_REPLY.pack_into(
             header, 0, Opcode.ENDPOINT_RESPONSE, 0, BTH_PKEY, pkt.qpn, pkt.probe_id,
             _NEXT0, _NEXT1 | pkt.op << EETH_OP_SHIFT, 0, 0, 0, 0, 0, ts16(pkt.echo_ts_ns), 0, 0,
-            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.echo_ts_ns, 0,
+            MRC_EXT_VERSION, integrity.tag_flag, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.echo_ts_ns, 0,
             pkt.port_state, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
@@ -377,7 +382,7 @@ def _encode_reliability_probe(pkt: ReliabilityProbePacket, integrity: Integrity)
             header, 0, Opcode.RELIABILITY_PROBE_REQ, 0, BTH_PKEY, pkt.qpn, 0,
             _NEXT0, _NEXT1, 0, 0, pkt.probe_id, 0, pkt.scid, pkt.qpn & 0xFFFF,
             ts16(pkt.ts_ns), FTYPE,
-            MRC_EXT_VERSION, 0, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
+            MRC_EXT_VERSION, integrity.tag_flag, pkt.port, 0, pkt.ev, pkt.tx_seq, pkt.ts_ns, 0, 0,
         )  # fmt: skip
     except (struct.error, TypeError) as exc:
         raise field_error(pkt, exc) from None
@@ -509,6 +514,8 @@ def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity
         raise DecodeError(
             DecodeReason.BAD_VERSION, f"mrcstack extension version {view[hlen - ext_len]}"
         )
+    if view[hlen - ext_len + 1] & _TAG != integrity.tag_flag:
+        raise _trailer_mismatch(integrity)
     tlen = integrity.trailer_len
     if size != hlen + tlen:
         reason = DecodeReason.TRUNCATED if size < hlen + tlen else DecodeReason.BAD_LENGTH
@@ -528,6 +535,13 @@ def _decode_control(view: memoryview, size: int, hlen: int, integrity: Integrity
         pkt = _probe_reply_fields(view)
     integrity.open(view[:hlen], view[hlen:hlen], view[hlen:], pkt.tx_seq, pkt.port, pkt.ev)
     return pkt
+
+
+def _trailer_mismatch(integrity: Integrity) -> DecodeError:
+    """A packet whose extension names the other trailer than this QP's mode."""
+    if integrity.tag_flag:
+        return bad("the extension flags an ICRC trailer: this QP authenticates with AES-GCM")
+    return bad("the extension flags an AES-GCM tag: this QP checks the ICRC")
 
 
 def _verify_hdr_check(view: memoryview, hlen: int) -> None:
@@ -573,6 +587,8 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
         expected = zlib.crc32(_ZERO_CHECK, zlib.crc32(view[: hlen - HDR_CHECK_LEN]))
     if expected != hdr_check:
         raise DecodeError(DecodeReason.BAD_HEADER_CHECK, "header CRC does not match")
+    if xflags & _TAG != integrity.tag_flag:
+        raise _trailer_mismatch(integrity)
     bth8 = psn_word >> U24_SHIFT
     if (
         bth1
@@ -582,11 +598,11 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
         or rsvd
         or ts_ftype != FTYPE
         or ts16_ != (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK
-        or xflags & ~_SWITCH
+        or xflags & _NOT_SENDER_OR_SWITCH
         or (xflags & TRIM_LASTHOP and not xflags & TRIMMED)
     ):
         raise bad("reserved, P_Key, TSETH or flag bits invalid")
-    flags = OPCODE_FLAGS[opcode] | xflags | (RETX if bth8 & BTH_RTX else 0)
+    flags = OPCODE_FLAGS[opcode] | xflags & _SWITCH | (RETX if bth8 & BTH_RTX else 0)
     if bth8 & BTH_ACK_REQ:
         flags |= ACK_REQ
     psn = psn_word & PSN_MASK
@@ -621,9 +637,9 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
 def _feedback_flags(bth8: int, cc: int, xflags: int) -> int:
     """The AckPacket flags from the BTH's byte 8, the cc byte and XFETH's flags; BAD_FIELD
     for a bit none of them defines."""
-    if bth8 & ~BTH_RTX or cc & 0x0F & ~CC_ECN or xflags & ~DUPLICATE:
+    if bth8 & ~BTH_RTX or cc & 0x0F & ~CC_ECN or xflags & ~(DUPLICATE | _TAG):
         raise bad("feedback flag bits invalid")
-    return xflags | (ECN_ECHO if cc & CC_ECN else 0) | (FB_RETX if bth8 else 0)
+    return xflags & DUPLICATE | (ECN_ECHO if cc & CC_ECN else 0) | (FB_RETX if bth8 else 0)
 
 
 def _sack_fields(view: memoryview) -> AckPacket:
@@ -704,7 +720,7 @@ def _probe_fields(view: memoryview) -> ProbePacket | PortStatusPacket:
         or rsvd2
         or ts != ts16(ts_ns)
         or ftype != FTYPE
-        or xflags
+        or xflags & ~_TAG
         or xrsvd
         or xoffset
     ):
@@ -730,7 +746,7 @@ def _reliability_probe_fields(view: memoryview) -> ReliabilityProbePacket:
         or dcid != qpn & 0xFFFF
         or ts != ts16(ts_ns)
         or ftype != FTYPE
-        or xflags
+        or xflags & ~_TAG
         or xrsvd
         or xoffset
     ):
@@ -757,7 +773,7 @@ def _probe_reply_fields(view: memoryview) -> ProbeReplyPacket:
         or r5
         or r6
         or ts != ts16(echo_ts_ns)
-        or xflags
+        or xflags & ~_TAG
         or xrsvd
         or xrsvd2
         or msn

@@ -31,7 +31,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire.evformat import stev_source_port
-from mrcstack.wire.packets import ROCEV2_UDP_PORT, SWITCH_FLAGS, XETH_OPCODES, XFETH_OPCODES
+from mrcstack.wire.packets import (
+    AEAD_TAG_FLAG,
+    ROCEV2_UDP_PORT,
+    SWITCH_FLAGS,
+    XETH_OPCODES,
+    XFETH_OPCODES,
+)
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -131,6 +137,9 @@ class Integrity(abc.ABC):
 
     __slots__ = ()
     trailer_len: int
+    #: What the sender sets in the extension's flags byte for this trailer (AEAD_TAG_FLAG
+    #: for an AES-GCM tag, 0 for the ICRC), and a receiver requires.
+    tag_flag: int = 0
 
     @abc.abstractmethod
     def seal(
@@ -329,6 +338,7 @@ class AeadIntegrity(Integrity):
         "_sealed",
     )
     trailer_len = AEAD_TAG_LEN
+    tag_flag = AEAD_TAG_FLAG
 
     def __init__(self, key: bytes, local_id: int, peer_id: int, encrypt: bool = False) -> None:
         if not isinstance(key, bytes | bytearray) or len(key) not in AEAD_KEY_LENS:

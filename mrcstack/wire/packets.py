@@ -108,6 +108,11 @@ class DataFlags(enum.IntFlag):
 
 #: Flag bits a switch may set in flight; excluded from every integrity check.
 SWITCH_FLAGS = DataFlags.TRIMMED | DataFlags.TRIM_LASTHOP
+#: Bit 5 of the XETH/XFETH flags byte: the trailer is mrcstack's 16-byte AES-GCM tag, not the
+#: ICRC.  The sender sets it from its integrity mode, the header check and the tag cover it,
+#: and a receiver whose mode differs rejects the packet: so a capture says which trailer
+#: every packet carries, with no setting in the dissector.
+AEAD_TAG_FLAG = 0x20
 
 
 class FeedbackFlags(enum.IntFlag):

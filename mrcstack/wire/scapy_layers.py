@@ -317,7 +317,7 @@ class EETH(Packet):
         return XFETH if self.next == NEXT_EXT else Raw
 
 
-_XFLAGS = ["b0", "DUPLICATE", "b2", "b3", "b4", "b5", "TRIMMED", "TRIM_LASTHOP"]
+_XFLAGS = ["b0", "DUPLICATE", "b2", "b3", "b4", "AEAD_TAG", "TRIMMED", "TRIM_LASTHOP"]
 
 
 class XETH(Packet):

@@ -44,7 +44,7 @@
 #define IMMDT_LEN 4
 #define XETH_LEN 32       /* mrcstack's extension header, last before the payload */
 #define XETH_FLAGS_OFF 1  /* its flags byte: the only bits a switch writes */
-#define XETH_VERSION 3
+#define XETH_VERSION 4
 #define FLAG_TRIMMED 0x40
 #define FLAG_TRIM_LASTHOP 0x80
 #define DATA_HDR_LEN (BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN) /* 68 */

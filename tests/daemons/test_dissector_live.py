@@ -2,10 +2,11 @@
 
 mrcd on a two-rack testbed with ``packet_auth = false`` (OCP MRC 1.0's plain ICRC instead of
 mrcstack's AES-GCM extension), tshark capturing in the receiving host's namespace; between
-two runs the sender probes a path of each plane through the controller API (EV probes on
-QPN 0, sealed with the pair's probe key, which the test derives from the cluster key as the
-daemons do).  Every captured packet must decode with the codec, its ICRC verified against
-the real addresses (with SRv6 uSID, the final destination; a probe's AES-GCM tag), and
+two runs the sender probes a path of each plane through the controller API (EV probes to
+the endpoint, QP 2, sealed with the pair's probe key, which the test derives from the
+cluster key as the daemons do).  Every captured packet must decode with the codec, its ICRC
+verified against the real addresses (with SRv6 uSID, the final destination; a probe's
+AES-GCM tag), and
 tshark with ``wireshark/mrc.lua`` must print every field the codec reads; writes travel in
 the trimmable traffic class (DSCP 4), the rest in the control class (DSCP 46).  Scapy
 recomputes the ICRC of each arriving packet that has one from the captured IPv6 header as
@@ -31,13 +32,17 @@ from mrcstack.daemons.mrcd.control.auth import Credentials, load_psk
 from mrcstack.fabric import Fabric
 from mrcstack.netns.state import TestbedState
 from mrcstack.wire import (
+    AEAD_TAG_FLAG,
     WRITE_OPCODES,
+    XETH_LEN,
+    XFETH_LEN,
     AeadIntegrity,
     CrcIntegrity,
     Dscp,
     IcrcPath,
     Opcode,
     decode,
+    header_length,
 )
 from tests.support import dissector
 from tests.support.testbeds import Bed, Testbeds
@@ -86,6 +91,12 @@ def stop_capture(cap: subprocess.Popen[str]) -> None:
         cap.wait()
 
 
+def sealed(wire: bytes) -> bool:
+    """Whether an endpoint packet's extension flags an AES-GCM tag as its trailer."""
+    ext = XETH_LEN if wire[0] == Opcode.ENDPOINT_REQUEST else XFETH_LEN
+    return bool(wire[header_length(wire[0]) - ext + 1] & AEAD_TAG_FLAG)
+
+
 def scapy_icrc_ok(pcap: Path, dst: str) -> tuple[int, int]:
     """(arriving packets, those whose ICRC Scapy recomputes to the same value)."""
     logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
@@ -97,8 +108,8 @@ def scapy_icrc_ok(pcap: Path, dst: str) -> tuple[int, int]:
     for frame in rdpcap(str(pcap)):
         if IPv6 not in frame or frame[IPv6].dst != dst or BTH not in frame:
             continue
-        if frame[BTH].opcode in PROBE_OPCODES and frame[BTH].dqpn == 0:
-            continue  # an EV probe on QPN 0: an AES-GCM tag where the ICRC would be
+        if frame[BTH].opcode in PROBE_OPCODES and sealed(bytes(frame[BTH])):
+            continue  # an EV probe sealed with the pair's key: an AES-GCM tag, not the ICRC
         ip = IPv6(bytes(frame[IPv6]))
         sent = bytes(ip)[-4:]
         ip[BTH].icrc = None
@@ -157,10 +168,9 @@ def test_tshark_reads_every_field_of_a_live_write_bw(bed: Bed, tmp_path: Path) -
         wire = bytes.fromhex(row["udp.payload"])
         arriving = row["ipv6.src"] in from_src
         local, peer = (DST, SRC) if arriving else (SRC, DST)
-        if wire[0] in PROBE_OPCODES and int.from_bytes(wire[5:8], "big") == 0:
-            # An EV probe or reply outside any QP (QPN 0): sealed with the pair's probe key,
-            # the sender id being the host index + 1.  (A connection's probes of its own
-            # EVs carry its QPN and are checked as its data is.)
+        if wire[0] in PROBE_OPCODES and sealed(wire):
+            # An EV probe or reply of the endpoint (QP 2) sealed with the pair's probe key,
+            # the sender id being the host index + 1 (its extension flags the AES-GCM tag).
             pkt = decode(wire, AeadIntegrity(key, local + 1, peer + 1))  # tag verified
             kinds["sealed EV probes"] += 1
         else:

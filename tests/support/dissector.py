@@ -8,7 +8,11 @@ import subprocess
 from pathlib import Path
 
 from mrcstack.wire import (
+    AEAD_TAG_FLAG,
     TS_UNIT_NS_SHIFT,
+    XETH_LEN,
+    XFETH_LEN,
+    AcknowledgePacket,
     AckPacket,
     DataFlags,
     DataPacket,
@@ -18,6 +22,7 @@ from mrcstack.wire import (
     ProbePacket,
     ProbeReplyPacket,
     ReliabilityProbePacket,
+    header_length,
     write_opcode,
 )
 from tests.support import REPO
@@ -32,60 +37,75 @@ def ts16(ns: int) -> int:
     return (ns >> TS_UNIT_NS_SHIFT) & 0xFFFF
 
 
-def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
-    """tshark field name -> the value the codec put there."""
-    out: dict[str, int | str] = {  # in every packet: BTH, the extension's EV, tx_seq, port
+def expected(pkt: Packet, wire: bytes, ext: bool = True) -> dict[str, int | str]:
+    """tshark field name -> the value the codec put there (``ext``: encoded with mrcstack's
+    extension, by ``encode``; else by ``encode_plain``)."""
+    aead = ext and len(wire) > 16 and _tag_flag(pkt, wire)
+    out: dict[str, int | str] = {  # in every packet: the BTH, the extension or not
         "mrc.bth.destqp": pkt.qpn,
         "mrc.bth.psn": 0,
         "mrc.bth.rtx": 0,
         "mrc.bth.ts": 0,
-        "mrc.xeth.port": pkt.port,
-        "mrc.xeth.ev": pkt.ev,
-        "mrc.xeth.tx_seq": pkt.tx_seq,
-        "mrc.icrc": int.from_bytes(wire[-4:], "little"),
+        "mrc.ext": int(ext and not isinstance(pkt, AcknowledgePacket)),
     }
-    if isinstance(pkt, DataPacket | ProbePacket | PortStatusPacket | ReliabilityProbePacket):
-        lasthop = isinstance(pkt, DataPacket) and bool(pkt.flags & DataFlags.TRIM_LASTHOP)
+    if aead:
+        out["mrc.aead_tag"] = wire[-16:].hex()
+    else:
+        out["mrc.icrc"] = int.from_bytes(wire[-4:], "little")
+    if ext and not isinstance(pkt, AcknowledgePacket):
         out |= {
-            "mrc.xeth.ts_ns": pkt.ts_ns,
-            "mrc.xeth.offset": 0,  # (a write's is below)
-            "mrc.xeth.trimmed": int(isinstance(pkt, DataPacket) and pkt.trimmed),
-            "mrc.xeth.trim_lasthop": int(lasthop),
+            "mrc.xeth.port": pkt.port,
+            "mrc.xeth.ev": pkt.ev,
+            "mrc.xeth.tx_seq": pkt.tx_seq,
+            "mrc.xeth.aead_tag": int(aead),
         }
-    else:  # an XFETH
-        out |= {
-            "mrc.xeth.ts_ns": pkt.echo_ts_ns,
-            "mrc.xfeth.port_state": pkt.port_state,
-            "mrc.xfeth.duplicate": int(
-                isinstance(pkt, AckPacket) and bool(pkt.flags & FeedbackFlags.DUPLICATE)
-            ),
-            "mrc.xfeth.msn": pkt.msn if isinstance(pkt, AckPacket) else 0,
-        }
+        if isinstance(pkt, DataPacket | ProbePacket | PortStatusPacket | ReliabilityProbePacket):
+            lasthop = isinstance(pkt, DataPacket) and bool(pkt.flags & DataFlags.TRIM_LASTHOP)
+            out |= {
+                "mrc.xeth.ts_ns": pkt.ts_ns,
+                "mrc.xeth.offset": 0,  # (a write's is below)
+                "mrc.xeth.trimmed": int(isinstance(pkt, DataPacket) and pkt.trimmed),
+                "mrc.xeth.trim_lasthop": int(lasthop),
+            }
+        else:  # an XFETH
+            out |= {
+                "mrc.xeth.ts_ns": pkt.echo_ts_ns,
+                "mrc.xfeth.port_state": pkt.port_state,
+                "mrc.xfeth.duplicate": int(
+                    isinstance(pkt, AckPacket) and bool(pkt.flags & FeedbackFlags.DUPLICATE)
+                ),
+                "mrc.xfeth.msn": pkt.msn if isinstance(pkt, AckPacket) else 0,
+            }
     if isinstance(pkt, DataPacket):
         out |= {
             "mrc.bth.opcode": write_opcode(pkt.flags, pkt.imm),
             "mrc.bth.psn": pkt.psn,
             "mrc.bth.rtx": int(bool(pkt.flags & DataFlags.RETX)),
-            "mrc.bth.ts": 1,
+            "mrc.bth.ts": int(ext or pkt.ts_ns >= 0),
             "mrc.meth.msn": pkt.msn,
-            "mrc.meth.rq_msn": 0,
-            "mrc.tseth.tx_timestamp": ts16(pkt.ts_ns),
+            "mrc.meth.rq_msn": pkt.rq_msn,
             "mrc.reth.va": pkt.va,
             "mrc.reth.r_key": pkt.rkey,
             "mrc.reth.dmalen": pkt.dma_len if pkt.dma_len >= 0 else len(pkt.payload),
-            "mrc.xeth.offset": pkt.offset,
         }
+        if out["mrc.bth.ts"]:
+            out["mrc.tseth.tx_timestamp"] = ts16(pkt.ts_ns)
+        if ext:
+            out["mrc.xeth.offset"] = pkt.offset
         if pkt.imm is not None:
             out["mrc.immdt"] = pkt.imm
         if pkt.trimmed:
-            del out["mrc.icrc"]  # a switch cut it off with the payload
+            out.pop("mrc.icrc", None)  # a switch cut the trailer off with the payload
+            out.pop("mrc.aead_tag", None)
         else:
             out["mrc.payload"] = bytes(pkt.payload).hex()
-    elif isinstance(pkt, AckPacket):
+    elif isinstance(pkt, AckPacket) and not pkt.nack_reason:
         out |= {
-            "mrc.bth.opcode": 0xDD if pkt.nack_reason else 0xDC,
+            "mrc.bth.opcode": 0xDC,
             "mrc.bth.psn": pkt.cum_psn,
+            "mrc.bth.rtx": int(bool(pkt.flags & FeedbackFlags.RETX)),
             "mrc.seth.m": pkt.skip,
+            "mrc.seth.pr": int(bool(pkt.flags & FeedbackFlags.PROBE_RESPONSE)),
             "mrc.seth.cack_psn": pkt.cum_psn,
             "mrc.seth.ack_psn": pkt.echo_psn,
             "mrc.seth.entropy": pkt.echo_ev,
@@ -97,16 +117,22 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
             "mrc.cc.ooo_count": pkt.ooo_count,
             "mrc.cc.received_bytes": pkt.rcv_bytes,
         }
-        if pkt.nack_reason:
-            out |= {
-                "mrc.neth.reason": pkt.nack_reason,
-                "mrc.neth.entropy": pkt.echo_ev,
-                "mrc.neth.psn": pkt.echo_psn,
-                "mrc.neth.tx_timestamp": ts16(pkt.echo_ts_ns),
-            }
+    elif isinstance(pkt, AckPacket):  # a NACK: BTH + NETH
+        out |= {
+            "mrc.bth.opcode": 0xDD,
+            "mrc.bth.psn": pkt.echo_psn,
+            "mrc.bth.rtx": int(bool(pkt.flags & FeedbackFlags.RETX)),
+            "mrc.seth.ecn": int(bool(pkt.flags & FeedbackFlags.ECN_ECHO)),
+            "mrc.neth.reason": pkt.nack_reason,
+            "mrc.neth.entropy": pkt.echo_ev,
+            "mrc.neth.psn": pkt.echo_psn,
+            "mrc.neth.tx_timestamp": ts16(pkt.echo_ts_ns),
+        }
     elif isinstance(pkt, ProbePacket | PortStatusPacket):  # ERTH: EV probe, port status
         out |= {
             "mrc.bth.opcode": 0xD8,
+            "mrc.bth.psn": pkt.probe_id,
+            "mrc.ep.probe_id": pkt.probe_id,
             "mrc.ep.op": int(isinstance(pkt, ProbePacket)),
             "mrc.ep.port_mask": pkt.port_state,
             "mrc.ep.tx_timestamp": ts16(pkt.ts_ns),
@@ -117,16 +143,30 @@ def expected(pkt: Packet, wire: bytes) -> dict[str, int | str]:
             "mrc.peth.probe_id": pkt.probe_id,
             "mrc.ep.tx_timestamp": ts16(pkt.ts_ns),
         }
+    elif isinstance(pkt, AcknowledgePacket):
+        out |= {
+            "mrc.bth.opcode": 0xD1,
+            "mrc.bth.psn": pkt.psn,
+            "mrc.aeth.syndrome": pkt.syndrome,
+            "mrc.aeth.msn": pkt.msn,
+        }
     else:
         assert isinstance(pkt, ProbeReplyPacket)
         out |= {
             "mrc.bth.opcode": 0xD9,
-            "mrc.ep.op": 1,
-            "mrc.eeth.entropy": pkt.echo_ev,
-            "mrc.ep.port_mask": pkt.port_state,
+            "mrc.bth.psn": pkt.probe_id,
+            "mrc.ep.probe_id": pkt.probe_id,
+            "mrc.eeth.op": pkt.op,
             "mrc.ep.tx_timestamp": ts16(pkt.echo_ts_ns),
         }
     return out
+
+
+def _tag_flag(pkt: Packet, wire: bytes) -> bool:
+    """Whether the extension's flags byte of an encoded packet has AEAD_TAG_FLAG."""
+    hlen = header_length(wire[0])
+    ext_len = XFETH_LEN if isinstance(pkt, AckPacket | ProbeReplyPacket) else XETH_LEN
+    return bool(wire[hlen - ext_len + 1] & AEAD_TAG_FLAG)
 
 
 FIELDS = sorted(
@@ -135,13 +175,14 @@ FIELDS = sorted(
         "mrc.meth.msn", "mrc.meth.rq_msn", "mrc.tseth.tx_timestamp", "mrc.reth.va",
         "mrc.reth.r_key", "mrc.reth.dmalen", "mrc.immdt", "mrc.xeth.port", "mrc.xeth.ev",
         "mrc.xeth.tx_seq", "mrc.xeth.ts_ns", "mrc.xeth.offset", "mrc.xeth.trimmed",
-        "mrc.xeth.trim_lasthop",
-        "mrc.payload", "mrc.icrc", "mrc.seth.m", "mrc.seth.cack_psn", "mrc.seth.ack_psn",
-        "mrc.seth.entropy", "mrc.seth.ecn", "mrc.seth.mpr", "mrc.seth.sack_base",
-        "mrc.seth.bitmap", "mrc.cc.ts_echo", "mrc.cc.ooo_count", "mrc.cc.received_bytes",
-        "mrc.xfeth.msn", "mrc.xfeth.port_state", "mrc.xfeth.duplicate", "mrc.neth.reason",
-        "mrc.neth.entropy", "mrc.neth.psn", "mrc.neth.tx_timestamp", "mrc.ep.op",
-        "mrc.ep.port_mask", "mrc.ep.tx_timestamp", "mrc.eeth.entropy", "mrc.peth.probe_id",
+        "mrc.xeth.trim_lasthop", "mrc.xeth.aead_tag", "mrc.ext", "mrc.aead_tag",
+        "mrc.payload", "mrc.icrc", "mrc.seth.m", "mrc.seth.pr", "mrc.seth.cack_psn",
+        "mrc.seth.ack_psn", "mrc.seth.entropy", "mrc.seth.ecn", "mrc.seth.mpr",
+        "mrc.seth.sack_base", "mrc.seth.bitmap", "mrc.cc.ts_echo", "mrc.cc.ooo_count",
+        "mrc.cc.received_bytes", "mrc.xfeth.msn", "mrc.xfeth.port_state", "mrc.xfeth.duplicate",
+        "mrc.neth.reason", "mrc.neth.entropy", "mrc.neth.psn", "mrc.neth.tx_timestamp",
+        "mrc.ep.op", "mrc.eeth.op", "mrc.ep.probe_id", "mrc.ep.port_mask",
+        "mrc.ep.tx_timestamp", "mrc.peth.probe_id", "mrc.aeth.syndrome", "mrc.aeth.msn",
     }
 )  # fmt: skip
 
@@ -176,6 +217,8 @@ def mismatches(row: dict[str, str], want: dict[str, int | str]) -> list[str]:
             continue
         value = want[name]
         for one in printed.split(","):
+            if one in ("True", "False"):  # a boolean field
+                one = str(int(one == "True"))
             got: int | str = one if isinstance(value, str) else int(one, 0) if one else ""
             if got != value:
                 bad.append(f"{name}: tshark {one!r}, codec {value!r}")

@@ -7,22 +7,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mrcstack.wire import (
+    AEAD_TAG_FLAG,
     AEAD_TAG_LEN,
     DATA_HDR_LEN,
+    XETH_LEN,
+    XFETH_LEN,
     AeadIntegrity,
     CrcIntegrity,
     DataFlags,
+    DataPacket,
     DecodeError,
     DecodeReason,
+    Packet,
     ReplayWindow,
     WireUsageError,
     crc32_header,
     decode,
     encode,
+    encoded_length,
 )
 from tests.support.wire import (
     KEY16,
     KEY32,
+    PROBE_REPLY,
     RECEIVER_ID,
     XETH_FLAGS_FROM_END,
     ack,
@@ -56,12 +63,22 @@ def test_wrong_key_or_direction_is_rejected(mode: str) -> None:
         decode(wire, reflected)
 
 
-def test_crc_packet_is_not_accepted_by_aead() -> None:
-    _, rx = make_pair("aead")
-    wire = encode(data(payload=b"y" * 64), CrcIntegrity())
-    with pytest.raises(DecodeError) as info:
-        decode(wire, rx)
-    assert info.value.reason in {DecodeReason.BAD_LENGTH, DecodeReason.BAD_AUTH}
+@pytest.mark.parametrize("pkt", [data(payload=b"y" * 64), ack(), PROBE_REPLY], ids=type)
+def test_the_extension_says_which_trailer_and_a_receiver_holds_it_to_its_mode(
+    pkt: Packet,
+) -> None:
+    """AEAD_TAG_FLAG is set exactly when the trailer is an AES-GCM tag (what the dissector
+    reads); a packet flagged for the other mode is refused, naming why."""
+    tx, rx = make_pair("aead")
+    at = encoded_length(pkt, 0) - (XETH_LEN if type(pkt) is DataPacket else XFETH_LEN) + 1
+    if type(pkt) is DataPacket:
+        at -= len(pkt.payload)
+    sealed, plain = encode(pkt, tx), encode(pkt, CrcIntegrity())
+    assert sealed[at] & AEAD_TAG_FLAG and not plain[at] & AEAD_TAG_FLAG
+    for wire, opener, says in ((plain, rx, "ICRC"), (sealed, CrcIntegrity(), "AES-GCM tag")):
+        with pytest.raises(DecodeError) as info:
+            decode(wire, opener)
+        assert info.value.reason is DecodeReason.BAD_FIELD and says in str(info.value)
 
 
 def test_encryption_hides_the_payload_and_auth_only_does_not() -> None:

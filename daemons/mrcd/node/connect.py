@@ -132,8 +132,8 @@ class ConnectionSetup:
         self.addresses.check_ev_format(fields["ev_format"], striped=not extensions)
         if key is not None and not extensions:
             raise LocalError(
-                f"QP {qpn_text(qpn)}: AES-GCM packet authentication needs mrcstack's extension headers, "
-                "which this QP has off"
+                f"QP {qpn_text(qpn)}: AES-GCM packet authentication needs mrcstack's "
+                "extension headers, which this QP has off"
             )
         config = ConnectionConfig(
             local_qpn=qpn,
@@ -200,7 +200,9 @@ class ConnectionSetup:
         without mrcstack's extension (the default); two mrcds set up this way may turn it
         on, on both ends."""
         if not 0 <= remote_qpn < 1 << 24 or remote_qpn in (0, 2):
-            raise LocalError(f"remote QPN {qpn_text(remote_qpn)} is not a QP's (24 bits, not 0 or 2)")
+            raise LocalError(
+                f"remote QPN {qpn_text(remote_qpn)} is not a QP's (24 bits, not 0 or 2)"
+            )
         if not 0 <= remote_psn < 1 << 24:
             raise LocalError(f"remote PSN {remote_psn} is not 24 bits")
         self.ready(qpn, remote_host, remote_qpn, remote_psn, key, extensions)
