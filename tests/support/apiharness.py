@@ -86,10 +86,12 @@ class Daemons:
         admin_uids: frozenset[int] = frozenset({0}),
         endpoint_ops: Callable[[dict[int, Node]], EndpointOps] | None = None,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+        per_host: dict[int, dict[str, Any]] | None = None,
         **config: Any,
     ) -> None:
         self.tmp = tmp
         self.config = config  # more MrcdConfig fields for every node, e.g. encrypt=True
+        self.per_host = per_host or {}  # and for one node only: {3: {"extensions": False}}
         self.hosts = hosts
         self.admin_uids = admin_uids
         self.endpoint_ops = endpoint_ops
@@ -121,7 +123,7 @@ class Daemons:
         psk.write_text(os.urandom(32).hex())
         for host in self.hosts:
             cfg = node_config(host, base, psk, self.hosts)
-            node = Node(replace(cfg, **self.config), self.loop)
+            node = Node(replace(cfg, **self.config, **self.per_host.get(host, {})), self.loop)
             await node.start()
             self.nodes[host] = node
         for host, node in self.nodes.items():

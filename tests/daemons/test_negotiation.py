@@ -1,0 +1,60 @@
+"""mrcstack's extension headers between mrcds: on by default and a QP refused with a
+one-line reason when the versions differ (two mrcds in loopback data mode with their real
+control channel).  A QP without the extension needs a fabric (its EV rides in the UDP source
+port): the pair that negotiates down and the QP set up out of band are in
+``test_negotiation_live.py``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mrcstack.api import ApiError, WriteWr
+from mrcstack.daemons.mrcd.node import connect as node_connect
+from tests.support.apiharness import Daemons, End, connect, drain
+
+SIZE = 1 << 20
+
+
+def verified_write(a: End, b: End) -> None:
+    """1 MiB with an immediate from a to b; b's memory must hold it."""
+    payload = os.urandom(SIZE)
+    a.mr.buf[:] = payload
+    a.qp.post_send(WriteWr(1, (a.mr, 0, SIZE), b.mr.addr, b.mr.rkey, imm=9))
+    assert drain(a.cq, 1)[0].ok
+    got = drain(b.cq, 1)[0]
+    assert got.ok and got.imm == 9
+    assert bytes(b.mr.buf) == payload
+
+
+def test_between_mrcds_the_extension_is_on(daemons: Daemons) -> None:
+    a, b = connect(daemons, SIZE)
+    a.qp.post_recv(range(4))
+    assert a.qp.query().extensions is True and b.qp.query().extensions is True
+    verified_write(a, b)
+    verified_write(b, a)
+
+
+def test_the_versions_each_end_offers_decide() -> None:
+    """Both with the same version: on; either without: off (negotiated down); different
+    versions, or a peer that says nothing: refused, with a one-line reason."""
+    negotiate = node_connect.negotiate
+    assert negotiate(4, 4, "h3") is True
+    assert negotiate(4, 0, "h3") is False and negotiate(0, 4, "h3") is False
+    assert negotiate(0, 0, "h3") is False
+    for theirs in (3, -1):
+        reason = negotiate(4, theirs, "h3")
+        assert isinstance(reason, str) and reason.startswith("mrcd on h3 ") and "\n" not in reason
+
+
+def test_another_version_is_refused_with_a_reason(
+    daemons: Daemons, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        node_connect.ConnectionSetup, "offered", property(lambda self: 3 if self.host else 4)
+    )
+    with pytest.raises(ApiError) as err:
+        connect(daemons, SIZE)
+    assert "speaks mrcstack extension version" in str(err.value)
+    assert "\n" not in str(err.value)
