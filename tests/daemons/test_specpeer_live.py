@@ -27,6 +27,7 @@ from mrcstack.api import Device, WriteWr
 from mrcstack.api.ctl import Controller
 from mrcstack.fabric import Fabric
 from tests.support import REPO
+from tests.support.programs import by_label
 from tests.support.testbeds import Bed, Testbeds
 
 pytestmark = [pytest.mark.requires_root, pytest.mark.timeout(600)]
@@ -166,8 +167,9 @@ def test_16mib_each_way_with_a_spec_only_peer_under_a_link_flap(bed: Bed, fmt: s
             flapper.join(WAIT)
         assert recv and recv[0].ok and recv[0].imm == 0xF00D, recv
         assert hashlib.sha256(bytes(mr.buf)).hexdigest() == sent["sha256"], sent
+        rejected = by_label(bed, MRCD, "mrc_rejected_packets_total")
         print(f"\n{fmt}: peer sent 16 MiB in {sent['seconds']} s, {sent['retransmits']} "
-              f"retransmitted; peer stats {got['stats']}")  # fmt: skip
+              f"retransmitted; peer stats {got['stats']}; mrcd rejected {rejected}")  # fmt: skip
         qp.destroy()
     finally:
         peer.tell(cmd="quit")
