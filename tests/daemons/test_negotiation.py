@@ -12,7 +12,7 @@ import pytest
 
 from mrcstack.api import ApiError, WriteWr
 from mrcstack.daemons.mrcd.node import connect as node_connect
-from tests.support.apiharness import Daemons, End, connect, drain
+from tests.support.apiharness import Daemons, End, connect, drain, end
 
 SIZE = 1 << 20
 
@@ -54,7 +54,9 @@ def test_another_version_is_refused_with_a_reason(
     monkeypatch.setattr(
         node_connect.ConnectionSetup, "offered", property(lambda self: 3 if self.host else 4)
     )
+    a, b = end(daemons, 0, SIZE), end(daemons, 3, SIZE)
+    b.ctx.listen(7)  # (a listener that never accepts: the refusal comes before it)
     with pytest.raises(ApiError) as err:
-        connect(daemons, SIZE)
+        a.qp.connect(3, 7, timeout=10)
     assert "speaks mrcstack extension version" in str(err.value)
     assert "\n" not in str(err.value)
