@@ -341,6 +341,42 @@ def _cached_path(fabric: Fabric, src_host: int, dst_host: int, plane: int, ev: i
     )
 
 
+def loop_address(fabric: Fabric, host: int, plane: int, t1: int | None) -> IPv6Address:
+    """The outer destination of a link probe that comes back to ``host``: up to its T0 and
+    straight back (``t1`` None), or up through T1 ``t1`` and back through the same T0::
+
+        block | T0(rack) | NIC(host)                     host -> T0 -> host
+        block | T0(rack) | T1(t1) | T0(rack) | NIC(host)  host -> T0 -> T1 -> T0 -> host
+
+    The switches' ordinary tables forward both: a T0 sends its own hosts' NIC uSIDs down and
+    T1 uSIDs up, a T1 sends T0 uSIDs down.  Nothing is added to any table."""
+    fabric.check_host(host)
+    fabric.check_plane(plane)
+    t0 = t0_usid(plane, fabric.rack_of(host))
+    nic = nic_usid(plane, host)
+    if t1 is None:
+        return _compose(fabric, (t0, nic))
+    if not 0 <= t1 < fabric.t1_per_plane:
+        raise ValueError(f"T1 {t1} out of range 0..{fabric.t1_per_plane - 1}")
+    return _compose(fabric, (t0, t1_usid(plane, t1), t0, nic))
+
+
+def loop_path(fabric: Fabric, host: int, plane: int, t1: int | None) -> Path:
+    """The path of :func:`loop_address`: both ends ``host``; its EV names the T1 (0 for the
+    short loop, which crosses no T1)."""
+    address_ = loop_address(fabric, host, plane, t1)
+    t0 = Fabric.t0_name(plane, fabric.rack_of(host))
+    middle = (t0,) if t1 is None else (t0, Fabric.t1_name(plane, t1), t0)
+    nodes = (Fabric.host_name(host), *middle, Fabric.host_name(host))
+    return Path(
+        plane=plane,
+        ev=ev_value(plane, 0 if t1 is None else t1),
+        nodes=nodes,
+        address=address_,
+        links=tuple(link_name(plane, a, b) for a, b in pairwise(nodes)),
+    )
+
+
 def paths(fabric: Fabric, src_host: int, dst_host: int) -> list[Path]:
     """Every distinct path from src to dst, by plane then T1 (one per plane in a rack)."""
     _check_pair(fabric, src_host, dst_host)

@@ -22,6 +22,8 @@ from mrcstack.addrplan import (
     fabric_links,
     forward,
     link_name,
+    loop_address,
+    loop_path,
     nic_plane_prefix,
     nic_sid,
     nic_usid,
@@ -359,6 +361,31 @@ def test_forward_errors() -> None:
     loop = {"p0-t0a": {0x3000: "p0-t1a"}, "p0-t1a": {0x3000: "p0-t0a"}}
     with pytest.raises(ValueError, match="hops"):
         forward(DEFAULT, 0, IPv6Address("fcbb:bb00:1000:3000::"), loop)
+
+
+@pytest.mark.parametrize("fabric", FABRICS, ids=IDS)
+def test_loop_paths_come_back_to_their_host_through_the_static_tables(fabric: Fabric) -> None:
+    """A link probe's loop (host -> T0 [-> T1 -> T0] -> host) is forwarded by the same
+    tables as every data path: the walk ends at the host that sent it."""
+    for host in range(fabric.hosts):
+        for plane in range(fabric.planes):
+            for t1 in (None, *range(fabric.t1_per_plane)):
+                loop = loop_path(fabric, host, plane, t1)
+                assert forward(fabric, host, loop.address) == loop.nodes
+                assert loop.nodes[0] == loop.nodes[-1] == f"h{host}"
+                assert len(loop.links) == (2 if t1 is None else 4)
+                assert set(loop.physical_links) <= set(fabric_links(fabric))
+
+
+def test_loop_address_layout_and_errors() -> None:
+    assert loop_address(DEFAULT, 0, 0, None) == IPv6Address("fcbb:bb00:1000:8000::")
+    assert loop_address(DEFAULT, 3, 2, 1) == IPv6Address("fcbb:bb00:1201:2201:1201:9003::")
+    loop = loop_path(DEFAULT, 1, 0, 2)
+    assert loop.physical_links == ("p0:h1-t0a", "p0:t0a-t1c", "p0:t0a-t1c", "p0:h1-t0a")
+    with pytest.raises(ValueError, match="T1 4 out of range"):
+        loop_address(DEFAULT, 0, 0, 4)
+    with pytest.raises(ValueError, match="host"):
+        loop_address(DEFAULT, 4, 0, None)
 
 
 # Switch tables --------------------------------------------------------------------------
