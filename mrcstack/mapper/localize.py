@@ -23,7 +23,9 @@ The evidence about a link comes from the loops that cross it (:mod:`.plan`):
   is ``D = l1/n1 - l0/n0 - q (1 - l0/n0) > z sd``, ``sd`` from the Agresti-Coull estimates of
   both proportions; it runs over the last 1, 2.5 and 5 s of results (a new loss shows in the
   short window before the long one is full of it), and a lossy link is good again when the
-  longest window says its loss is under the threshold with the same confidence.
+  longest window says its loss is under the threshold with the same confidence.  A test
+  needs :data:`MIN_PROBES` results, and leaves out each loop's current run of losses: a run
+  still going is news of a link going down, not of one dropping a few packets.
 - **good**: the loops deliver again (and, for a lossy link, the test above).
 
 Results of a loop that is not *fresh* (no report for ``stale_after``: its agent is gone) are
@@ -42,6 +44,11 @@ from statistics import NormalDist
 from mrcstack.mapper.agent import PathResult
 from mrcstack.mapper.linkstate import DENIED, TRANSITIONS, Evidence, LinkState
 from mrcstack.mapper.plan import ProbePlan, link_ends, switches
+
+
+#: Results a loss test needs before it says anything (a few losses among fewer are no
+#: measure of a loss rate).
+MIN_PROBES = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +112,10 @@ class LinkStatus:
     hold_until: float | None  # HELD: when it may come back
 
 
-def _counts(buckets: deque[list[float]], first: int) -> tuple[int, int, float, int]:
-    """(sent, lost, rtt sum, delivered) of the buckets from index ``first`` on."""
+def _counts(buckets: deque[list[float]], first: int, tail: int) -> tuple[int, int, float, int]:
+    """(sent, lost, rtt sum, delivered) of the buckets from index ``first`` on, leaving out
+    the loop's current run of ``tail`` losses: a run still going is news of a link going
+    down, not of one losing some packets."""
     sent = lost = 0
     rtt = 0.0
     for b in reversed(buckets):
@@ -115,7 +124,8 @@ def _counts(buckets: deque[list[float]], first: int) -> tuple[int, int, float, i
         sent += int(b[1])
         lost += int(b[2])
         rtt += b[3]
-    return sent, lost, rtt, sent - lost
+    tail = min(tail, lost)
+    return sent - tail, lost - tail, rtt, sent - lost
 
 
 class Localizer:
@@ -386,10 +396,10 @@ class Localizer:
                 if self._state[hl] is LinkState.DOWN:
                     continue
                 for s in shorts.get(hl, ()):
-                    sent, lost, _, _ = _counts(self._buckets[s], first)
+                    sent, lost, _, _ = _counts(self._buckets[s], first, self._streak[s])
                     n0 += sent
                     l0 += lost
-            sent, lost, r, d = _counts(self._buckets[i], first)
+            sent, lost, r, d = _counts(self._buckets[i], first, self._streak[i])
             n1 += sent
             l1 += lost
             rtt += r
@@ -399,7 +409,7 @@ class Localizer:
     def _excess(self, link: str, span: int, now: float) -> tuple[float, float] | None:
         """(D, its standard deviation) for the test in the module docstring; None: no data."""
         (n1, l1), (n0, l0), _, _ = self._pairs(link, span, now)
-        if n1 == 0:
+        if n1 < MIN_PROBES:
             return None
         z2 = self._z * self._z
         q = self._q

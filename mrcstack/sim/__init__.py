@@ -9,7 +9,9 @@ or from Python: ``run(SimConfig(...)).to_json()``.  Layers: :mod:`.engine` (even
 :mod:`.network` (links, switch queues, trimming, ECN, faults), :mod:`.runner` (scenario ->
 connections -> result), :mod:`.cli`; beside them :mod:`.config` (``SimConfig``, flows,
 faults), :mod:`.scenario` (TOML scenario files), :mod:`.collectives` (collectives as
-dependent steps), :mod:`.content` (what each write's bytes must be) and :mod:`.result`.
+dependent steps), :mod:`.content` (what each write's bytes must be), :mod:`.result`, and
+:mod:`.probing` (the fabric mapper's agents and localizer on the simulated fabric, the
+``[mapper]`` of a scenario).
 The same configuration and seed always give the same JSON, byte for byte
 (``json.dumps(result.to_json(), sort_keys=True)``; floats keep 9 significant digits).
 
@@ -106,6 +108,15 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        retry_budget_s: how long a connection may go
                                        without progress before it fails
     seed               int             the seed
+    mapper             object|null     with a [mapper] in the scenario: rounds, probes,
+                                       probes_lost, changes (t as at, link, old, new,
+                                       evidence, loss), denials (at, links, evs and
+                                       connections changed), first_denial_s,
+                                       data_on_denied (data packets sent on a path over a
+                                       link of the denylist in force, or of the one it
+                                       would have pushed with deny = false), and
+                                       retransmissions ([time, [per host]] whenever a
+                                       host's count changed); null without
 """
 
 from mrcstack.sim.engine import Engine

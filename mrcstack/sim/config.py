@@ -16,6 +16,7 @@ from mrcstack.core.cc import CCParams
 from mrcstack.core.config import MODES, ConnectionConfig
 from mrcstack.core.evs import EvEntry
 from mrcstack.fabric import Fabric
+from mrcstack.mapper.localize import Params
 from mrcstack.sim.network import (
     DEFAULT_LINK_DELAY_S,
     DEFAULT_RATE_BPS,
@@ -89,6 +90,49 @@ class LossChange:
 
 
 @dataclass(frozen=True, slots=True)
+class MapperSpec:
+    """The fabric mapper in a run (:mod:`mrcstack.sim.probing`): from ``start`` every host
+    probes its loops each ``interval`` and the localizer judges the links; every
+    connection keeps the denylist.  The localizer's windows are counted in rounds (100,
+    250 and 500 by default: 1, 2.5 and 5 s at the testbed's 10 ms), so a run at another
+    interval sees as many probes per window; the hold-down is in seconds."""
+
+    interval: float = 1e-3
+    start: float = 0.0
+    timeout: float | None = None  # None: two intervals
+    overlap: int = 2
+    short_repeat: int = 1
+    down_after: int = 3
+    loss_threshold: float = 0.005
+    confidence: float = 0.99
+    hold_down: float = 10.0
+    windows: tuple[int, ...] = (100, 250, 500)  # rounds
+    bucket: int = 25  # rounds
+    stale_after: int = 100  # rounds
+    deny: bool = True  # False: the mapper only watches (no denylist reaches a connection)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval < float("inf") or not 0 <= self.start < float("inf"):
+            raise ValueError("mapper interval must be positive and its start >= 0")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"mapper timeout must be positive, got {self.timeout}")
+        if not 1 <= self.overlap <= 16 or self.short_repeat < 1:
+            raise ValueError("mapper overlap must be in 1..16 and short_repeat >= 1")
+        self.params()  # checks the localizer's settings
+
+    def params(self) -> Params:
+        return Params(
+            down_after=self.down_after,
+            loss_threshold=self.loss_threshold,
+            confidence=self.confidence,
+            windows=tuple(w * self.interval for w in self.windows),
+            bucket=self.bucket * self.interval,
+            hold_down=self.hold_down,
+            stale_after=self.stale_after * self.interval,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class FlowSpec:
     """One flow in detail: its own size, when it starts, what it waits for, and its EVs.
 
@@ -153,6 +197,8 @@ class SimConfig:
     latency_flows: tuple[int, ...] = ()
     latency_writes: int = 256
     latency_write_bytes: int = 4096
+    # The fabric mapper: probes, localization and denylists during the run (None: none).
+    mapper: MapperSpec | None = None
 
     def retry_budget_s(self) -> float:
         """How long a flow's connection may go without progress before it fails: the

@@ -427,6 +427,14 @@ class Network:
             self._routes[key] = route
         return route
 
+    def add_route(self, src: int, dst: int, plane: int, key: int, links: Sequence[str]) -> None:
+        """Send what ``src`` sends to ``dst`` on ``(plane, key)`` over these directional
+        links: a path the router does not know (a link probe's loop back to its sender)."""
+        route = tuple(self.links[name] for name in links)
+        if not route:
+            raise ValueError(f"route {(src, dst, plane, key)} is empty")
+        self._routes[(src, dst, plane, key)] = route
+
     def send(self, src: int, dst: int, plane: int, ev: int, data: bytes) -> None:
         """Inject a datagram at ``src``'s NIC port for ``plane`` now, on the path of ``ev``."""
         self.send_packet(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from mrcstack.sim.config import SimConfig
+from mrcstack.sim.probing import MapperResult
 
 #: Significant digits kept for every float in the JSON form (byte-stable output).
 JSON_FLOAT_DIGITS = 9
@@ -129,6 +130,7 @@ class SimResult:
     sim_events: int
     config: SimConfig
     seed: int
+    mapper: MapperResult | None = None  # with a mapper in the scenario
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types, floats rounded to JSON_FLOAT_DIGITS significant digits."""

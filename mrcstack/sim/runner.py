@@ -60,6 +60,7 @@ from mrcstack.sim.config import (
     FlowSpec,
     LinkFailure,
     LossChange,
+    MapperSpec,
     NicDown,
     PlaneFailure,
     SimConfig,
@@ -70,6 +71,7 @@ from mrcstack.sim.config import (
 from mrcstack.sim.content import CheckingSink, FlowContent
 from mrcstack.sim.engine import Engine
 from mrcstack.sim.network import WIRE_OVERHEAD_BYTES, Link, Network
+from mrcstack.sim.probing import Sender, SimMapper
 from mrcstack.sim.result import (
     JSON_FLOAT_DIGITS,
     EvRecord,
@@ -342,7 +344,7 @@ class _Endpoint:
         events = conn.events
         if events:
             self._drain(now)
-        send = sim.net.send_packet
+        send = sim.send_packet
         host, peer = self.host, self.peer
         if sim.wire:
             self._pump_wire(now)
@@ -388,7 +390,7 @@ class _Endpoint:
         """:meth:`pump`'s transmit step when packets travel encoded (``run(wire=True)``)."""
         sim = self.sim
         conn = self.conn
-        send = sim.net.send_packet
+        send = sim.send_packet
         if self.sender:
             per_plane = self.flow.plane_bytes
             room = sim.nic_room(self.host, now)
@@ -501,8 +503,11 @@ class _Simulation:
                 endpoint = _Endpoint(self, flow, conn, sender)
                 flow.ends.append(endpoint)
                 self.by_host.setdefault(host, {})[local] = endpoint
-        for host, table in sorted(self.by_host.items()):
-            self.net.attach(host, self._host_handler(table))
+        self.send_packet: Sender = self.net.send_packet
+        self.mapper = None if cfg.mapper is None else self._start_mapper(cfg.mapper)
+        if self.mapper is None:
+            for host, table in sorted(self.by_host.items()):
+                self.net.attach(host, self._host_handler(table))
         # Each host's NIC: its uplinks, and the connections waiting for them to drain.
         fabric = cfg.fabric
         self.uplinks = {
@@ -524,6 +529,19 @@ class _Simulation:
         for flow in self.flows:
             if not flow.waiting:
                 self.engine.at(flow.spec.start_s, self._start, flow)
+
+    def _start_mapper(self, spec: MapperSpec) -> SimMapper:
+        """The fabric mapper: probes on every host (each host's arrivals tapped for them),
+        its denylist kept on every connection, data packets on denied paths counted."""
+        mapper = SimMapper(self.cfg.fabric, self.engine, self.net, spec)
+        self.send_packet = mapper.counting(self.net.send_packet)
+        for host in range(self.cfg.fabric.hosts):
+            table = self.by_host.get(host, {})
+            self.net.attach(host, mapper.tap(host, self._host_handler(table)))
+            for endpoint in table.values():
+                mapper.deny_on(host, endpoint.peer, endpoint.conn, endpoint.pump)
+        mapper.start()
+        return mapper
 
     def nic_backlog(self, host: int, now: float) -> float:
         """Bytes waiting in the host's NIC ports (all planes)."""
@@ -833,6 +851,7 @@ class _Simulation:
             sim_events=self.engine.events_run,
             config=cfg,
             seed=cfg.seed,
+            mapper=None if self.mapper is None else self.mapper.result(),
         )
 
     @staticmethod

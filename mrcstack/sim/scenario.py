@@ -43,6 +43,11 @@ numbers (bit/s) or tc strings ("10gbit"); times numbers (seconds) or strings ("2
                                                  path of a fabric file (or a shipped one)
     [cc_params]           cc_params              CCParams fields: times, sizes, qa_gate,
                                                  disable_qa
+    [mapper]              mapper                 MapperSpec fields: interval, start,
+                                                 timeout, hold_down (times), overlap,
+                                                 short_repeat, down_after, bucket,
+                                                 stale_after, windows (rounds),
+                                                 loss_threshold, confidence, deny
     [[flow]]              flow_specs             src, dst, bytes, start, after, evs, planes,
                                                  group
     [[collective]]        flow_specs             kind, hosts (all), chunk, start, name:
@@ -92,6 +97,7 @@ from mrcstack.sim.config import (
     FlowSpec,
     LinkFailure,
     LossChange,
+    MapperSpec,
     NicDown,
     PlaneFailure,
     SimConfig,
@@ -411,6 +417,22 @@ _CC_KINDS = {
     "initial_cwnd": SIZE,
     "min_cwnd": SIZE,
 }
+#: The [mapper] table: MapperSpec fields and their kinds (windows: a list of rounds).
+_MAPPER_KINDS = {
+    "interval": TIME,
+    "start": TIME,
+    "timeout": TIME,
+    "overlap": INT,
+    "short_repeat": INT,
+    "down_after": INT,
+    "loss_threshold": PROBABILITY,
+    "confidence": PROBABILITY,
+    "hold_down": TIME,
+    "windows": _Kind(_list(_int), _write_ints),
+    "bucket": INT,
+    "stale_after": INT,
+    "deny": BOOL,
+}
 _FLOW_KEYS = ("src", "dst", "bytes", "start", "after", "evs", "planes", "group")
 _COLLECTIVE_KEYS = ("kind", "hosts", "chunk", "start", "name")
 #: Every file key -> the SimConfig field it sets (several keys may set one field).
@@ -418,6 +440,7 @@ FIELDS: dict[str, str] = {
     **{key: field for key, (field, _, _) in SCALARS.items()},
     "fabric": "fabric",
     "cc_params": "cc_params",
+    "mapper": "mapper",
     "pairs": "pairs",
     "link_loss": "link_loss",
     "ev_loss": "ev_loss",
@@ -504,6 +527,18 @@ def _read_cc_params(top: _Table) -> CCParams | None:
         if (raw := table.raw.get(name)) is not None
     }
     return _checked("cc_params", lambda: CCParams(**values))
+
+
+def _read_mapper(top: _Table) -> MapperSpec | None:
+    if "mapper" not in top.raw:
+        return None
+    table = _Table("mapper", top.raw["mapper"], tuple(_MAPPER_KINDS))
+    values = {
+        name: kind.read(table.key(name), raw)
+        for name, kind in _MAPPER_KINDS.items()
+        if (raw := table.raw.get(name)) is not None
+    }
+    return _checked("mapper", lambda: MapperSpec(**values))
 
 
 def _read_pairs(top: _Table, fabric: Fabric) -> tuple[tuple[int, int], ...]:
@@ -607,6 +642,7 @@ def _build(document: dict[str, Any], base_dir: Path | None) -> SimConfig:
         if key in top.raw
     }
     values["cc_params"] = _read_cc_params(top)
+    values["mapper"] = _read_mapper(top)
     values["link_loss"] = top.get("link_loss", _link_loss, ())
     values["ev_loss"] = top.get("ev_loss", _ev_loss, ())
     for i, (link, _) in enumerate(values["link_loss"]):
@@ -759,6 +795,11 @@ def dumps(cfg: SimConfig) -> str:
         tables += ["", "[cc_params]"]
         for name, kind in _CC_KINDS.items():
             value = getattr(cfg.cc_params, name)
+            tables.append(f"# {name}: unset" if value is None else f"{name} = {kind.write(value)}")
+    if cfg.mapper is not None:
+        tables += ["", "[mapper]"]
+        for name, kind in _MAPPER_KINDS.items():
+            value = getattr(cfg.mapper, name)
             tables.append(f"# {name}: unset" if value is None else f"{name} = {kind.write(value)}")
     for key, items in (
         ("link_loss", [(_string(link), _string(link), p) for link, p in cfg.link_loss]),
