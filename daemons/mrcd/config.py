@@ -19,6 +19,14 @@ from mrcstack.fabric import Fabric, FabricConfigError
 
 DATA_PORT = 4791
 CONTROL_PORT = 4792
+#: The fabric mapper's agent listener, and the UDP port of the link probes' sockets.
+MAPPER_PORT = 4793
+LINK_PROBE_PORT = 4793
+#: The probing agent's defaults: every loop every 10 ms (the paper probes every link about
+#: every millisecond at scale), a probe lost when not back within 20 ms.
+PROBE_INTERVAL = 0.01
+PROBE_TIMEOUT = 0.02
+PROBE_RATE_LIMIT = 20000.0
 DEFAULT_WEB = "127.0.0.1:9464"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTH_MODES = ("psk", "keypair")
@@ -65,6 +73,21 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MapperAgentConfig:
+    """The probing agent (``[mrcd.mapper]``, on with ``enabled = true``): this mrcd probes
+    its share of the fabric mapper's plan and reports to the mapper at ``address``."""
+
+    address: Address  # the mapper's agent listener, on the management network
+    name: str = "mapper"  # the name the mapper authenticates as
+    interval: float = PROBE_INTERVAL
+    timeout: float = PROBE_TIMEOUT
+    overlap: int = 2  # hosts per T0-T1 link: the mapper's plan must say the same
+    short_repeat: int = 1  # probes per short loop per round
+    probe_port: int = LINK_PROBE_PORT
+    rate_limit: float = PROBE_RATE_LIMIT  # probes a second at most: rounds stretch to keep it
+
+
+@dataclass(frozen=True, slots=True)
 class MrcdConfig:
     host: int
     fabric: Fabric = field(default_factory=Fabric)
@@ -89,6 +112,8 @@ class MrcdConfig:
     #: The NIC port (network interface) of each plane, whose link state mrcd watches; empty
     #: means the testbed's names, nic0 .. nic<planes-1>.
     interfaces: tuple[str, ...] = ()
+    #: The probing agent of the fabric mapper (None: off).
+    mapper: MapperAgentConfig | None = None
 
     def __post_init__(self) -> None:
         if self.packet_auth and not self.extensions:
@@ -160,6 +185,7 @@ _KEYS = {
     "bind_devices",
     "drain_timeout",
     "interfaces",
+    "mapper",
 }
 
 
@@ -260,6 +286,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         bind_devices=_bool(table, "bind_devices", False),
         drain_timeout=drain,
         interfaces=interfaces,
+        mapper=_mapper(_table(table, "mapper"), fabric),
     )
 
 
@@ -309,15 +336,16 @@ def _interfaces(value: object, planes: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _auth(table: Mapping[str, object]) -> AuthConfig:
+def _auth(table: Mapping[str, object], prefix: str = "mrcd.auth") -> AuthConfig:
+    """An ``[mrcd.auth]`` table (or another daemon's, whose errors start with ``prefix``)."""
     known = {"mode", "psk_file", "private_key_file", "peer_keys_dir"}
     for key in table:
         if key not in known:
-            raise MrcdConfigError(f"mrcd.auth.{key}: unknown key")
+            raise MrcdConfigError(f"{prefix}.{key}: unknown key")
     mode = table.get("mode", "psk")
     if mode not in AUTH_MODES:
         raise MrcdConfigError(
-            f"mrcd.auth.mode: must be one of {', '.join(AUTH_MODES)}, got {mode!r}"
+            f"{prefix}.mode: must be one of {', '.join(AUTH_MODES)}, got {mode!r}"
         )
 
     def path(key: str) -> Path | None:
@@ -325,7 +353,7 @@ def _auth(table: Mapping[str, object]) -> AuthConfig:
         if value is None:
             return None
         if not isinstance(value, str):
-            raise MrcdConfigError(f"mrcd.auth.{key}: must be a path string")
+            raise MrcdConfigError(f"{prefix}.{key}: must be a path string")
         return Path(value)
 
     cfg = AuthConfig(
@@ -335,9 +363,58 @@ def _auth(table: Mapping[str, object]) -> AuthConfig:
         peer_keys_dir=path("peer_keys_dir"),
     )
     if cfg.mode == "psk" and cfg.psk_file is None:
-        raise MrcdConfigError("mrcd.auth.psk_file: required in psk mode")
+        raise MrcdConfigError(f"{prefix}.psk_file: required in psk mode")
     if cfg.mode == "keypair" and (cfg.private_key_file is None or cfg.peer_keys_dir is None):
         raise MrcdConfigError(
-            "mrcd.auth.private_key_file and peer_keys_dir: required in keypair mode"
+            f"{prefix}.private_key_file and peer_keys_dir: required in keypair mode"
         )
     return cfg
+
+
+parse_auth = _auth
+
+_MAPPER_KEYS = {
+    "enabled",
+    "address",
+    "name",
+    "interval",
+    "timeout",
+    "overlap",
+    "short_repeat",
+    "probe_port",
+    "rate_limit",
+}
+
+
+def _mapper(table: Mapping[str, object], fabric: Fabric) -> MapperAgentConfig | None:
+    """``[mrcd.mapper]``: None unless ``enabled = true``."""
+    for key in table:
+        if key not in _MAPPER_KEYS:
+            raise MrcdConfigError(f"mrcd.mapper.{key}: unknown key")
+    # Keys prefixed so that the shared getters' errors name them mrcd.mapper.<key>.
+    where = {f"mapper.{k}": v for k, v in table.items()}
+    if not _bool(where, "mapper.enabled", False):
+        return None
+    if "mapper.address" not in where:
+        raise MrcdConfigError("mrcd.mapper.address: missing (the mapper's agent listener)")
+    address = parse_address(_str(where, "mapper.address", ""), "mrcd.mapper.address", MAPPER_PORT)
+    name = _str(where, "mapper.name", "mapper")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        raise MrcdConfigError(f"mrcd.mapper.name: not a host name: {name!r}")
+    interval = _seconds(where, "mapper.interval", PROBE_INTERVAL, 10.0)
+    timeout = _seconds(where, "mapper.timeout", PROBE_TIMEOUT, 10.0)
+    if not interval > 0 or not timeout > 0:
+        raise MrcdConfigError("mrcd.mapper.interval and timeout: must be more than 0")
+    overlap = _int(where, "mapper.overlap", 2)
+    repeat = _int(where, "mapper.short_repeat", 1)
+    port = _int(where, "mapper.probe_port", LINK_PROBE_PORT)
+    rate = where.get("mapper.rate_limit", PROBE_RATE_LIMIT)
+    if not 1 <= overlap <= 16:
+        raise MrcdConfigError(f"mrcd.mapper.overlap: must be in 1..16, got {overlap}")
+    if not 1 <= repeat <= 16:
+        raise MrcdConfigError(f"mrcd.mapper.short_repeat: must be in 1..16, got {repeat}")
+    if not 1 <= port <= 65535 - 16 * fabric.hosts:
+        raise MrcdConfigError(f"mrcd.mapper.probe_port: out of range: {port}")
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate >= 1:
+        raise MrcdConfigError(f"mrcd.mapper.rate_limit: probes a second, >= 1, got {rate!r}")
+    return MapperAgentConfig(address, name, interval, timeout, overlap, repeat, port, float(rate))

@@ -131,6 +131,25 @@ class Controller:
         )
         return result
 
+    def link_denylist(self) -> dict[str, Any]:
+        """The fabric mapper's link denylist in force: ``links``, ``version``, ``source``,
+        ``updated`` (unix time), ``denied_evs`` and ``qps`` (what it denies now)."""
+        result: dict[str, Any] = self.call("query_link_denylist")
+        return result
+
+    def set_link_denylist(
+        self, links: Sequence[str], *, version: int | None = None, source: str | None = None
+    ) -> dict[str, Any]:
+        """Deny every EV whose path crosses one of ``links`` on every QP (new QPs start
+        without them); EVs over links no longer listed come back ASSUMED_BAD."""
+        args: dict[str, Any] = {"links": list(links)}
+        if version is not None:
+            args["version"] = version
+        if source is not None:
+            args["source"] = source
+        result: dict[str, Any] = self.call("set_link_denylist", **args)
+        return result
+
     def destroy_ev_profile(self, ident: int) -> None:
         self.call("destroy_ev_profile", id=ident)
 

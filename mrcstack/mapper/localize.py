@@ -45,7 +45,6 @@ from mrcstack.mapper.agent import PathResult
 from mrcstack.mapper.linkstate import DENIED, TRANSITIONS, Evidence, LinkState
 from mrcstack.mapper.plan import ProbePlan, link_ends, switches
 
-
 #: Results a loss test needs before it says anything (a few losses among fewer are no
 #: measure of a loss rate).
 MIN_PROBES = 50

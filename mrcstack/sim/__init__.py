@@ -109,7 +109,7 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        without progress before it fails
     seed               int             the seed
     mapper             object|null     with a [mapper] in the scenario: rounds, probes,
-                                       probes_lost, changes (t as at, link, old, new,
+                                       probes_lost, changes (at, link, old, new,
                                        evidence, loss), denials (at, links, evs and
                                        connections changed), first_denial_s,
                                        data_on_denied (data packets sent on a path over a

@@ -86,7 +86,7 @@ def test_bad_mapper_settings_name_the_key() -> None:
     text = scenario.dumps(_job(deny=True))
     with pytest.raises(scenario.ScenarioError, match=r"mapper\.overlp: unknown key"):
         scenario.loads(text.replace("overlap = 2", "overlp = 2"))
-    with pytest.raises(scenario.ScenarioError, match="overlap must be in 1..16"):
+    with pytest.raises(scenario.ScenarioError, match=r"overlap must be in 1\.\.16"):
         scenario.loads(text.replace("overlap = 2", "overlap = 0"))
     with pytest.raises(ValueError, match="interval"):
         MapperSpec(interval=0)

@@ -26,6 +26,8 @@ ctl.subscribe_ev_events    mrc_ctl_create_ev_event_cq + poll_ev_event          n
 ctl.recent_ev_events       (the last events, without subscribing)              no
 ctl.ep_batch               mrc_ctl_ep_batch_send_wait (EV_PROBE, PORT_STATUS)  yes
 ctl.connect_qp             (ibv_modify_qp RTR/RTS of an application's QP)      yes
+ctl.query_link_denylist    (the fabric mapper's links no path may cross)       no
+ctl.set_link_denylist      (deny every EV over those links, on every QP)       yes
 =========================  ==================================================  ==========
 """
 
@@ -65,6 +67,8 @@ RECENT_EVENTS = 1024
 #: Bytes a subscriber may lag before its EV events are dropped (and counted).
 SUBSCRIBER_LAG = 1 << 20
 MAX_EP_REQUESTS = 256
+MAX_DENIED_LINKS = 65536
+MAX_SOURCE = 64
 MAX_EP_TIMEOUT = 30.0
 
 
@@ -164,6 +168,7 @@ class Controller:
             "ctl.list_cc_profiles": self.list_cc_profiles,
             "ctl.subscribe_ev_events": self.subscribe_ev_events,
             "ctl.recent_ev_events": self.recent_ev_events,
+            "ctl.query_link_denylist": self.query_link_denylist,
         }
         self._privileged: dict[str, Handler] = {
             "ctl.modify_port": self.modify_port,
@@ -175,6 +180,7 @@ class Controller:
             "ctl.destroy_cc_profile": self.destroy_cc_profile,
             "ctl.ep_batch": self.ep_batch,
             "ctl.connect_qp": self.connect_qp,
+            "ctl.set_link_denylist": self.set_link_denylist,
         }
 
     def close(self) -> None:
@@ -370,6 +376,35 @@ class Controller:
                 self.subscribers[who] = 0
             else:
                 self.subscribers[who] = dropped + 1
+
+    # The link denylist ------------------------------------------------------------------------
+    def query_link_denylist(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:
+        return self.node.denylist.to_json()
+
+    def set_link_denylist(self, args: dict[str, Any], who: Subscriber) -> dict[str, Any]:
+        """``links``: link names (``p0:t0a-t1c``, either direction); ``version`` (default:
+        one more than now) and ``source`` (default ``controller``) say whose list it is."""
+        fabric = self.node.fabric
+        links = set()
+        for i, item in enumerate(a.get_list(args, "links", MAX_DENIED_LINKS)):
+            if not isinstance(item, str):
+                raise ApiError(errno.EINVAL, f"links[{i}]: must be a link name")
+            try:
+                addrplan.parse_link(item, fabric)
+                links.add(addrplan.canonical_link(item))
+            except ValueError as exc:
+                raise ApiError(errno.EINVAL, f"links[{i}]: {exc}") from None
+        denylist = self.node.denylist
+        version = a.get_int(args, "version", 0, U64, denylist.version + 1)
+        source = args.get("source", "controller")
+        if not isinstance(source, str) or not 0 < len(source) <= MAX_SOURCE:
+            raise ApiError(errno.EINVAL, f"source: a string of 1..{MAX_SOURCE} characters")
+        done = denylist.set(frozenset(links), version, source)
+        log.info(
+            "event=link_denylist version=%d source=%s links=%s evs_changed=%d qps=%d denied=%d",
+            version, source, ",".join(sorted(links)) or "-", done.changed, done.qps, done.denied,
+        )  # fmt: skip
+        return {**denylist.to_json(), "changed": done.changed}
 
     # Endpoint operations ------------------------------------------------------------------------
     def ep_batch(

@@ -5,7 +5,8 @@ data path (the plane sockets and the transport); each part is a module of this p
 ``qptable.py`` (contexts, QPs), ``connect.py`` (connection setup over the control channel),
 ``listeners.py`` (peers' connection requests), ``events.py`` (the event fan-out),
 ``ports.py``, ``peers.py`` (peer liveness), ``probing.py`` (EV probes, port status),
-``addresses.py``, ``profiles.py`` and ``snapshot.py`` (what a metrics scrape reads).
+``addresses.py``, ``profiles.py``, ``denylist.py`` (the fabric mapper's link denylist) and
+``snapshot.py`` (what a metrics scrape reads).
 :meth:`Node._bind` gives each call of the node's one interface (what the API servers, the
 control server's ``ControlHooks`` and the parts call) to the part that answers it.
 """
@@ -31,6 +32,7 @@ from mrcstack.daemons.mrcd.datapath.transport import (
 )
 from mrcstack.daemons.mrcd.node.addresses import Addresses
 from mrcstack.daemons.mrcd.node.connect import ConnectionSetup
+from mrcstack.daemons.mrcd.node.denylist import LinkDenylist
 from mrcstack.daemons.mrcd.node.events import EventFanout
 from mrcstack.daemons.mrcd.node.listeners import Listeners
 from mrcstack.daemons.mrcd.node.peers import PeerWatch
@@ -74,6 +76,10 @@ class Node:
         # Our ports' flags (the controller API and the metrics read them).
         self.port_admin, self.port_link = self.ports.admin, self.ports.link
         self.profiles = ProfileStore(cfg.fabric)
+        self.denylist = LinkDenylist(
+            cfg.fabric, cfg.host, self.qps, self.profiles.denied_for, self._kick
+        )
+        self.profiles.link_denied = self.denylist.evs_for
         self.listeners = Listeners(self.loop)
         self.peers = PeerWatch(self, cfg.fabric.planes, self.loop)
         self.ports.on_change = self.peers.ports_changed

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +39,9 @@ class Node(Protocol):
     qps: dict[int, Qp]
     transport: Transport | None
 
+
+#: (remote host, a QP's EV set, its format) -> the EVs the link denylist denies.
+LinkDenied = Callable[[int, tuple[EvEntry, ...], EvFormat], frozenset[int]]
 
 MAX_EV_PROFILES = 256
 MAX_CC_PROFILES = 256
@@ -139,6 +142,9 @@ class ProfileStore:
         )
         self.ev: dict[int, EvProfile] = {0: EvProfile(0, "generated", None, default_fields, 128, 1)}
         self.cc: dict[int, CcProfile] = {0: CcProfile(0, "nscc", DEFAULT_CC)}
+        #: (remote host, EV set, format) -> EVs the fabric mapper's link denylist denies
+        #: (the node sets it): a new QP starts with them denied.
+        self.link_denied: LinkDenied | None = None
 
     # Lookups ------------------------------------------------------------------------------
     def ev_profile(self, ident: int) -> EvProfile:
@@ -177,16 +183,24 @@ class ProfileStore:
         evs = ev.evs
         if evs is None:
             evs = addrplan.ev_profile(self.fabric, local_host, remote_host, ev.ev_count)
+        denied = frozenset(ev.denied)
+        if self.link_denied is not None:
+            denied |= self.link_denied(remote_host, evs, ev.fmt)
         return {
             "evs": evs,
             "ev_count": ev.ev_count,
             "ev_min_active": ev.ev_min_active,
-            "denied": frozenset(ev.denied),
+            "denied": denied,
             "profile_id": ev.ident,
             "ev_format": ev.fmt,
             "cc": cc.algorithm,
             "cc_params": cc.params,
         }
+
+    def denied_for(self, qp: Qp) -> frozenset[int]:
+        """The controller's DENY set of the QP's EV profile."""
+        profile = self.ev.get(qp.attrs.ev_profile_id)
+        return frozenset(profile.denied) if profile is not None else frozenset()
 
     def apply_to_qp(self, node: Node, qpn: int) -> int:
         """Bring a connected QP's EV table in line with its profile (DENY set, min active).
