@@ -8,6 +8,7 @@ any namespace (memory regions travel over it as file descriptors).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -19,11 +20,12 @@ from pathlib import Path
 from types import TracebackType
 
 from mrcstack.api.verbs import namespace_socket
-from mrcstack.daemons.mrcd.config import CONTROL_PORT
+from mrcstack.daemons.mrcd.config import CONTROL_PORT, MAPPER_PORT
 from mrcstack.errors import LocalError
 from mrcstack.netns.state import TestbedState
 
 METRICS_PORT = 9464
+MAPPER_WEB_PORT = 9465
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
 
@@ -35,6 +37,17 @@ class Daemon:
     config: Path
     api_socket: Path
     metrics_url: str
+    log: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+@dataclass
+class Mapper:
+    """mrcmapper, in the root namespace on the management bridge's address."""
+
+    config: Path
+    address: str  # the agents' listener, [addr]:port
+    url: str  # its web address: /metrics, /status, /fabric.png
     log: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -52,10 +65,20 @@ class Cluster:
         extra: str = "",
         namespace_sockets: bool = False,
         detach: bool = False,
+        mapper: bool = False,
+        mapper_extra: str = "",
+        agent_extra: str = "",
     ) -> None:
         """``namespace_sockets``: each API socket where programs in that host's namespace
         look by default (:func:`mrcstack.api.verbs.namespace_socket`), not in ``workdir``;
-        ``detach``: the daemons outlive this process (their own session, no terminal)."""
+        ``detach``: the daemons outlive this process (their own session, no terminal);
+        ``mapper``: mrcmapper runs too (started first, stopped last) and every mrcd probes
+        for it, with ``mapper_extra`` more [mrcmapper] keys and ``agent_extra`` more
+        [mrcd.mapper] keys."""
+        self.mapper: Mapper | None = None
+        self.mapper_extra = mapper_extra
+        self.agent_extra = agent_extra
+        self.with_mapper = mapper
         self.namespace_sockets = namespace_sockets
         self.detach = detach
         self.state = state
@@ -76,6 +99,7 @@ class Cluster:
             f.write(os.urandom(32).hex() + "\n")
         peers = "\n".join(f'h{h} = "[{self._mgmt(h)}]:{CONTROL_PORT}"' for h in self.hosts)
         fabric = self.state.fabric.to_toml()
+        agent = self._write_mapper(fabric) if self.with_mapper else ""
         for host in self.hosts:
             mgmt = self._mgmt(host)
             cfg = self.workdir / f"h{host}.toml"
@@ -93,6 +117,7 @@ api_socket = "{sock}"
 web_listen_address = "[{mgmt}]:{METRICS_PORT}"
 log_level = "{self.log_level}"
 {self.extra}
+{agent}
 [mrcd.peers]
 {peers}
 
@@ -111,9 +136,39 @@ psk_file = "{self.psk}"
                 log=self.workdir / f"h{host}.log",
             )
 
+    def _write_mapper(self, fabric: str) -> str:
+        """The mapper's config (its address: the management bridge's ::1); the [mrcd.mapper]
+        table every mrcd gets."""
+        bridge = str(ipaddress.IPv6Network(self.state.mgmt_prefix)[1])
+        address = f"[{bridge}]:{MAPPER_PORT}"
+        config = self.workdir / "mapper.toml"
+        config.write_text(
+            f"""[mrcmapper]
+listen_address = "{address}"
+web_listen_address = "[{bridge}]:{MAPPER_WEB_PORT}"
+log_level = "{self.log_level}"
+{self.mapper_extra}
+[mrcmapper.auth]
+mode = "psk"
+psk_file = "{self.psk}"
+
+{fabric}"""
+        )
+        self.mapper = Mapper(
+            config, address, f"http://[{bridge}]:{MAPPER_WEB_PORT}", self.workdir / "mapper.log"
+        )
+        return f"""[mrcd.mapper]
+enabled = true
+address = "{address}"
+{self.agent_extra}
+"""
+
     def start(self, timeout: float = START_TIMEOUT) -> None:
         self.write_configs()
         try:
+            if self.mapper is not None:
+                self._spawn_mapper("wb")
+                self._wait_mapper(time.monotonic() + timeout)
             for d in self.daemons.values():
                 self._spawn(d, "wb")
             deadline = time.monotonic() + timeout
@@ -133,6 +188,56 @@ psk_file = "{self.psk}"
                 stderr=log,
                 start_new_session=self.detach,
             )  # fmt: skip
+
+    def _spawn_mapper(self, mode: str) -> None:
+        m = self.mapper
+        if m is None:
+            raise LocalError("this cluster runs no mapper")
+        with m.log.open(mode) as log:
+            m.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "mrcstack.daemons.mrcmapper.main",
+                    "--config",
+                    str(m.config),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=self.detach,
+            )
+
+    def _wait_mapper(self, deadline: float) -> None:
+        m = self.mapper
+        assert m is not None  # only called when there is one
+        while time.monotonic() < deadline:
+            if m.proc is not None and m.proc.poll() is not None:
+                tail = " | ".join(m.log.read_text(errors="replace").strip().splitlines()[-5:])
+                raise LocalError(f"mrcmapper exited: {tail}")
+            try:
+                with urllib.request.urlopen(f"{m.url}/status", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise LocalError(f"mrcmapper not ready after {START_TIMEOUT}s")
+
+    def kill_mapper(self) -> None:
+        """SIGKILL mrcmapper, as a crash would."""
+        m = self.mapper
+        if m is not None and m.proc is not None and m.proc.poll() is None:
+            m.proc.kill()
+            m.proc.wait()
+
+    def restart_mapper(self, timeout: float = START_TIMEOUT) -> None:
+        """Start mrcmapper again on the same config (its log is appended to)."""
+        m = self.mapper
+        if m is None:
+            raise LocalError("this cluster runs no mapper")
+        if m.proc is not None and m.proc.poll() is None:
+            raise LocalError("mrcmapper is still running")
+        self._spawn_mapper("ab")
+        self._wait_mapper(time.monotonic() + timeout)
 
     def kill(self, host: int) -> None:
         """SIGKILL one daemon, as a host crash or the OOM killer would: nothing of it runs
@@ -171,7 +276,8 @@ psk_file = "{self.psk}"
         return " | ".join(text.strip().splitlines()[-lines:])
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> dict[int, int | None]:
-        """SIGTERM every daemon, wait, SIGKILL stragglers; returns exit codes by host."""
+        """SIGTERM every daemon, wait, SIGKILL stragglers, then the mapper the same way;
+        returns exit codes by host (the mapper's as host -1)."""
         codes: dict[int, int | None] = {}
         for d in self.daemons.values():
             if d.proc is not None and d.proc.poll() is None:
@@ -186,6 +292,16 @@ psk_file = "{self.psk}"
                 d.proc.kill()
                 d.proc.wait()
             codes[d.host] = d.proc.returncode
+        m = self.mapper
+        if m is not None and m.proc is not None:
+            if m.proc.poll() is None:
+                m.proc.send_signal(signal.SIGTERM)
+            try:
+                m.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                m.proc.kill()
+                m.proc.wait()
+            codes[-1] = m.proc.returncode
         return codes
 
     def __enter__(self) -> Cluster:

@@ -56,6 +56,7 @@ class Reply(enum.Enum):
     """What became of a probe that came back."""
 
     OK = "ok"
+    MISROUTED = "misrouted"  # sent for another loop (or plane) than the one it names
     LATE = "late"  # already declared lost
     REPLAYED = "replayed"  # already delivered once
     UNKNOWN = "unknown"  # never sent by this agent
@@ -123,8 +124,13 @@ class ProbeAgent:
         self.sent += len(out)
         return out
 
-    def delivered(self, seq: int, now: float) -> Reply:
-        """A probe came back (authenticated by the adapter) at ``now``."""
+    def delivered(self, seq: int, now: float, path: int | None = None) -> Reply:
+        """A probe came back (authenticated by the adapter) at ``now``; ``path``: the loop
+        it says it is on, which must be the one it was sent on."""
+        entry = self._sent.get(seq)
+        if entry is not None and path is not None and entry.path != path:
+            self.refused[Reply.MISROUTED] = self.refused.get(Reply.MISROUTED, 0) + 1
+            return Reply.MISROUTED
         entry = self._sent.pop(seq, None)
         if entry is None:
             if seq < 1 or seq > self._seq:

@@ -8,7 +8,8 @@ SIGTERM and SIGINT ask for a graceful stop, in this order: no new work is taken 
 QPs and connection requests are refused); writes already posted get ``drain_timeout``
 seconds (default 2) to complete; the rest complete with WR_FLUSH_ERR and their QPs report
 QP_FATAL; every API client then gets DEVICE_FATAL after its last completion, and the API
-socket, the link watch, /metrics, the control channel and the plane sockets close.
+socket, the link watch, /metrics, the control channel and the plane sockets close.  With
+``[mrcd.mapper]`` on, the fabric mapper's probing agent starts last and stops first.
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ from pathlib import Path
 import uvloop
 
 from mrcstack import add_version_flag
+from mrcstack.daemons.mrcd.agent.agent import MapperAgent
 from mrcstack.daemons.mrcd.appapi.server import AppServer
 from mrcstack.daemons.mrcd.config import MrcdConfig, MrcdConfigError, parse_address
 from mrcstack.daemons.mrcd.control.auth import Credentials, KeyFileError
 from mrcstack.daemons.mrcd.datapath.linkwatch import watch_planes
 from mrcstack.daemons.mrcd.node.node import Node
-from mrcstack.daemons.mrcd.ops.metrics import ListenAddressError, make_registry, serve
+from mrcstack.daemons.mrcd.ops.metrics import (
+    AgentCollector,
+    ListenAddressError,
+    make_registry,
+    serve,
+)
 from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd")
@@ -92,6 +99,11 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
         app = AppServer(node, cfg.api_socket)
         await app.start()
         cleanups.append(app.stop)
+        if cfg.mapper is not None:
+            agent = MapperAgent(cfg, app.controller)
+            await agent.start()
+            cleanups.append(agent.stop)
+            metrics.registry.register(AgentCollector(agent.snapshot))
         log.info("event=ready host=%s", cfg.host_name)
         await stop.wait()
         log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)

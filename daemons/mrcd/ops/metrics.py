@@ -33,6 +33,8 @@ from prometheus_client.utils import floatToGoString
 
 from mrcstack.core.events import EvState
 from mrcstack.core.reasons import NACK_NAMES, RejectReason, RetxReason
+from mrcstack.daemons.mrcd.agent.agent import AgentSnapshot
+from mrcstack.daemons.mrcd.agent.linkprobes import REASONS as LINK_PROBE_REASONS
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
 from mrcstack.daemons.mrcd.datapath.probes import REASONS as PROBE_REASONS
 from mrcstack.daemons.mrcd.node.peers import SIGNALS as PEER_SIGNALS
@@ -234,6 +236,70 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
     )
 
 
+class AgentCollector:
+    """The fabric mapper's probing agent (``[mrcd.mapper]``): its probes, refusals, session
+    and the denylist it holds, read once per scrape."""
+
+    def __init__(self, snapshot_fn: Callable[[], AgentSnapshot]) -> None:
+        self.snapshot_fn = snapshot_fn
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.snapshot_fn()
+        yield GaugeMetricFamily(
+            "mrc_link_probe_interval_seconds", "Seconds between two rounds of link probes.",
+            value=a.interval,
+        )  # fmt: skip
+        yield GaugeMetricFamily("mrc_link_probe_loops", "Loops this host probes.", value=a.loops)
+        for name, doc, value in (
+            ("mrc_link_probes_sent", "Link probes sent.", a.probes_sent),
+            ("mrc_link_probes_back", "Link probes back in time.", a.probes_back),
+            ("mrc_link_probes_lost", "Link probes not back in time.", a.probes_lost),
+            ("mrc_link_probe_send_errors", "Link probes the kernel refused.", a.send_errors),
+            ("mrc_mapper_sessions", "Sessions opened to the mapper.", a.sessions),
+            (
+                "mrc_mapper_reports_dropped",
+                "Messages to the mapper dropped: no session, or the mapper not keeping up.",
+                a.reports_dropped,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        refused = CounterMetricFamily(
+            "mrc_link_probe_refusals",
+            "Datagrams on the link probe sockets refused, by reason (forged, misrouted, "
+            "replayed, late, unknown).",
+            labels=["reason"],
+        )
+        for reason, n in _bounded(LINK_PROBE_REASONS, a.refused):
+            refused.add_metric([reason.removeprefix("link_probe_")], n)
+        yield refused
+        ended = CounterMetricFamily(
+            "mrc_mapper_sessions_ended", "Sessions to the mapper that ended, by reason.",
+            labels=["reason"],
+        )  # fmt: skip
+        for reason, n in _bounded((), a.sessions_ended):
+            ended.add_metric([reason], n)
+        yield ended
+        yield GaugeMetricFamily(
+            "mrc_mapper_connected", "1 while a session to the mapper is open.",
+            value=int(a.connected),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "mrc_link_denylist_links", "Links on the denylist in force.", value=a.denylist_links
+        )
+        yield GaugeMetricFamily(
+            "mrc_link_denylist_version", "Version of the denylist in force.",
+            value=a.denylist_version,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "mrc_link_denied_evs",
+            "EVs of live QPs denied because their path crosses a link of the denylist.",
+            value=a.denied_evs,
+        )
+
+
 def make_registry(snapshot_fn: Callable[[], NodeSnapshot]) -> CollectorRegistry:
     """An explicit registry holding only mrcd's collector (never the global one)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -281,11 +347,23 @@ REQUEST_TIMEOUT = 10.0
 _INDEX = b'<html><body><h1>mrcd</h1><p><a href="/metrics">metrics</a></p></body></html>\n'
 
 
-class MetricsServer:
-    """Serves ``/metrics`` from ``registry`` on the running loop; :meth:`stop` closes it."""
+#: A page besides /metrics: called per request, returns (content type, body).
+Page = Callable[[], tuple[str, bytes]]
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class MetricsServer:
+    """Serves ``/metrics`` from ``registry`` on the running loop, and ``pages`` (path ->
+    :data:`Page`) beside it; :meth:`stop` closes it."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        pages: Mapping[str, Page] | None = None,
+        index: bytes = _INDEX,
+    ) -> None:
         self.registry = registry
+        self.pages = dict(pages or {})
+        self.index = index
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -365,7 +443,11 @@ class MetricsServer:
             return "405 Method Not Allowed", plain, b"GET only\n", ["Allow: GET, HEAD"]
         path = urllib.parse.urlsplit(target).path
         if path == "/":
-            return "200 OK", "text/html; charset=utf-8", _INDEX, []
+            return "200 OK", "text/html; charset=utf-8", self.index, []
+        page = self.pages.get(path)
+        if page is not None:
+            ctype, body = page()
+            return "200 OK", ctype, body, []
         if path != "/metrics":
             return "404 Not Found", plain, b"not found; try /metrics\n", []
         encoder, ctype = choose_encoder(headers.get("accept", ""))
@@ -377,9 +459,15 @@ class MetricsServer:
         return "200 OK", ctype, body, extra
 
 
-async def serve(registry: CollectorRegistry, listen: str = DEFAULT_LISTEN) -> MetricsServer:
-    """Start serving ``/metrics``; raises :class:`ListenAddressError` (one line) on a bad or
-    unusable address.  ``await server.stop()`` closes the listener and open connections."""
-    server = MetricsServer(registry)
+async def serve(
+    registry: CollectorRegistry,
+    listen: str = DEFAULT_LISTEN,
+    pages: Mapping[str, Page] | None = None,
+    index: bytes = _INDEX,
+) -> MetricsServer:
+    """Start serving ``/metrics`` (and ``pages``); raises :class:`ListenAddressError` (one
+    line) on a bad or unusable address.  ``await server.stop()`` closes the listener and
+    open connections."""
+    server = MetricsServer(registry, pages, index)
     await server.start(listen)
     return server
