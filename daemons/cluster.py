@@ -8,7 +8,6 @@ any namespace (memory regions travel over it as file descriptors).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -43,8 +42,10 @@ class Daemon:
 
 @dataclass
 class Mapper:
-    """mrcmapper, in the root namespace on the management bridge's address."""
+    """mrcmapper, in the first host's namespace on its management address: the testbed's
+    namespaces hold everything it runs, so ``mrcstack testbed down`` stops it too."""
 
+    netns: str
     config: Path
     address: str  # the agents' listener, [addr]:port
     url: str  # its web address: /metrics, /status, /fabric.png
@@ -137,9 +138,10 @@ psk_file = "{self.psk}"
             )
 
     def _write_mapper(self, fabric: str) -> str:
-        """The mapper's config (its address: the management bridge's ::1); the [mrcd.mapper]
+        """The mapper's config (on the first host's management address); the [mrcd.mapper]
         table every mrcd gets."""
-        bridge = str(ipaddress.IPv6Network(self.state.mgmt_prefix)[1])
+        first = self.hosts[0]
+        bridge = self._mgmt(first)
         address = f"[{bridge}]:{MAPPER_PORT}"
         config = self.workdir / "mapper.toml"
         config.write_text(
@@ -155,7 +157,11 @@ psk_file = "{self.psk}"
 {fabric}"""
         )
         self.mapper = Mapper(
-            config, address, f"http://[{bridge}]:{MAPPER_WEB_PORT}", self.workdir / "mapper.log"
+            self.state.ns(f"h{first}"),
+            config,
+            address,
+            f"http://[{bridge}]:{MAPPER_WEB_PORT}",
+            self.workdir / "mapper.log",
         )
         return f"""[mrcd.mapper]
 enabled = true

@@ -4,7 +4,8 @@
 authentication, control channel and metrics on the management network; ``--set KEY=VALUE``
 adds any other ``[mrcd]`` setting, checked as mrcd checks its config before anything
 starts) into the testbed's cluster folder, starts every daemon inside its host's namespace,
-detached, and records them.
+detached, and records them; with ``--mapper`` mrcmapper too (in the first host's namespace),
+and every mrcd probes for it.
 Each daemon's API socket is where programs in that namespace look by default, so
 ``mrcstack testbed exec h3 -- mrc-write-bw`` finds h3's mrcd with no flags.  ``down``
 stops them gracefully (SIGTERM, the daemons' drain; SIGKILL only after the timeout), by the
@@ -98,7 +99,12 @@ def _toml(value: Any) -> str:
     raise ClusterError(f"--set: cannot write {value!r} into mrcd's config")
 
 
-def up(name: str, log_level: str = "info", sets: dict[str, Any] | None = None) -> dict[str, Any]:
+def up(
+    name: str,
+    log_level: str = "info",
+    sets: dict[str, Any] | None = None,
+    mapper: bool = False,
+) -> dict[str, Any]:
     if not exists(name):
         raise ClusterError(f"no testbed {name!r}: run `mrcstack testbed up --name {name}` first")
     state = load(name)
@@ -112,7 +118,13 @@ def up(name: str, log_level: str = "info", sets: dict[str, Any] | None = None) -
     level = str(sets.pop("log_level", log_level))
     extra = "\n".join(f"{k} = {_toml(v)}" for k, v in sets.items())
     cluster = Cluster(
-        state, workdir, log_level=level, extra=extra, namespace_sockets=True, detach=True
+        state,
+        workdir,
+        log_level=level,
+        extra=extra,
+        namespace_sockets=True,
+        detach=True,
+        mapper=mapper,
     )
     cluster.write_configs()
     for d in cluster.daemons.values():  # what mrcd would refuse, refused before any starts
@@ -134,21 +146,30 @@ def up(name: str, log_level: str = "info", sets: dict[str, Any] | None = None) -
                 "log": str(d.log),
             }
         )
-    record = {
+    record: dict[str, Any] = {
         "name": name,
         "started": time.time(),
         "settings": {"log_level": level, **sets},
         "daemons": daemons,
     }
+    m = cluster.mapper
+    if m is not None and m.proc is not None:
+        record["mapper"] = {
+            "netns": m.netns,
+            "pid": m.proc.pid,
+            "config": str(m.config),
+            "address": m.address,
+            "url": m.url,
+            "log": str(m.log),
+        }
     _record_path(name).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
-def down(name: str, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
-    doc = _read(name)
-    if doc is None:
-        raise ClusterError(f"no cluster is up on {name}")
-    running = [d for d in doc["daemons"] if _alive(d["pid"], d["config"])]
+def _stop(procs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """SIGTERM each recorded process still running, wait, SIGKILL what is left; returns
+    those killed after the timeout."""
+    running = [d for d in procs if _alive(d["pid"], d["config"])]
     for d in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(d["pid"], signal.SIGTERM)
@@ -160,7 +181,22 @@ def down(name: str, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
         if _alive(d["pid"], d["config"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(d["pid"], signal.SIGKILL)
-            killed.append(d["host"])
+            killed.append(d)
+    return killed
+
+
+def down(name: str, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
+    doc = _read(name)
+    if doc is None:
+        raise ClusterError(f"no cluster is up on {name}")
+    running = [d for d in doc["daemons"] if _alive(d["pid"], d["config"])]
+    killed = [d["host"] for d in _stop(running, timeout)]
+    mapper = doc.get("mapper")
+    mapper_state = None
+    if mapper is not None:  # after the mrcds: they keep their denylist to the end
+        mapper_state = "gone"
+        if _alive(mapper["pid"], mapper["config"]):
+            mapper_state = "killed" if _stop([mapper], timeout) else "stopped"
     for d in doc["daemons"]:
         Path(d["api_socket"]).unlink(missing_ok=True)
     _record_path(name).unlink(missing_ok=True)
@@ -168,6 +204,7 @@ def down(name: str, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
         "name": name,
         "stopped": [d["host"] for d in running],
         "killed_after_timeout": killed,
+        "mapper": mapper_state,
     }
 
 
@@ -176,7 +213,14 @@ def status(name: str) -> dict[str, Any]:
     if doc is None:
         return {"name": name, "up": False, "daemons": []}
     daemons = [{**d, "running": _alive(d["pid"], d["config"])} for d in doc["daemons"]]
-    return {"name": name, "up": all(d["running"] for d in daemons), "daemons": daemons}
+    out: dict[str, Any] = {"name": name, "daemons": daemons}
+    up = all(d["running"] for d in daemons)
+    mapper = doc.get("mapper")
+    if mapper is not None:
+        running = _alive(mapper["pid"], mapper["config"])
+        out["mapper"] = {**mapper, "running": running}
+        up = up and running
+    return {**out, "up": up}
 
 
 def _log_files(name: str, hosts: Sequence[str]) -> dict[str, Path]:
@@ -242,6 +286,13 @@ def _table(doc: dict[str, Any]) -> str:
             f"{d['host']:<5} {d['pid']:>7} {state:<8} {d['api_socket']:<34} "
             f"{d['control_address']:<26} {d['metrics_url']}"
         )
+    m = doc.get("mapper")
+    if m is not None:
+        state = "running" if m["running"] else "gone"
+        lines.append(
+            f"{'map':<5} {m['pid']:>7} {state:<8} {'(mrcmapper, in ' + m['netns'] + ')':<34} "
+            f"{m['address']:<26} {m['url']}/metrics"
+        )
     return "\n".join(lines)
 
 
@@ -276,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
                 help="any [mrcd] setting for every daemon, like packet_auth=false or "
                 "encrypt=true (repeat for more; VALUE is a TOML value)",
             )  # fmt: skip
+            c.add_argument(
+                "--mapper",
+                action="store_true",
+                help="also run mrcmapper, and the probing agent in every mrcd",
+            )
         if command == "logs":
             c.add_argument("hosts", nargs="*", help="hosts (default all), like h3")
             c.add_argument(
@@ -294,11 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "up":
-            doc = up(args.name, args.log_level, settings(args.sets))
+            doc = up(args.name, args.log_level, settings(args.sets), args.mapper)
             print(json.dumps(doc) if args.json else _table(status(args.name)))
         elif args.command == "down":
             doc = down(args.name)
-            print(json.dumps(doc) if args.json else f"stopped {len(doc['stopped'])} mrcd")
+            text = f"stopped {len(doc['stopped'])} mrcd" + (
+                f", mrcmapper {doc['mapper']}" if doc["mapper"] else ""
+            )
+            print(json.dumps(doc) if args.json else text)
         elif args.command == "status":
             doc = status(args.name)
             print(json.dumps(doc) if args.json else _table(doc))

@@ -3,6 +3,7 @@
 mrcstack testbed ...   namespace testbeds (mrcstack.netns.cli)
 mrcstack fault ...     the fault harness (mrcstack.netns.faults.cli)
 mrcstack cluster ...   mrcd on every testbed host (mrcstack.daemons.cluster_cli)
+mrcstack mapper ...    what the fabric mapper says (mrcstack.daemons.mapper_cli)
 mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
 mrcstack files [NAME]  the shipped examples, systemd units, dissector, dashboard, alert rules
@@ -26,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "faults on a running testbed (links, switches, loss, trim)",
     ),
     "cluster": ("mrcstack.daemons.cluster_cli", "mrcd on every host of a running testbed (root)"),
+    "mapper": ("mrcstack.daemons.mapper_cli", "the fabric mapper's links, agents and picture"),
     "sim": ("mrcstack.sim.cli", "the deterministic fabric simulator"),
     "demo": ("mrcstack.demo", "the demo: mrcd under faults on a fresh testbed (root)"),
     "files": (

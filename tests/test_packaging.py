@@ -19,7 +19,15 @@ import pytest
 from tests.support import REPO
 
 ROOT = REPO
-SCRIPTS = ("mrcstack", "mrcstack-sim", "mrcd", "mrcctl", "mrc-write-bw", "mrc-write-lat")
+SCRIPTS = (
+    "mrcstack",
+    "mrcstack-sim",
+    "mrcd",
+    "mrcmapper",
+    "mrcctl",
+    "mrc-write-bw",
+    "mrc-write-lat",
+)
 pytestmark = pytest.mark.slow
 
 
@@ -65,6 +73,7 @@ def test_the_wheel_has_one_top_level_package(wheel: Path) -> None:
         "mrcstack/examples/scenario-flap.toml",
         "mrcstack/systemd/mrcd.service",
         "mrcstack/systemd/mrcd@.service",
+        "mrcstack/systemd/mrcmapper.service",
         "mrcstack/wireshark/mrc.lua",
         "mrcstack/monitoring/grafana-dashboard.json",
         "mrcstack/monitoring/prometheus-alerts.yml",

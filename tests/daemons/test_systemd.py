@@ -131,6 +131,28 @@ def test_security_exposure_is_low(tmp_path: Path) -> None:
     assert float(m.group(1)) < 5.0, res.stdout  # 2.2 "OK" with systemd 252
 
 
+def test_the_mapper_unit_runs_mrcmapper_with_no_capability(tmp_path: Path) -> None:
+    d = directives(UNITS / "mrcmapper.service")
+    svc = {k: v[-1] for k, v in d["Service"].items()}
+    assert svc["ExecStart"] == "/usr/local/bin/mrcmapper --config /etc/mrcstack/mrcmapper.toml"
+    assert svc["CapabilityBoundingSet"] == "" and svc["AmbientCapabilities"] == ""
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp"):
+        assert svc[key] == "yes", key
+    assert svc["ProtectSystem"] == "strict" and svc["Restart"] == "on-failure"
+    if ANALYZE is None:
+        return
+    exe = tmp_path / "mrcmapper"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    unit = tmp_path / "mrcmapper.service"
+    unit.write_text(
+        (UNITS / "mrcmapper.service").read_text().replace("/usr/local/bin/mrcmapper", str(exe))
+    )
+    res = _analyze("verify", str(unit))
+    mentions = [line for line in (res.stdout + res.stderr).splitlines() if "mrcmapper" in line]
+    assert res.returncode == 0 and mentions == [], res.stdout + res.stderr
+
+
 def test_units_and_readme_describe_memfd_regions() -> None:
     """Regions are sealed memfds passed over the API socket (mrcstack/api/shm.py), not files
     in /dev/shm: nothing here may say otherwise, and the README says what they are."""
