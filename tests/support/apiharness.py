@@ -9,6 +9,7 @@ and an API server each.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -25,10 +26,17 @@ from mrcstack.api import (
     WorkCompletion,
 )
 from mrcstack.core.events import Event
+from mrcstack.daemons.mrcd.agent.agent import MapperAgent
 from mrcstack.daemons.mrcd.appapi.server import AppServer
-from mrcstack.daemons.mrcd.config import AuthConfig, MrcdConfig
+from mrcstack.daemons.mrcd.config import AuthConfig, MapperAgentConfig, MrcdConfig
+from mrcstack.daemons.mrcd.control.auth import Credentials
 from mrcstack.daemons.mrcd.ctlapi.controller import Controller, EndpointOps
 from mrcstack.daemons.mrcd.node.node import Node
+from mrcstack.daemons.mrcd.ops.metrics import MetricsServer, serve
+from mrcstack.daemons.mrcmapper.config import MapperConfig
+from mrcstack.daemons.mrcmapper.metrics import make_registry as make_mapper_registry
+from mrcstack.daemons.mrcmapper.server import AgentServer
+from mrcstack.daemons.mrcmapper.service import MapperService
 from mrcstack.fabric import Fabric
 from tests.support.isolation import control_port, free_base
 
@@ -87,8 +95,12 @@ class Daemons:
         endpoint_ops: Callable[[dict[int, Node]], EndpointOps] | None = None,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
         per_host: dict[int, dict[str, Any]] | None = None,
+        mapper: MapperConfig | None = None,
         **config: Any,
     ) -> None:
+        """``mapper``: an mrcmapper runs too, on ``::1`` (its listen and web addresses are
+        chosen here), and every node runs its probing agent (loopback: each probe goes
+        straight back to its own socket)."""
         self.tmp = tmp
         self.config = config  # more MrcdConfig fields for every node, e.g. encrypt=True
         self.per_host = per_host or {}  # and for one node only: {3: {"extensions": False}}
@@ -100,6 +112,12 @@ class Daemons:
         self.nodes: dict[int, Node] = {}
         self.servers: dict[int, AppServer] = {}
         self.sockets: dict[int, Path] = {}
+        self.mapper_config = mapper
+        self.mapper: MapperService | None = None
+        self.mapper_server: AgentServer | None = None
+        self.mapper_web: MetricsServer | None = None
+        self.mapper_port = 0
+        self.agents: dict[int, MapperAgent] = {}
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -121,8 +139,13 @@ class Daemons:
         base = free_base(self.hosts, FABRIC.planes)
         psk = self.tmp / "cluster.key"
         psk.write_text(os.urandom(32).hex())
+        agent: MapperAgentConfig | None = None
+        if self.mapper_config is not None:
+            await self.start_mapper()
+            probes = free_base(self.hosts, FABRIC.planes)  # UDP ports for the probe sockets
+            agent = MapperAgentConfig(("::1", self.mapper_port), probe_port=probes)
         for host in self.hosts:
-            cfg = node_config(host, base, psk, self.hosts)
+            cfg = replace(node_config(host, base, psk, self.hosts), mapper=agent)
             node = Node(replace(cfg, **self.config, **self.per_host.get(host, {})), self.loop)
             await node.start()
             self.nodes[host] = node
@@ -138,8 +161,45 @@ class Daemons:
             await server.start()
             self.servers[host] = server
             self.sockets[host] = path
+            if agent is not None:
+                self.agents[host] = MapperAgent(node.cfg, server.controller)
+                await self.agents[host].start()
+
+    async def start_mapper(self) -> None:
+        """Start the mapper (again: on the port it had before)."""
+        cfg = self.mapper_config
+        if cfg is None:
+            raise ValueError("these daemons run no mapper")
+        psk = self.tmp / "cluster.key"
+        if not psk.exists():
+            psk.write_text(os.urandom(32).hex())
+        cfg = replace(cfg, auth=AuthConfig(mode="psk", psk_file=psk))
+        self.mapper = MapperService(cfg)
+        self.mapper_server = AgentServer(
+            self.mapper, Credentials.from_config(cfg.name, cfg.auth), ("::1", self.mapper_port)
+        )
+        await self.mapper_server.start()
+        self.mapper_port = self.mapper_server.address[1]
+        service = self.mapper
+        pages = {"/status": lambda: ("application/json", json.dumps(service.status()).encode())}
+        self.mapper_web = await serve(make_mapper_registry(service.status), "[::1]:0", pages)
+
+    async def stop_mapper(self) -> None:
+        if self.mapper_web is not None:
+            await self.mapper_web.stop()
+        if self.mapper_server is not None:
+            await self.mapper_server.stop()
+        self.mapper = self.mapper_server = self.mapper_web = None
+
+    def mapper_tick(self) -> None:
+        """Judge now (mrcmapper's own loop does it every 50 ms)."""
+        if self.mapper is not None:
+            self.on_loop(self.mapper.tick)
 
     async def _stop(self) -> None:
+        for agent in self.agents.values():
+            await agent.stop()
+        await self.stop_mapper()
         for server in self.servers.values():
             await server.stop()
         for node in self.nodes.values():
