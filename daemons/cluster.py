@@ -202,6 +202,10 @@ address = "{address}"
         with m.log.open(mode) as log:
             m.proc = subprocess.Popen(
                 [
+                    "ip",
+                    "netns",
+                    "exec",
+                    m.netns,
                     sys.executable,
                     "-m",
                     "mrcstack.daemons.mrcmapper.main",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,21 @@ def fetch(url: str) -> dict[str, Any]:
     except ValueError:
         raise MapperCliError(f"{url}/status is not the mapper's JSON") from None
     return doc
+
+
+def wait_for(
+    url: str, done: Callable[[dict[str, Any]], object], timeout: float, every: float = 0.02
+) -> dict[str, Any]:
+    """Poll the mapper at ``url`` until ``done(status)`` is true; that status.  LocalError
+    naming the wait after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = fetch(url)
+        if done(doc):
+            return doc
+        if time.monotonic() > deadline:
+            raise MapperCliError(f"the mapper at {url} did not get there in {timeout:g} s")
+        time.sleep(every)
 
 
 class _Parser(argparse.ArgumentParser):

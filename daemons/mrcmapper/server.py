@@ -12,6 +12,7 @@ logged in one line; a host's new session replaces its old one.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import re
 from typing import Any
@@ -40,6 +41,8 @@ from mrcstack.mapper.messages import MessageError
 log = logging.getLogger("mrcmapper.agents")
 
 MAX_HANDSHAKES = 256
+#: Seconds an address the host does not have yet is waited for at start.
+ADDRESS_WAIT = 10.0
 #: Bytes queued to one agent beyond which its session is cut (it stopped reading).
 MAX_QUEUED = 4 << 20
 _HOST = re.compile(r"h(0|[1-9][0-9]*)")
@@ -86,13 +89,22 @@ class AgentServer:
         return (str(name[0]), int(name[1]))
 
     async def start(self) -> None:
+        """Listen; an address the host does not have yet (an interface still coming up)
+        is tried again for :data:`ADDRESS_WAIT` seconds."""
         host, port = self.listen
-        try:
-            self._server = await asyncio.start_server(self._handle, host, port)
-        except OSError as exc:
-            raise LocalError(
-                f"cannot listen for agents on [{host}]:{port}: {exc.strerror}"
-            ) from None
+        deadline = asyncio.get_running_loop().time() + ADDRESS_WAIT
+        while True:
+            try:
+                self._server = await asyncio.start_server(self._handle, host, port)
+                break
+            except OSError as exc:
+                late = asyncio.get_running_loop().time() > deadline
+                if exc.errno != errno.EADDRNOTAVAIL or late:
+                    reason = exc.strerror or str(exc)
+                    raise LocalError(
+                        f"cannot listen for agents on [{host}]:{port}: {reason}"
+                    ) from None
+                await asyncio.sleep(0.1)
         log.info("event=agents_listening address=[%s]:%d", *self.address)
 
     async def stop(self) -> None:

@@ -83,3 +83,27 @@ def _agent_line(agent: dict[str, Any], version: int) -> str:
 def flagged(doc: dict[str, Any]) -> Sequence[str]:
     """The links that are not up."""
     return [link["link"] for link in doc["links"] if link["state"] != "up"]
+
+
+def denied_everywhere(doc: dict[str, Any], links: Sequence[str]) -> float | None:
+    """When every connected host had taken a denylist naming all of ``links`` (unix time,
+    as the mapper saw each host say so); None while some host has not."""
+    versions = {v["version"]: set(v["links"]) for v in doc["denylist"]["history"]}
+    wanted = set(links)
+    times = []
+    for agent in doc["agents"]:
+        if not agent["connected"]:
+            continue
+        if not wanted <= versions.get(agent["applied_version"], set()):
+            return None
+        times.append(agent["applied_at"])
+    return max(times) if times else None
+
+
+def cleared(doc: dict[str, Any]) -> bool:
+    """Every link up, the denylist empty, and every connected host holding it."""
+    return (
+        not doc["denylist"]["links"]
+        and all(link["state"] == "up" for link in doc["links"])
+        and all(a["current"] for a in doc["agents"] if a["connected"])
+    )

@@ -84,13 +84,16 @@ class Testbeds:
         hosts: Sequence[int] | None = None,
         extra: str = "",
         clean_exit: bool = True,
+        mapper: bool = False,
+        mapper_extra: str = "",
     ) -> Bed:
         """A testbed named ``prefix`` plus random characters (runs in other worktrees or
         CI never share one), skipped with the reason where this machine cannot build it.
 
         ``cluster``: mrcd on ``hosts`` (all by default), ``extra`` more [mrcd] keys for
         each; ``clean_exit``: the daemons must exit 0 when stopped (False for modules that
-        kill one on purpose)."""
+        kill one on purpose); ``mapper``: mrcmapper too, and every mrcd's probing agent
+        (``mapper_extra``: more [mrcmapper] keys)."""
         name = run_name(prefix)
         if (problem := kernel.problem("netns")) is not None:
             pytest.skip(problem)
@@ -106,7 +109,12 @@ class Testbeds:
         bed = Bed(name, state, faults, workdir, log=log)
         if cluster:
             bed.cluster = Cluster(
-                state, workdir, hosts=list(hosts) if hosts is not None else None, extra=extra
+                state,
+                workdir,
+                hosts=list(hosts) if hosts is not None else None,
+                extra=extra,
+                mapper=mapper,
+                mapper_extra=mapper_extra,
             )
             self._stack.callback(self._stop, bed.cluster, clean_exit)
             bed.cluster.start()

@@ -1,0 +1,210 @@
+"""The fabric mapper's acceptance on the namespace testbed: mrcmapper and the probing agent
+in every mrcd (every loop every 10 ms), faults from the fault harness.
+
+Each fault is timed from the moment it fires to the moment the last mrcd said it denies the
+fault's paths (the mapper records when each host says so).  The bounds are the acceptance's:
+a median of 100 ms over five runs for a dead link and for a dead T1, 5 s for 2% loss; they
+are printed with what was measured.  The mapper's hold-down is 3 s here (10 s by default),
+so a link comes back between runs without a long wait.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from mrcstack.api import Controller, WriteWr
+from mrcstack.daemons.mapper_cli import fetch, wait_for
+from mrcstack.daemons.mrcd.config import LINK_PROBE_PORT
+from mrcstack.daemons.mrcmapper.status import cleared, denied_everywhere, render
+from mrcstack.fabric import Fabric
+from mrcstack.netns.faults import Faults
+from mrcstack.netns.run import call_in_netns
+from tests.support.programs import closing, connect, drain, open_end
+from tests.support.testbeds import Bed, Testbeds
+
+HOLD_DOWN = 3.0
+RUNS = 5
+BOUND_S = 0.1  # median fault -> every mrcd denies it
+WAIT = 30.0
+
+pytestmark = [pytest.mark.requires_root, pytest.mark.requires_kernel("netns")]
+
+
+@pytest.fixture(scope="module")
+def bed(testbeds: Testbeds) -> Bed:
+    return testbeds.up(
+        "tm", Fabric(), cluster=True, mapper=True, mapper_extra=f"hold_down = {HOLD_DOWN}"
+    )
+
+
+def url(bed: Bed) -> str:
+    assert bed.cluster is not None and bed.cluster.mapper is not None
+    return bed.cluster.mapper.url
+
+
+@pytest.fixture
+def mapped(bed: Bed) -> Iterator[Bed]:
+    """Every test starts with every agent reporting and nothing denied, and leaves no fault
+    behind; the daemons must still run."""
+    wait_for(url(bed), lambda d: cleared(d) and all(a["connected"] for a in d["agents"]), WAIT)
+    try:
+        yield bed
+        bed.alive()
+    finally:
+        bed.faults.restore_all()
+
+
+def timed(bed: Bed, fault: Callable[[Faults], object], links: list[str]) -> float:
+    """Seconds from the fault firing to every mrcd denying ``links``; the fault is undone
+    and the mapper back to nothing denied afterwards."""
+    armed = bed.faults.arm(fault)  # planned and recorded now: only the kernel calls at t0
+    t0 = time.time()
+    armed.fire()
+    doc = wait_for(url(bed), lambda d: denied_everywhere(d, links) is not None, WAIT)
+    took = float(denied_everywhere(doc, links) or 0) - t0
+    bed.faults.restore_all()
+    wait_for(url(bed), cleared, WAIT + HOLD_DOWN)
+    return took
+
+
+def states(doc: dict[str, Any]) -> dict[str, str]:
+    return {link["link"]: link["state"] for link in doc["links"]}
+
+
+def test_a_dead_link_is_named_and_denied_on_every_mrcd_within_100_ms(mapped: Bed) -> None:
+    link = "p0:t0a-t1c"
+    times = [timed(mapped, lambda f: f.link_down(link), [link]) for _ in range(RUNS)]
+    median = statistics.median(times)
+    print(f"\nlink down -> denied on every mrcd: {[round(t * 1e3, 1) for t in times]} ms, "
+          f"median {median * 1e3:.1f} ms")  # fmt: skip
+    assert median <= BOUND_S
+    # The status and /metrics name it while it is down.
+    mapped.faults.link_down(link)
+    doc = wait_for(
+        url(mapped),
+        lambda d: states(d)[link] == "down" and denied_everywhere(d, [link]) is not None,
+        WAIT,
+    )
+    assert [lk for lk, s in states(doc).items() if s != "up"] == [link]
+    text = render(doc)
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(link))
+    assert "down" in line and "since" in line and "EVs denied on h0 h1 h2 h3" in line
+    with urllib.request.urlopen(f"{url(mapped)}/metrics", timeout=WAIT) as resp:
+        page = resp.read().decode()
+    assert 'mrc_link_state{a="p0-t0a",b="p0-t1c",plane="0"} 3.0' in page
+
+
+def test_a_dead_t1_is_its_links_and_the_switch_named_within_100_ms(mapped: Bed) -> None:
+    switch, links = "p2-t1b", ["p2:t0a-t1b", "p2:t0b-t1b"]
+    times = [timed(mapped, lambda f: f.switch_fail(switch), links) for _ in range(RUNS)]
+    median = statistics.median(times)
+    print(f"\nT1 fails -> its links denied on every mrcd: "
+          f"{[round(t * 1e3, 1) for t in times]} ms, median {median * 1e3:.1f} ms")  # fmt: skip
+    assert median <= BOUND_S
+    mapped.faults.switch_fail(switch)
+    doc = wait_for(url(mapped), lambda d: d["switches_down"] == [switch], WAIT)
+    assert sorted(lk for lk, s in states(doc).items() if s != "up") == links
+
+
+def test_two_percent_loss_is_named_within_5_s_and_a_tenth_of_a_percent_never(
+    mapped: Bed,
+) -> None:
+    lossy, slight = "p3:t0b-t1a", "p1:t0a-t1d"
+    mapped.faults.loss(slight, None, 0.001)
+    t0 = time.time()
+    mapped.faults.loss(lossy, None, 0.02)
+    doc = wait_for(url(mapped), lambda d: denied_everywhere(d, [lossy]) is not None, WAIT)
+    took = float(denied_everywhere(doc, [lossy]) or 0) - t0
+    print(f"\n2% loss -> denied on every mrcd after {took:.2f} s")
+    assert took <= 5.0 and states(doc)[lossy] == "lossy"
+    time.sleep(10.0)  # the slight loss, watched for longer; the window full of the 2%
+    doc = fetch(url(mapped))
+    assert [lk for lk, s in states(doc).items() if s != "up"] == [lossy]
+    loss = next(lk["loss"] for lk in doc["links"] if lk["link"] == lossy)
+    print(f"measured loss per crossing: {loss:.2%}")
+    assert 0.01 < loss < 0.04
+
+
+def test_a_flapping_link_stays_denied_until_stable_for_the_hold_down(mapped: Bed) -> None:
+    link = "p1:t0b-t1c"
+    seen: list[tuple[float, bool]] = []  # (time, h0 denies it)
+
+    def watch(until: float) -> None:
+        with Controller.open(mapped.cluster.daemons[0].api_socket) as ctl:  # type: ignore[union-attr]
+            while time.time() < until:
+                seen.append((time.time(), link in ctl.link_denylist()["links"]))
+                time.sleep(0.05)
+
+    start = time.time()
+    last_up = start
+    for _ in range(4):  # down and up every 2 s, for 8 s
+        mapped.faults.link_down(link)
+        watch(time.time() + 1.0)
+        mapped.faults.link_up(link)
+        last_up = time.time()  # stable from here on, after the last flap
+        watch(last_up + 1.0)
+    watch(last_up + HOLD_DOWN + 2.0)
+    first = next(t for t, denied in seen if denied)
+    assert first - start < 1.0
+    back = next(t for t, denied in seen if t > first and not denied)
+    print(f"\nflapping: denied {first - start:.2f} s after the first flap, allowed again "
+          f"{back - last_up:.2f} s after the last (hold-down {HOLD_DOWN} s)")  # fmt: skip
+    assert HOLD_DOWN <= back - last_up <= HOLD_DOWN + 1.5  # not before it was stable that long
+    assert all(denied for t, denied in seen if first <= t < last_up + HOLD_DOWN)
+
+
+def test_a_killed_mapper_leaves_the_hosts_their_denylist_and_a_new_one_keeps_it(
+    mapped: Bed,
+) -> None:
+    cluster = mapped.cluster
+    assert cluster is not None
+    link = "p3:t0a-t1d"
+    mapped.faults.link_down(link)
+    wait_for(url(mapped), lambda d: denied_everywhere(d, [link]) is not None, WAIT)
+    cluster.kill_mapper()
+    a, b = open_end(mapped, 0, 1 << 20), open_end(mapped, 3, 1 << 20)
+    with closing(a, b), Controller.open(cluster.daemons[3].api_socket) as ctl3:
+        qa, _ = connect(a, b, 3)  # a new QP, while the mapper is gone
+        rows = ctl3.ev_states()
+        assert any(r["state"] == "denied" for r in rows)  # it started without the bad paths
+        for i in range(4):
+            qa.post_send(WriteWr(i, (a.mr, 0, 1 << 20), b.mr.addr, b.mr.rkey))
+        assert all(wc.ok for wc in drain(a.cq, 4))
+        assert ctl3.link_denylist()["links"] == [link]
+        cluster.restart_mapper()
+        # The new mapper learns the list from the hosts and never clears it meanwhile.
+        deadline = time.time() + 3.0
+        while time.time() < deadline:
+            assert ctl3.link_denylist()["links"] == [link]
+            time.sleep(0.05)
+        doc = wait_for(url(mapped), lambda d: states(d)[link] == "down", WAIT)
+        assert all(a["connected"] for a in doc["agents"])
+        assert ctl3.link_denylist()["links"] == [link]
+    mapped.faults.restore_all()
+    wait_for(url(mapped), cleared, WAIT + HOLD_DOWN)
+
+
+def test_forged_probe_answers_and_agents_are_counted(mapped: Bed) -> None:
+    cluster = mapped.cluster
+    assert cluster is not None
+    target = ("fcbb:bb00:8000::", LINK_PROBE_PORT)  # h0's plane-0 probe socket
+
+    def forge() -> None:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            for _ in range(20):
+                s.sendto(b"\xd6" + bytes(71), target)  # a probe's size, no valid seal
+
+    call_in_netns(mapped.ns(1), forge)
+    with urllib.request.urlopen(cluster.daemons[0].metrics_url, timeout=WAIT) as resp:
+        page = resp.read().decode()
+    line = next(ln for ln in page.splitlines()
+                if ln.startswith('mrc_link_probe_refusals_total{reason="forged"}'))  # fmt: skip
+    assert float(line.split()[-1]) >= 20
+    assert not [lk for lk, s in states(fetch(url(mapped))).items() if s != "up"]
