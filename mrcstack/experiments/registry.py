@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mrcstack.experiments.base import Experiment
 from mrcstack.experiments.figures import (
+    fig4_job_start,
     fig9a_link_flaps,
     fig9a_testbed,
     fig9b_nic_down_up,
@@ -19,6 +20,7 @@ from mrcstack.experiments.figures import (
     fig18_incast,
     fig20_permutation,
     latency_small_writes,
+    mapper_localization,
 )
 
 EXPERIMENTS: tuple[Experiment, ...] = (
@@ -33,6 +35,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     fig18_incast.EXPERIMENT,
     fig20_permutation.EXPERIMENT,
     latency_small_writes.EXPERIMENT,
+    fig4_job_start.EXPERIMENT,
+    mapper_localization.EXPERIMENT,
     fig9a_testbed.EXPERIMENT,
     fig9b_testbed.EXPERIMENT,
     fig9d_testbed.EXPERIMENT,

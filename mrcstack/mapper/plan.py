@@ -19,6 +19,7 @@ its probing hosts is down.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address
@@ -104,8 +105,10 @@ class ProbePlan:
         return min(counts), max(counts)
 
 
+@functools.lru_cache(maxsize=16)
 def make_plan(fabric: Fabric, overlap: int = DEFAULT_OVERLAP) -> ProbePlan:
-    """The plan for ``fabric``: short loops for every host and plane, hairpins dealt out."""
+    """The plan for ``fabric``: short loops for every host and plane, hairpins dealt out
+    (remembered: a plan is immutable, and a large one takes a second to build)."""
     if not 1 <= overlap <= MAX_OVERLAP:
         raise ValueError(f"overlap must be in 1..{MAX_OVERLAP}, got {overlap}")
     paths: list[ProbePath] = []

@@ -114,7 +114,9 @@ JSON reference (``SimResult.to_json()``; these keys are stable)::
                                        connections changed), first_denial_s,
                                        data_on_denied (data packets sent on a path over a
                                        link of the denylist in force, or of the one it
-                                       would have pushed with deny = false), and
+                                       would have pushed with deny = false),
+                                       control_on_denied (the same for feedback),
+                                       pairs_on_denied ([src, dst] of them), and
                                        retransmissions ([time, [per host]] whenever a
                                        host's count changed); null without
 """

@@ -83,6 +83,10 @@ class MapperResult:
     #: Data packets sent on a path over a link of the denylist (in force, or the one the
     #: mapper would have pushed when it only watches) at the time they were sent.
     data_on_denied: int
+    #: The same for feedback (ACKs, NACKs, the connections' probes).
+    control_on_denied: int
+    #: (sender, receiver) of every packet counted in either.
+    pairs_on_denied: tuple[tuple[int, int], ...]
     #: (time, retransmissions so far per host) at every round where they had changed.
     retransmissions: tuple[tuple[float, tuple[int, ...]], ...] = ()
 
@@ -129,29 +133,35 @@ class SimMapper:
         self._denied: frozenset[str] = frozenset()  # the denylist in force (or watched)
         self._version = self._counted_version = 0
         self.data_on_denied = 0
+        self.control_on_denied = 0
+        self.pairs_on_denied: set[tuple[int, int]] = set()
         #: (time, retransmissions so far per host) at each round that changed them.
         self.retransmissions: list[tuple[float, tuple[int, ...]]] = []
 
     def counting(self, send: Sender) -> Sender:
-        """``send`` (the network's ``send_packet``), counting the data packets that go on a
-        path over a link of the denylist (:attr:`MapperResult.data_on_denied`)."""
+        """``send`` (the network's ``send_packet``), counting the packets that go on a path
+        over a link of the denylist (:attr:`MapperResult.data_on_denied`, ...)."""
         crosses: dict[tuple[int, int, int, int], bool] = {}
         fabric = self.fabric
 
         def counted(
             src: int, dst: int, plane: int, ev: int, msg: Any, length: int, is_data: bool
         ) -> None:
-            if is_data and self._denied:
+            if self._denied:
+                if self._version != self._counted_version:
+                    crosses.clear()
+                    self._counted_version = self._version
                 key = (src, dst, plane, ev)
                 hit = crosses.get(key)
-                if hit is None or self._version != self._counted_version:
-                    if self._version != self._counted_version:
-                        crosses.clear()
-                        self._counted_version = self._version
+                if hit is None:
                     links = addrplan.path(fabric, src, dst, plane, ev).physical_links
                     hit = crosses[key] = not self._denied.isdisjoint(links)
                 if hit:
-                    self.data_on_denied += 1
+                    if is_data:
+                        self.data_on_denied += 1
+                    else:
+                        self.control_on_denied += 1
+                    self.pairs_on_denied.add((src, dst))
             send(src, dst, plane, ev, msg, length, is_data)
 
         return counted
@@ -188,6 +198,8 @@ class SimMapper:
             denials=tuple(self.denials),
             first_denial_s=self.denials[0].at if self.denials else None,
             data_on_denied=self.data_on_denied,
+            control_on_denied=self.control_on_denied,
+            pairs_on_denied=tuple(sorted(self.pairs_on_denied)),
             retransmissions=tuple(self.retransmissions),
         )
 
