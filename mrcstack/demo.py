@@ -8,7 +8,8 @@
    plane-2 NIC port down and up;
 3. prints a per-second table (goodput from the tool, bytes h0 sent per plane and
    retransmissions from h0's ``/metrics`` over the management network, the faults in the
-   rows where they happened), the bytes per plane and the retransmissions by reason;
+   rows where they happened), the bytes per plane, the retransmissions by reason, and what
+   the fabric mapper (mrcmapper, every mrcd probing for it) named and denied;
 4. tears everything down in ``finally``.
 
 ``--prometheus`` also starts a Prometheus server scraping every daemon and leaves it, the
@@ -37,6 +38,7 @@ from typing import Any, NoReturn
 
 from mrcstack import add_version_flag
 from mrcstack.daemons.cluster import METRICS_PORT, Cluster
+from mrcstack.daemons.mapper_cli import fetch as fetch_mapper
 from mrcstack.daemons.mrcd.ops.promserver import (
     PrometheusServer,
     free_tcp_port,
@@ -45,6 +47,7 @@ from mrcstack.daemons.mrcd.ops.promserver import (
 )
 from mrcstack.demoreport import (
     DST,
+    MAPPER_HOLD_S,
     SRC,
     WRITE,
     Run,
@@ -56,6 +59,7 @@ from mrcstack.demoreport import (
     scrape,
     short,
 )
+from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
 from mrcstack.netns.faults import Faults
@@ -318,6 +322,9 @@ def run_traffic(args: argparse.Namespace, state: TestbedState, cluster: Cluster,
     sampler.take()
     run.after = {h: scrape(u) for h, u in urls.items()}
     run.logged_failures = logged_failures(cluster, (SRC, DST))
+    if cluster.mapper is not None:
+        with contextlib.suppress(LocalError):
+            run.mapper = fetch_mapper(cluster.mapper.url)
     if fault_error:
         raise DemoError(f"fault scenario failed: {fault_error[0]}")
     return run
@@ -376,12 +383,15 @@ def _main(args: argparse.Namespace) -> int:
             f"links, 4 planes x 4 T1 ({state_path(name)})",
         )
         state = load(name)
-        cluster = Cluster(state, workdir / "mrcd")
+        cluster = Cluster(
+            state, workdir / "mrcd", mapper=True, mapper_extra=f"hold_down = {MAPPER_HOLD_S}"
+        )
         cluster.start()
         log(
             t0,
             f"mrcd running on h0..h{len(cluster.daemons) - 1} (PSK auth, control and "
-            f"metrics on the management network)",
+            f"metrics on the management network), mrcmapper on h0's management address, "
+            f"every mrcd probing its loops every 10 ms",
         )
         if args.prometheus:
             targets = prometheus_targets(name, state.fabric.hosts)

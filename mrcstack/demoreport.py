@@ -114,6 +114,8 @@ class Run:
     after: dict[int, dict[tuple[str, str], float]] = field(default_factory=dict)
     #: What h0's and h3's mrcd logged as connection failures (FAILED_LOG lines).
     logged_failures: list[str] = field(default_factory=list)
+    #: The fabric mapper's status at the end (its history of link states), if it ran.
+    mapper: dict[str, Any] | None = None
 
 
 def connection_failures(run: Run) -> list[str]:
@@ -125,6 +127,11 @@ def connection_failures(run: Run) -> list[str]:
         if e.get("type") in FATAL_EVENTS
     ]
     return [*run.logged_failures, *tools]
+
+
+#: The demo's mapper holds a recovered link for this long (10 s by default): short enough
+#: to see the flapped links come back within the run.
+MAPPER_HOLD_S = 2.0
 
 
 def report(run: Run) -> dict[str, Any]:
@@ -195,7 +202,20 @@ def report(run: Run) -> dict[str, Any]:
             for f in run.faults
         ],
         "connection_failures": connection_failures(run),
+        "mapper": mapper_events(run.mapper, start),
     }
+
+
+def mapper_events(status: dict[str, Any] | None, start: float) -> list[dict[str, Any]] | None:
+    """What the fabric mapper said during the run: each link state change, +s from the
+    start (a link in any state but up is denied on every mrcd)."""
+    if status is None:
+        return None
+    return [
+        {"t": round(c["time"] - start, 3), "link": c["link"], "state": c["state"]}
+        for c in status["history"]
+        if c["time"] >= start
+    ]
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -232,6 +252,22 @@ def render(doc: dict[str, Any]) -> str:
         failed = f"the connection FAILED ({len(failures)}): " + "; ".join(failures)
     else:
         failed = "the connection never failed (no failure in mrcd's logs or the tools' events)"
+    events = doc.get("mapper")
+    if events is not None:
+        out += [
+            "",
+            f"  the fabric mapper (every loop every 10 ms, hold-down {MAPPER_HOLD_S:g} s), "
+            "links not up are denied on every mrcd:",
+        ]
+        out += [
+            f"  {e['t']:6.2f} s  {e['link']:<12} {e['state']}"
+            + (
+                ""
+                if e.get("pushed_ms") is None
+                else f" (denylist pushed {e['pushed_ms']} ms later)"
+            )
+            for e in events
+        ] or ["  no link left up"]
     out += [
         "",
         f"  h0 retransmissions by reason: {retx}",
