@@ -8,5 +8,7 @@
 - :mod:`.daemon_bench`: mrcd goodput next to a raw UDP blast, kernel TCP and MPTCP;
 - :mod:`.mptcp`: what an MPTCP socket really did (subflows, fallback), for that baseline;
 - :mod:`.failover_bench`: what a fault mid-transfer costs mrcd, next to MPTCP;
+- :mod:`.mapper_bench`: the fabric mapper's probe cost, fault-to-denylist time, a long run
+  with no fault;
 - :mod:`.srh_bench`: how to send an SRH from user space, decided by measurement.
 """

@@ -7,6 +7,9 @@
 - mrcd: single-QP goodput vs a raw UDP blast and kernel TCP, in each EV format; shaped-fabric
   goodput vs MPTCP;
 - failover: progress lost and recovery time per fault, mrcd next to MPTCP;
+- mapper: the fabric mapper's probe cost per host, the time from a fault to every mrcd
+  denying it (median, p95), and ten minutes with no fault (one with MRC_BENCH_QUICK=1): no
+  link may be flagged, no EV denied;
 - the large test profiles: 50,000 property cases and 1,000,000 fuzzed packets
   (CI runs smaller profiles; set MRC_BENCH_QUICK=1 to skip these here).
 """
@@ -18,7 +21,15 @@ import subprocess
 import sys
 import time
 
-from bench import daemon_bench, failover_bench, sim_bench, srh_bench, testbed_bench, wire_bench
+from bench import (
+    daemon_bench,
+    failover_bench,
+    mapper_bench,
+    sim_bench,
+    srh_bench,
+    testbed_bench,
+    wire_bench,
+)
 
 
 def _profile(name: str, env: dict[str, str], target: str) -> None:
@@ -59,6 +70,10 @@ def main() -> int:
         # Its own tables (docs/benchmarks.md, "Failover"); a median over twice its target
         # fails `make bench` once everything else has printed.
         failover_ok = failover_bench.run(check=True)
+        print("== the fabric mapper on the testbed: probe cost, fault to denylist, no fault ==")
+        quiet = 60.0 if os.environ.get("MRC_BENCH_QUICK") else 600.0
+        for key, value in mapper_bench.run(quiet_s=quiet).items():
+            print(f"{key:<44} {value:14,.3f}")
     else:
         print("== testbed: skipped (needs root for network namespaces) ==")
     if os.environ.get("MRC_BENCH_QUICK"):

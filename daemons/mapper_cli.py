@@ -21,8 +21,9 @@ from typing import Any
 
 from mrcstack import add_version_flag
 from mrcstack.daemons.mrcmapper import picture
-from mrcstack.daemons.mrcmapper.status import render
+from mrcstack.daemons.mrcmapper.status import cleared, denied_everywhere, render
 from mrcstack.errors import LocalError
+from mrcstack.netns.faults import Faults
 from mrcstack.netns.state import cluster_dir, default_name
 
 PROG = "mrcstack mapper"
@@ -76,6 +77,26 @@ def wait_for(
         if time.monotonic() > deadline:
             raise MapperCliError(f"the mapper at {url} did not get there in {timeout:g} s")
         time.sleep(every)
+
+
+def time_to_deny(
+    faults: Faults,
+    url: str,
+    fault: Callable[[Faults], object],
+    links: Sequence[str],
+    timeout: float = 30.0,
+) -> float:
+    """Seconds from ``fault`` firing on the testbed to every connected mrcd denying
+    ``links`` (as the mapper at ``url`` saw each say so); the fault is then undone and
+    the mapper waited for until nothing is denied (``timeout`` plus the hold-down)."""
+    armed = faults.arm(fault)  # planned and recorded now: only the kernel calls at t0
+    t0 = time.time()
+    armed.fire()
+    doc = wait_for(url, lambda d: denied_everywhere(d, links) is not None, timeout)
+    took = float(denied_everywhere(doc, links) or 0.0) - t0
+    faults.restore_all()
+    wait_for(url, cleared, timeout + float(doc["hold_down_s"]))
+    return took
 
 
 class _Parser(argparse.ArgumentParser):

@@ -207,6 +207,7 @@ class MapperService:
             "instance": self.instance,
             "started": self.started,
             "now": wall,
+            "hold_down_s": self.cfg.params.hold_down,
             "plan": {
                 "digest": self.plan.digest,
                 "loops": len(self.plan.paths),

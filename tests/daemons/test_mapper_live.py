@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mrcstack.api import Controller, WriteWr
-from mrcstack.daemons.mapper_cli import fetch, wait_for
+from mrcstack.daemons.mapper_cli import fetch, time_to_deny, wait_for
 from mrcstack.daemons.mrcd.config import LINK_PROBE_PORT
 from mrcstack.daemons.mrcmapper.status import cleared, denied_everywhere, render
 from mrcstack.fabric import Fabric
@@ -62,16 +62,8 @@ def mapped(bed: Bed) -> Iterator[Bed]:
 
 
 def timed(bed: Bed, fault: Callable[[Faults], object], links: list[str]) -> float:
-    """Seconds from the fault firing to every mrcd denying ``links``; the fault is undone
-    and the mapper back to nothing denied afterwards."""
-    armed = bed.faults.arm(fault)  # planned and recorded now: only the kernel calls at t0
-    t0 = time.time()
-    armed.fire()
-    doc = wait_for(url(bed), lambda d: denied_everywhere(d, links) is not None, WAIT)
-    took = float(denied_everywhere(doc, links) or 0) - t0
-    bed.faults.restore_all()
-    wait_for(url(bed), cleared, WAIT + HOLD_DOWN)
-    return took
+    """Seconds from the fault firing to every mrcd denying ``links``; undone after."""
+    return time_to_deny(bed.faults, url(bed), fault, links, WAIT)
 
 
 def states(doc: dict[str, Any]) -> dict[str, str]:
