@@ -13,6 +13,7 @@ from mrcstack.mapper.agent import PathResult
 from mrcstack.mapper.linkstate import LinkState, transitions_markdown
 from mrcstack.mapper.localize import LinkChange, Localizer, Params
 from mrcstack.mapper.plan import make_plan
+from tests.support import REPO
 
 INTERVAL = 0.01  # the testbed's default: every loop every 10 ms
 
@@ -195,3 +196,9 @@ def test_params_are_checked_and_the_table_renders() -> None:
             Params(**bad)  # type: ignore[arg-type]
     assert Params().round_trip_threshold == pytest.approx(0.009975)
     assert "| DOWN | `good` | HELD |" in transitions_markdown()
+
+
+def test_the_docs_show_the_link_state_table_of_the_code() -> None:
+    doc = (REPO / "docs" / "mapper.md").read_text()
+    table = doc.split("<!-- transitions -->\n", 1)[1].split("<!-- /transitions -->", 1)[0]
+    assert table == transitions_markdown()
