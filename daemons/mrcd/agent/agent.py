@@ -88,8 +88,8 @@ class MapperAgent:
             devices=devices,
             clock=time.monotonic_ns,
         )
-        for fd in self.probes.filenos():
-            loop.add_reader(fd, self._readable)
+        for plane, fd in enumerate(self.probes.filenos()):
+            loop.add_reader(fd, self._readable, plane)
         creds = Credentials.from_config(cfg.host_name, cfg.auth)
         self.session = MapperSession(
             creds, self.settings.name, self.settings.address, self._hello, self._on_message
@@ -116,9 +116,9 @@ class MapperAgent:
             self.probes = None
 
     # The rounds ----------------------------------------------------------------------------
-    def _readable(self) -> None:
+    def _readable(self, plane: int) -> None:
         if self.probes is not None and self._loop is not None:
-            self.probes.drain(self.core, self._loop.time())
+            self.probes.drain(self.core, self._loop.time(), plane)
 
     def _tick(self) -> None:
         loop, probes = self._loop, self.probes

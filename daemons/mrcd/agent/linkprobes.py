@@ -65,6 +65,7 @@ class LinkProbes:
         #: Refused datagrams, by reason; probes the kernel would not send.
         self.refused: dict[str, int] = {}
         self.send_errors = 0
+        self._owned: dict[int, dict[int, int]] = {}  # id(agent) -> its loops' planes
         self.sockets: list[socket.socket] = []
         try:
             for plane in range(fabric.planes):
@@ -100,13 +101,15 @@ class LinkProbes:
                 self.send_errors += 1
         return sent
 
-    def drain(self, agent: ProbeAgent, now: float) -> int:
-        """Read every socket dry: each probe back to ``agent``, the rest refused; how many
-        came back."""
+    def drain(self, agent: ProbeAgent, now: float, only: int | None = None) -> int:
+        """Read every socket (or plane ``only``'s) dry: each probe back to ``agent``, the
+        rest refused; how many came back."""
         back = 0
-        paths = agent.paths
-        owned = {p.ident: p.plane for p in paths}
-        for plane, sock in enumerate(self.sockets):
+        owned = self._owned.get(id(agent))
+        if owned is None:
+            owned = self._owned[id(agent)] = {p.ident: p.plane for p in agent.paths}
+        chosen = enumerate(self.sockets) if only is None else ((only, self.sockets[only]),)
+        for plane, sock in chosen:
             for _ in range(READ_BATCH):
                 try:
                     data = sock.recv(2048)
