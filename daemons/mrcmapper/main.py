@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import sys
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-from mrcstack import add_version_flag
+from mrcstack.daemons.lifecycle import (
+    Cleanup,
+    daemon_args,
+    setup_logging,
+    stop_on_signals,
+    teardown,
+)
 from mrcstack.daemons.mrcd.config import MrcdConfigError, parse_address
 from mrcstack.daemons.mrcd.control.auth import Credentials, KeyFileError
 from mrcstack.daemons.mrcd.ops.metrics import ListenAddressError, serve
@@ -38,25 +41,15 @@ INDEX = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        """One line, exit 2: no usage dump for a bad flag."""
-        sys.stderr.write(f"mrcmapper: error: {message}\n")
-        raise SystemExit(2)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _Parser(prog="mrcmapper", description="the fabric mapper: probes in, denylists out")
-    add_version_flag(p)
-    p.add_argument("--config", required=True, type=Path, help="TOML file ([mrcmapper] + [fabric])")
-    p.add_argument(
-        "--web.listen-address",
-        dest="web_listen_address",
-        help="address for /metrics, /status, /fabric.png (default from the config)",
+    return daemon_args(
+        argv,
+        "mrcmapper",
+        "the fabric mapper: probes in, denylists out",
+        "[mrcmapper] + [fabric]",
+        "address for /metrics, /status, /fabric.png (default from the config)",
+        "validate the config and its key files, and exit",
     )
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--check", action="store_true", help="validate the config and its keys, exit")
-    return p.parse_args(argv)
 
 
 def credentials(cfg: MapperConfig) -> Credentials:
@@ -68,49 +61,35 @@ def credentials(cfg: MapperConfig) -> Credentials:
 
 
 async def run(cfg: MapperConfig, web: str, stop: asyncio.Event | None = None) -> None:
-    loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    cleanups: list[Callable[[], Awaitable[None] | None]] = []
+    cleanups: list[Cleanup] = []
     service = MapperService(cfg)
     try:
-        server = AgentServer(service, credentials(cfg), cfg.listen_address)
-        await server.start()
-        cleanups.append(server.stop)
-        pages = {
-            "/status": lambda: (
-                "application/json",
-                json.dumps(service.status(), allow_nan=False).encode() + b"\n",
-            ),
-            "/fabric.png": lambda: ("image/png", picture.draw(service.status())),
-        }
-        web_server = await serve(make_registry(service.status), web, pages, INDEX)
-        cleanups.append(web_server.stop)
-        log.info("event=web_listening url=%s", web_server.url.removesuffix("/metrics"))
-        log.info(
-            "event=ready mapper=%s loops=%d links=%d",
-            cfg.name, len(service.plan.paths), len(service.plan.links),
-        )  # fmt: skip
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), TICK)
-            service.tick()
-        log.info("event=stopping mapper=%s", cfg.name)
+        with stop_on_signals(stop):
+            server = AgentServer(service, credentials(cfg), cfg.listen_address)
+            await server.start()
+            cleanups.append(server.stop)
+            pages = {
+                "/status": lambda: (
+                    "application/json",
+                    json.dumps(service.status(), allow_nan=False).encode() + b"\n",
+                ),
+                "/fabric.png": lambda: ("image/png", picture.draw(service.status())),
+            }
+            web_server = await serve(make_registry(service.status), web, pages, INDEX)
+            cleanups.append(web_server.stop)
+            log.info("event=web_listening url=%s", web_server.url.removesuffix("/metrics"))
+            log.info(
+                "event=ready mapper=%s loops=%d links=%d",
+                cfg.name, len(service.plan.paths), len(service.plan.links),
+            )  # fmt: skip
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), TICK)
+                service.tick()
+            log.info("event=stopping mapper=%s", cfg.name)
     finally:
-        for cleanup in reversed(cleanups):
-            try:
-                result = cleanup()
-                if result is not None:
-                    await result
-            except Exception:
-                log.exception(
-                    "event=cleanup_failed step=%s", getattr(cleanup, "__qualname__", cleanup)
-                )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        await teardown(cleanups, log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,12 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"mrcmapper: {args.config}: ok ({cfg.fabric.hosts} hosts, {cfg.fabric.planes} planes)"
         )
         return 0
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    root = logging.getLogger("mrcmapper")
-    root.handlers[:] = [handler]
-    root.setLevel((args.log_level or cfg.log_level).upper())
-    root.propagate = False
+    setup_logging("mrcmapper", args.log_level or cfg.log_level)
     try:
         asyncio.run(run(cfg, web))
     except (LocalError, ListenAddressError) as exc:

@@ -48,6 +48,29 @@ MAX_QUEUED = 4 << 20
 _HOST = re.compile(r"h(0|[1-9][0-9]*)")
 
 
+async def respond(
+    creds: Credentials,
+    replay: ReplayCache,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    timeout: float,
+) -> SessionKeys:
+    """The control channel's handshake as responder, within ``timeout`` seconds: the
+    session's keys.  Raises :class:`AuthError` (the agent's credentials or format),
+    :class:`ControlError` (it closed), TimeoutError or OSError."""
+    responder = Responder(creds, replay=replay)
+    async with asyncio.timeout(timeout):
+        for _ in range(2):
+            body = await read_frame(reader, MAX_HANDSHAKE_MESSAGE)
+            if body is None:
+                raise ControlError("eof", "closed during the handshake")
+            reply = responder.receive(body)
+            if reply is not None:
+                writer.write(encode_frame(reply))
+                await writer.drain()
+    return responder.result
+
+
 class _Link:
     """One agent's session, as the service sends on it."""
 
@@ -153,17 +176,8 @@ class AgentServer:
             self._reject(peer, "busy", f"{self._handshaking} handshakes in progress")
             return None
         self._handshaking += 1
-        responder = Responder(self.creds, replay=self._replay)
         try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                for _ in range(2):
-                    body = await read_frame(reader, MAX_HANDSHAKE_MESSAGE)
-                    if body is None:
-                        raise ControlError("eof", "closed during the handshake")
-                    reply = responder.receive(body)
-                    if reply is not None:
-                        writer.write(encode_frame(reply))
-                        await writer.drain()
+            return await respond(self.creds, self._replay, reader, writer, HANDSHAKE_TIMEOUT)
         except (AuthError, ControlError) as exc:
             self._reject(peer, exc.reason, exc.detail)
             return None
@@ -175,7 +189,6 @@ class AgentServer:
             return None
         finally:
             self._handshaking -= 1
-        return responder.result
 
     async def _session(
         self,

@@ -7,8 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mrcstack.daemons.mrcd.control.auth import MAX_HANDSHAKE_MESSAGE, Credentials, Initiator
-from mrcstack.daemons.mrcd.control.records import RecordLayer, encode_frame, read_frame
+from mrcstack.daemons.mrcd.agent.session import initiate
+from mrcstack.daemons.mrcd.control.auth import Credentials, Initiator
+from mrcstack.daemons.mrcd.control.records import (
+    ControlError,
+    RecordLayer,
+    encode_frame,
+    read_frame,
+)
 
 WAIT = 30.0
 
@@ -29,15 +35,11 @@ class HandAgent:
         """The handshake; raises what the mapper's refusal causes (it closes silently)."""
         initiator = Initiator(self.creds, self.mapper)
         reader, writer = await asyncio.open_connection(*self.address)
-        writer.write(encode_frame(initiator.start()))
-        msg2 = await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE_MESSAGE), WAIT)
-        if msg2 is None:
+        try:
+            await asyncio.wait_for(initiate(initiator, reader, writer, self.mapper), WAIT)
+        except ControlError:
             writer.close()
-            raise ConnectionError("the mapper refused the handshake")
-        msg3 = initiator.receive(msg2)
-        if msg3 is not None:
-            writer.write(encode_frame(msg3))
-        await writer.drain()
+            raise ConnectionError("the mapper refused the handshake") from None
         self.reader, self.writer = reader, writer
         self.records = RecordLayer(initiator.result)
 

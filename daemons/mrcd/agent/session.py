@@ -41,6 +41,23 @@ MAX_BACKOFF = 2.0
 MAX_QUEUED = 1 << 20
 
 
+async def initiate(
+    initiator: Initiator, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, where: str
+) -> None:
+    """The control channel's handshake as initiator, on a connection open to ``where``:
+    :class:`ControlError` ``refused`` when it closes on our credentials, :class:`AuthError`
+    when its answer does not check out."""
+    writer.write(encode_frame(initiator.start()))
+    await writer.drain()
+    msg2 = await read_frame(reader, MAX_HANDSHAKE_MESSAGE)
+    if msg2 is None:
+        raise ControlError("refused", f"{where} ended the handshake: it refuses our credentials")
+    msg3 = initiator.receive(msg2)
+    if msg3 is not None:
+        writer.write(encode_frame(msg3))
+        await writer.drain()
+
+
 class MapperSession:
     """Keeps a session to the mapper open; ``hello()`` is said on each new one and every
     message that comes in goes to ``on_message`` (which raises :class:`PeerError` to end
@@ -131,15 +148,7 @@ class MapperSession:
         async with asyncio.timeout(HANDSHAKE_TIMEOUT):
             reader, writer = await asyncio.open_connection(*self.address)
             try:
-                writer.write(encode_frame(initiator.start()))
-                await writer.drain()
-                msg2 = await read_frame(reader, MAX_HANDSHAKE_MESSAGE)
-                if msg2 is None:
-                    raise ControlError("refused", "the mapper refused our credentials")
-                msg3 = initiator.receive(msg2)
-                if msg3 is not None:
-                    writer.write(encode_frame(msg3))
-                    await writer.drain()
+                await initiate(initiator, reader, writer, self.name)
             except BaseException:
                 writer.close()
                 raise

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import logging
-import signal
 import sys
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import uvloop
 
-from mrcstack import add_version_flag
+from mrcstack.daemons import lifecycle
+from mrcstack.daemons.lifecycle import Cleanup, daemon_args, stop_on_signals, teardown
 from mrcstack.daemons.mrcd.agent.agent import MapperAgent
 from mrcstack.daemons.mrcd.appapi.server import AppServer
 from mrcstack.daemons.mrcd.config import MrcdConfig, MrcdConfigError, parse_address
@@ -44,37 +41,20 @@ from mrcstack.errors import LocalError
 log = logging.getLogger("mrcd")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        """One line, exit 2: no usage dump for a bad flag."""
-        sys.stderr.write(f"mrcd: error: {message}\n")
-        raise SystemExit(2)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _Parser(prog="mrcd", description="MRC endpoint daemon and node controller")
-    add_version_flag(p)
-    p.add_argument("--config", required=True, type=Path, help="TOML file ([mrcd] + [fabric])")
-    p.add_argument(
-        "--web.listen-address",
-        dest="web_listen_address",
-        help="address for /metrics (default from the config, else 127.0.0.1:9464)",
+    return daemon_args(
+        argv,
+        "mrcd",
+        "MRC endpoint daemon and node controller",
+        "[mrcd] + [fabric]",
+        "address for /metrics (default from the config, else 127.0.0.1:9464)",
+        "validate the config and its key files, and exit",
     )
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument(
-        "--check", action="store_true", help="validate the config and its key files, and exit"
-    )
-    return p.parse_args(argv)
 
 
 def setup_logging(level: str) -> None:
-    """One line per event: ``time level event=... key=value``; operators grep and ship it."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    root = logging.getLogger("mrcd")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    """mrcd's log: one line per event."""
+    lifecycle.setup_logging("mrcd", level)
 
 
 async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> None:
@@ -82,49 +62,36 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
     tear down in reverse order."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    cleanups: list[Callable[[], Awaitable[None] | None]] = []
+    cleanups: list[Cleanup] = []
     node = Node(cfg, loop)
     try:
-        await node.start()
-        cleanups.append(functools.partial(node.stop, drain_timeout=0))
-        metrics = await serve(make_registry(node.snapshot), web)
-        cleanups.append(metrics.stop)
-        log.info("event=metrics_listening url=%s", metrics.url)
-        if cfg.data_mode == "srv6":
-            watcher = watch_planes(loop, cfg.interfaces, node.set_port_link)
-            cleanups.append(watcher.stop)
-        app = AppServer(node, cfg.api_socket)
-        await app.start()
-        cleanups.append(app.stop)
-        if cfg.mapper is not None:
-            agent = MapperAgent(cfg, app.controller)
-            await agent.start()
-            cleanups.append(agent.stop)
-            metrics.registry.register(AgentCollector(agent.snapshot))
-        log.info("event=ready host=%s", cfg.host_name)
-        await stop.wait()
-        log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)
-        node.quiesce()
-        drained = await node.drain(cfg.drain_timeout)
-        flushed = node.fail_all("mrcd stopping")
-        log.info("event=drained host=%s complete=%s flushed_writes=%d",
-                 cfg.host_name, drained, flushed)  # fmt: skip
+        with stop_on_signals(stop):
+            await node.start()
+            cleanups.append(functools.partial(node.stop, drain_timeout=0))
+            metrics = await serve(make_registry(node.snapshot), web)
+            cleanups.append(metrics.stop)
+            log.info("event=metrics_listening url=%s", metrics.url)
+            if cfg.data_mode == "srv6":
+                watcher = watch_planes(loop, cfg.interfaces, node.set_port_link)
+                cleanups.append(watcher.stop)
+            app = AppServer(node, cfg.api_socket)
+            await app.start()
+            cleanups.append(app.stop)
+            if cfg.mapper is not None:
+                agent = MapperAgent(cfg, app.controller)
+                await agent.start()
+                cleanups.append(agent.stop)
+                metrics.registry.register(AgentCollector(agent.snapshot))
+            log.info("event=ready host=%s", cfg.host_name)
+            await stop.wait()
+            log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)
+            node.quiesce()
+            drained = await node.drain(cfg.drain_timeout)
+            flushed = node.fail_all("mrcd stopping")
+            log.info("event=drained host=%s complete=%s flushed_writes=%d",
+                     cfg.host_name, drained, flushed)  # fmt: skip
     finally:
-        for cleanup in reversed(cleanups):
-            try:
-                result = cleanup()
-                if result is not None:
-                    await result
-            except Exception:  # a failed step must not keep the others from running
-                log.exception(
-                    "event=cleanup_failed step=%s", getattr(cleanup, "__qualname__", cleanup)
-                )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        await teardown(cleanups, log)
 
 
 def main(argv: list[str] | None = None) -> int:
