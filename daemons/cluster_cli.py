@@ -200,12 +200,14 @@ def down(name: str, timeout: float = STOP_TIMEOUT) -> dict[str, Any]:
     for d in doc["daemons"]:
         Path(d["api_socket"]).unlink(missing_ok=True)
     _record_path(name).unlink(missing_ok=True)
-    return {
+    out: dict[str, Any] = {
         "name": name,
         "stopped": [d["host"] for d in running],
         "killed_after_timeout": killed,
-        "mapper": mapper_state,
     }
+    if mapper_state is not None:
+        out["mapper"] = mapper_state  # stopped, killed (after the timeout) or gone
+    return out
 
 
 def status(name: str) -> dict[str, Any]:
@@ -355,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "down":
             doc = down(args.name)
             text = f"stopped {len(doc['stopped'])} mrcd" + (
-                f", mrcmapper {doc['mapper']}" if doc["mapper"] else ""
+                f", mrcmapper {doc['mapper']}" if "mapper" in doc else ""
             )
             print(json.dumps(doc) if args.json else text)
         elif args.command == "status":
