@@ -1,8 +1,9 @@
 """mrcstack: a reference open implementation of MRC (Multipath Reliable Connection).
 
 The packages follow the README's architecture drawing, lowest first: :mod:`.wire`,
-:mod:`.core` (the sans-IO QP), :mod:`.sim`, :mod:`.api`, :mod:`.netns` (the testbed),
-:mod:`.daemons` (mrcd and its tools), :mod:`.experiments`.  Modules at this level:
+:mod:`.core` (the sans-IO QP), :mod:`.mapper` (the fabric mapper's sans-IO core),
+:mod:`.sim`, :mod:`.api`, :mod:`.netns` (the testbed), :mod:`.daemons` (mrcd, mrcmapper and
+the tools), :mod:`.experiments`.  Modules at this level:
 :mod:`.fabric` and :mod:`.addrplan` (the fabric description and its uSID address plan),
 :mod:`.render` (switch configurations), :mod:`.errors` (errors that name their side),
 :mod:`.resources` (shipped data files), :mod:`.stats` (the one quantile), :mod:`.progress`

@@ -26,7 +26,6 @@ from mrcstack.daemons.mrcmapper.config import MapperConfig
 from mrcstack.mapper import messages
 from mrcstack.mapper.agent import PathResult
 from mrcstack.mapper.cost import probe_cost
-from mrcstack.mapper.linkstate import LinkState
 from mrcstack.mapper.localize import LinkChange, Localizer, changes_text
 from mrcstack.mapper.plan import make_plan
 
@@ -268,6 +267,3 @@ class MapperService:
             "denied_evs": a.denied_evs,
             "qps": a.qps,
         }
-
-    def link_state(self, link: str) -> LinkState:
-        return self.localizer.state(link)
