@@ -15,11 +15,12 @@ import matplotlib.pyplot as plt
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 
-from mrcstack.fabric import letter_index
+from mrcstack.fabric import letter_index, letters
 
 COLOURS = {"up": "#2ca02c", "held": "#1f77b4", "lossy": "#ff7f0e", "down": "#d62728"}
 ORDER = ("up", "held", "lossy", "down")  # drawn in this order: the worst on top
 MAX_COLUMNS = 4
+LABELLED = 16  # nodes named when a row has at most this many
 
 
 def _position(node: str, fabric: dict[str, Any]) -> tuple[float, float]:
@@ -61,11 +62,20 @@ def draw(doc: dict[str, Any]) -> bytes:
             if segments:
                 thick = width if state == "up" else max(2.5, 3 * width)
                 ax.add_collection(LineCollection(segments, colors=COLOURS[state], linewidths=thick))
-        for row, count in ((0, hosts), (1, fabric["racks"]), (2, fabric["t1_per_plane"])):
+        for row, count, name in (
+            (0, hosts, "h{}"),
+            (1, fabric["racks"], "t0{}"),
+            (2, fabric["t1_per_plane"], "t1{}"),
+        ):
             xs = [(i + 0.5) / count for i in range(count)]
             ax.scatter(xs, [row] * count, s=12 if count > 32 else 30, color="black", zorder=3)
+            if count <= LABELLED:
+                for i, x in enumerate(xs):
+                    label = name.format(i if row == 0 else letters(i))
+                    ax.annotate(label, (x, row), textcoords="offset points", fontsize=7,
+                                xytext=(0, 6 if row else -11), ha="center")  # fmt: skip
         ax.set_xlim(0, 1)
-        ax.set_ylim(-0.3, 2.3)
+        ax.set_ylim(-0.4, 2.4)
         ax.set_title(f"plane {plane}", fontsize=9)
     handles = [Line2D([], [], color=COLOURS[s], linewidth=3, label=s) for s in ORDER]
     fig.legend(handles=handles, loc="lower center", ncol=len(ORDER), frameon=False)

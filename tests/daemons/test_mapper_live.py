@@ -10,6 +10,7 @@ so a link comes back between runs without a long wait.
 
 from __future__ import annotations
 
+import json
 import socket
 import statistics
 import time
@@ -27,7 +28,7 @@ from mrcstack.fabric import Fabric
 from mrcstack.mapper.cost import probe_bytes, probe_cost
 from mrcstack.mapper.plan import make_plan
 from mrcstack.netns.faults import Faults
-from mrcstack.netns.run import call_in_netns
+from mrcstack.netns.run import call_in_netns, run
 from tests.support.programs import closing, connect, drain, open_end
 from tests.support.testbeds import Bed, Testbeds
 
@@ -232,3 +233,29 @@ def test_probing_costs_each_host_what_the_plan_says_under_1_percent_of_a_link(
     for rate in rates:
         assert 0.5 * planned.host_packets_per_s < rate < 1.2 * planned.host_packets_per_s
     assert planned.fraction(200e6) < 0.01
+
+
+def test_probes_travel_in_the_control_class(mapped: Bed) -> None:
+    """At a T0: every probe (UDP to the probe port) has DSCP 46, and there are probes."""
+    netns = mapped.state.ns("p0-t0a")
+    rules = (
+        "table inet mrcprobes {\n  chain pre {\n"
+        "    type filter hook prerouting priority -300; policy accept;\n"
+        f"    udp dport {LINK_PROBE_PORT} ip6 dscp 46 counter\n"
+        f"    udp dport {LINK_PROBE_PORT} ip6 dscp != 46 counter\n  }}\n}}\n"
+    )
+    run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=rules)
+    try:
+        time.sleep(0.5)
+        listed = run(["ip", "netns", "exec", netns, "nft", "-j", "list", "table", "inet",
+                      "mrcprobes"]).stdout  # fmt: skip
+        counts = [
+            int(expr["counter"]["packets"])
+            for item in json.loads(listed)["nftables"]
+            for expr in item.get("rule", {}).get("expr", ())
+            if "counter" in expr
+        ]
+        control, other = counts
+        assert control > 100 and other == 0
+    finally:
+        run(["ip", "netns", "exec", netns, "nft", "delete", "table", "inet", "mrcprobes"])
