@@ -9,9 +9,11 @@ address), feeds every probe that comes back to :meth:`ProbeAgent.delivered`, cal
 
 A probe's outcome is settled in send order per loop: a delivered probe waits until every
 earlier one of its loop is delivered or overdue, so the run of losses a report ends with is
-the newest run, whatever order the replies came in.  :meth:`ProbeAgent.settle` takes the
-time up to which the adapter has read its sockets: a probe whose reply sat unread while the
-adapter was not scheduled is not declared lost.
+the newest run, whatever order the replies came in.  A round none of whose probes came
+back, on two planes or more, is no result at all: independent links of every plane do not
+fail together, the host's own stack does (its CPU held up the packets past the timeout).
+:meth:`ProbeAgent.settle` takes the time up to which the adapter has read its sockets: a
+probe whose reply sat unread while the adapter was not scheduled is not declared lost.
 """
 
 from __future__ import annotations
@@ -62,13 +64,23 @@ class Reply(enum.Enum):
     UNKNOWN = "unknown"  # never sent by this agent
 
 
-class _Sent:
-    __slots__ = ("at", "path", "rtt", "seq")
+class _Round:
+    __slots__ = ("at", "delivered", "void")
 
-    def __init__(self, seq: int, path: int, at: float) -> None:
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.delivered = 0
+        self.void = False  # nothing came back on any plane: no news of any link
+
+
+class _Sent:
+    __slots__ = ("at", "path", "round", "rtt", "seq")
+
+    def __init__(self, seq: int, path: int, at: float, round_: _Round) -> None:
         self.seq = seq
         self.path = path
         self.at = at
+        self.round = round_
         self.rtt = -1.0  # set on delivery
 
 
@@ -99,8 +111,12 @@ class ProbeAgent:
         self._order: dict[int, deque[_Sent]] = {p.ident: deque() for p in self.paths}
         self._tally: dict[int, _Tally] = {}
         self._delivered = ReplayWindow(REPLAY_WINDOW)
-        #: Counters: probes sent, delivered, lost; replies refused, by :class:`Reply`.
-        self.sent = self.delivered_count = self.lost = 0
+        self._rounds: deque[_Round] = deque()  # not yet settled, oldest first
+        self._planes = len({p.plane for p in self.paths})
+        #: Counters: probes sent, delivered, lost; rounds void (every probe of a round on
+        #: two planes or more lost: the host's own stack, not its links); replies refused,
+        #: by :class:`Reply`.
+        self.sent = self.delivered_count = self.lost = self.void_rounds = 0
         self.refused: dict[Reply, int] = {}
 
     @property
@@ -115,9 +131,11 @@ class ProbeAgent:
     def next_round(self, now: float) -> list[Probe]:
         """One probe per loop (``short_repeat`` per short loop), recorded as sent now."""
         out = []
+        round_ = _Round(now)
+        self._rounds.append(round_)
         for path in self._round:
             self._seq += 1
-            entry = _Sent(self._seq, path.ident, now)
+            entry = _Sent(self._seq, path.ident, now, round_)
             self._sent[self._seq] = entry
             self._order[path.ident].append(entry)
             out.append(Probe(self._seq, path))
@@ -143,6 +161,7 @@ class ProbeAgent:
             return reason
         self._delivered.update(seq)
         entry.rtt = max(0.0, now - entry.at)
+        entry.round.delivered += 1
         self.delivered_count += 1
         self._drain(self._order[entry.path], None)
         return Reply.OK
@@ -151,6 +170,12 @@ class ProbeAgent:
         """Declare lost every probe still out whose deadline (sent + timeout) is at or
         before ``before``: the adapter has read everything that arrived until then."""
         cutoff = before - self.timeout
+        rounds = self._rounds
+        while rounds and rounds[0].at <= cutoff:
+            done = rounds.popleft()
+            if done.delivered == 0 and self._planes > 1:
+                done.void = True
+                self.void_rounds += 1
         for order in self._order.values():
             if order and order[0].at <= cutoff:
                 self._drain(order, cutoff)
@@ -165,10 +190,13 @@ class ProbeAgent:
             elif cutoff is not None and head.at <= cutoff:
                 ok = False
                 del self._sent[head.seq]
-                self.lost += 1
             else:
                 return
             order.popleft()
+            if not ok:
+                if head.round.void:
+                    continue  # no result: the whole round was lost, every plane at once
+                self.lost += 1
             tally = self._tally.get(head.path)
             if tally is None:
                 tally = self._tally[head.path] = _Tally()

@@ -70,3 +70,20 @@ def test_bad_settings_and_results_are_refused() -> None:
         ProbeAgent(SHARE, timeout=1, short_repeat=0)
     with pytest.raises(ValueError, match="inconsistent"):
         PathResult(0, 1, 2, 0, 0.0)
+
+
+def test_a_round_lost_on_every_plane_is_no_result() -> None:
+    """The host's own stack held every probe past the timeout: no news of any link."""
+    agent = ProbeAgent(SHARE, timeout=0.01)
+    agent.next_round(0.0)
+    agent.settle(0.02)
+    assert agent.report() == () and agent.void_rounds == 1 and agent.lost == 0
+    probes = agent.next_round(0.03)  # one probe back: the others' losses are news
+    agent.delivered(probes[0].seq, 0.031)
+    agent.settle(0.05)
+    results = agent.report()
+    assert sum(r.lost for r in results) == len(probes) - 1 and agent.void_rounds == 1
+    one_plane = ProbeAgent([p for p in SHARE if p.plane == 0], timeout=0.01)
+    one_plane.next_round(0.0)
+    one_plane.settle(0.02)  # one plane only: a dead T0 looks like this, and it is news
+    assert sum(r.lost for r in one_plane.report()) == one_plane.per_round

@@ -40,6 +40,7 @@ class AgentSnapshot:
     probes_sent: int
     probes_back: int
     probes_lost: int
+    rounds_void: int
     send_errors: int
     refused: Mapping[str, int]
     connected: bool
@@ -169,6 +170,7 @@ class MapperAgent:
             probes_sent=self.core.sent,
             probes_back=self.core.delivered_count,
             probes_lost=self.core.lost,
+            rounds_void=self.core.void_rounds,
             send_errors=probes.send_errors if probes else 0,
             refused=dict(probes.refused) if probes else {},
             connected=session.connected if session else False,

@@ -257,6 +257,12 @@ class AgentCollector:
             ("mrc_link_probes_sent", "Link probes sent.", a.probes_sent),
             ("mrc_link_probes_back", "Link probes back in time.", a.probes_back),
             ("mrc_link_probes_lost", "Link probes not back in time.", a.probes_lost),
+            (
+                "mrc_link_probe_rounds_void",
+                "Rounds none of whose probes came back on any plane: no result (the host's "
+                "own stack held them up, not its links).",
+                a.rounds_void,
+            ),
             ("mrc_link_probe_send_errors", "Link probes the kernel refused.", a.send_errors),
             ("mrc_mapper_sessions", "Sessions opened to the mapper.", a.sessions),
             (
