@@ -23,9 +23,10 @@ CONTROL_PORT = 4792
 MAPPER_PORT = 4793
 LINK_PROBE_PORT = 4793
 #: The probing agent's defaults: every loop every 10 ms (the paper probes every link about
-#: every millisecond at scale), a probe lost when not back within 20 ms.
+#: every millisecond at scale), a probe lost when not back within 15 ms: a round and a
+#: half, so the round two after a probe's always finds it due, however late its timer ran.
 PROBE_INTERVAL = 0.01
-PROBE_TIMEOUT = 0.02
+PROBE_TIMEOUT = 0.015
 PROBE_RATE_LIMIT = 20000.0
 DEFAULT_WEB = "127.0.0.1:9464"
 LOG_LEVELS = ("debug", "info", "warning", "error")
