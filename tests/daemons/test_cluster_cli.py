@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,43 @@ def test_cluster_up_write_bw_between_racks_then_down() -> None:
         if follow is not None and follow.poll() is None:
             follow.kill()
             follow.wait()
+        testbed.clean(name)
+
+
+def test_cluster_up_with_the_mapper_status_picture_then_down(tmp_path: Path) -> None:
+    """``cluster up --mapper``: mrcmapper in h0's namespace, every mrcd's agent reporting to
+    it, ``mrcstack mapper status|picture --name`` find it, ``down`` stops it after the mrcds."""
+    name = run_name("cp")
+    testbed.up(Fabric(), name)
+    try:
+        up = mrcstack("cluster", "up", "--name", name, "--mapper", "--json")
+        assert up.returncode == 0, up.stderr
+        mapper = json.loads(up.stdout)["mapper"]
+        assert mapper["netns"].endswith("-h0") and alive(mapper["pid"])
+        deadline = time.monotonic() + 30
+        while True:  # every agent connects and the mapper judges every link up
+            status = mrcstack("mapper", "status", "--name", name)
+            assert status.returncode == 0, status.stderr
+            planes = [ln for ln in status.stdout.splitlines() if ln.startswith("plane ")]
+            if (
+                "4/4 agents connected" in status.stdout
+                and len(planes) == 4
+                and all(ln.endswith("12 links: 12 up") for ln in planes)
+            ):
+                break
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(0.25)
+        png = tmp_path / "fabric.png"
+        picture = mrcstack("mapper", "picture", "--name", name, "--out", str(png))
+        assert picture.returncode == 0, picture.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        down = mrcstack("cluster", "down", "--name", name, "--json")
+        assert down.returncode == 0, down.stderr
+        assert json.loads(down.stdout)["mapper"] == "stopped"  # on SIGTERM, after the mrcds
+        assert not alive(mapper["pid"])
+        gone = mrcstack("mapper", "status", "--name", name)
+        assert gone.returncode != 0 and gone.stderr.count("\n") == 1, gone.stderr
+    finally:
         testbed.clean(name)
 
 
