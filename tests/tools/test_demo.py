@@ -4,6 +4,7 @@ and a 3 s demo with Prometheus on testbed ``td`` (root), removed by exact name."
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -229,6 +230,10 @@ def test_demo_short_run_with_prometheus() -> None:
     assert "h0 retransmissions by reason: timeout" in text
     assert "0 mismatches" in text and "the connection never failed" in text
     assert "switch fail p1-t1c" in text or "switch fail p1-t1c" in err
+    # The mapper ran, named the failed T1's links and had them denied on every mrcd.
+    assert "the fabric mapper (every loop every 10 ms" in text
+    for link in ("p1:t0a-t1c", "p1:t0b-t1c"):
+        assert re.search(rf"s  {link}\s+down", text), link
     assert f"torn down: testbed {DEMO_BED}, daemons, Prometheus" in err
     assert not exists(DEMO_BED) and not leftovers(DEMO_BED)
     assert not _processes_mentioning(workdir)  # no Prometheus, no mrcd of this demo
