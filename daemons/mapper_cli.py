@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from mrcstack import add_version_flag
-from mrcstack.daemons.mrcmapper import picture
 from mrcstack.daemons.mrcmapper.status import cleared, denied_everywhere, render
 from mrcstack.errors import LocalError
 from mrcstack.netns.faults import Faults
@@ -151,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             sys.stdout.write(json.dumps(doc) + "\n" if args.json else render(doc, args.all))
         else:
+            # matplotlib only here: what imports this module for fetch (the demo) runs
+            # without it, and without its cache directory.
+            from mrcstack.daemons.mrcmapper import picture  # noqa: PLC0415
+
             try:
                 args.out.write_bytes(picture.draw(doc))
             except OSError as exc:
