@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mrcstack.mapper.plan import ProbePlan
-from mrcstack.wire import AeadIntegrity, ProbePacket, encode
+from mrcstack.wire import ENDPOINT_QPN, AeadIntegrity, ProbePacket, encode
 
 IP_UDP_HEADER_BYTES = 48
 _KEY = bytes(32)
@@ -18,7 +18,7 @@ _KEY = bytes(32)
 
 def probe_bytes() -> int:
     """One probe as an IPv6 packet: the headers and the AES-GCM-sealed probe."""
-    sealed = encode(ProbePacket(0, 0, 0, 1, 0), AeadIntegrity(_KEY, 1, 2))
+    sealed = encode(ProbePacket(ENDPOINT_QPN, 0, 0, 1, 0), AeadIntegrity(_KEY, 1, 2))
     return len(sealed) + IP_UDP_HEADER_BYTES
 
 

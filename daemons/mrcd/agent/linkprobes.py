@@ -21,6 +21,7 @@ from mrcstack.daemons.mrcd.datapath.transport import Address, open_plane_socket
 from mrcstack.fabric import Fabric
 from mrcstack.mapper.agent import Probe, ProbeAgent, Reply
 from mrcstack.wire import (
+    ENDPOINT_QPN,
     TCLASS_CONTROL,
     AeadIntegrity,
     DecodeError,
@@ -88,7 +89,10 @@ class LinkProbes:
         sent = 0
         for probe in probes:
             path = probe.path
-            pkt = ProbePacket(0, path.ident, path.plane, probe.seq, self.clock())
+            pkt = ProbePacket(
+                ENDPOINT_QPN, path.ident, path.plane, probe.seq, self.clock(),
+                probe_id=probe.seq & 0xFFFF,
+            )  # fmt: skip
             try:
                 data = encode(pkt, self._seal)
             except WireUsageError:
