@@ -537,7 +537,8 @@ class _Simulation:
         self.send_packet = mapper.counting(self.net.send_packet)
         for host in range(self.cfg.fabric.hosts):
             table = self.by_host.get(host, {})
-            self.net.attach(host, mapper.tap(host, self._host_handler(table)))
+            handler = self._host_handler(table) if table else self._no_endpoint
+            self.net.attach(host, mapper.tap(host, handler))
             for endpoint in table.values():
                 mapper.deny_on(host, endpoint.peer, endpoint.conn, endpoint.pump)
         mapper.start()
@@ -596,6 +597,10 @@ class _Simulation:
         queue, self.waiting[host] = self.waiting[host], []
         for endpoint in queue:
             endpoint.pump()
+
+    def _no_endpoint(self, msg: Any, size: int, plane: int, ecn: bool) -> None:
+        """What reaches a host with no connection (beside the mapper's probes)."""
+        self.unknown_qpn += 1
 
     def _host_handler(self, table: dict[int, _Endpoint]) -> Callable[[Any, int, int, bool], None]:
         if len(table) == 1 and not self.wire:
