@@ -54,7 +54,8 @@ DSCP_TRIMMED, DSCP_TRIMMED_LASTHOP = 12, 16
 IPV6_RECVPKTINFO, IPV6_PKTINFO, IPV6_FLOWINFO, IPV6_RECVTCLASS, IPV6_TCLASS = 49, 50, 11, 66, 67
 UDP_NO_CHECK6_TX, UDP_NO_CHECK6_RX = 101, 102
 WINDOW = 256  # packets in flight
-RTO = 0.25  # seconds before an unacknowledged packet is sent again, on another EV
+# Bounds of the time before an unacknowledged packet is sent again, on another EV.
+RTO_MIN, RTO_MAX = 0.25, 4.0
 
 
 def ts16() -> int:
@@ -95,10 +96,18 @@ class Peer:
         self.imms: list[tuple[int, int]] = []  # (PSN, immediate) of writes not yet whole
         self.stats = {"icrc_bad": 0, "sacks": 0, "nacks_sent": 0, "retransmits": 0,
                       "probes_answered": 0, "writes_in": 0, "placed": 0, "refused": 0,
-                      "rx": 0, "nacks_in": 0, "bad": 0}  # fmt: skip
+                      "rx": 0, "nacks_in": 0, "bad": 0, "sacks_in": 0, "rtx_nack": 0,
+                      "rtx_rto": 0}  # fmt: skip
         self.lock = threading.Lock()
-        self.acked: set[int] = set()
+        self.acked: set[int] = set()  # PSNs of ours a SACK's bitmap acknowledged
+        self.cack = (self.next_psn - 1) % PSN_MOD  # the highest cumulative PSN acknowledged
         self.nacked: list[int] = []
+        self.by_local = {p["local"]: p for p in self.planes}
+        self.rr = 0
+        self.bad_evs: dict[int, float] = {}
+
+    def bind(self) -> None:
+        """Open the receiving socket and a raw sending socket per plane's device."""
         self.rx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
         self.rx.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
@@ -111,9 +120,6 @@ class Peer:
             raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
             raw.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, p["device"].encode())
             self.tx[p["plane"]] = raw
-        self.by_local = {p["local"]: p for p in self.planes}
-        self.rr = 0
-        self.bad_evs: dict[int, float] = {}
 
     # Sending -------------------------------------------------------------------------------
     def route(self, plane: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -187,48 +193,85 @@ class Peer:
                                                 n, imm if last else None):  # fmt: skip
                 pending[psn] = spec
                 order.append(psn)
-        sent_at: dict[int, tuple[float, int]] = {}
-        nxt = 0
-        start = time.monotonic()
+        # Loss recovery as a reasonable sender does it.  This process is CPU-bound (Scapy
+        # builds and parses every packet) and its SACKs are read by another thread, so the
+        # time until a SACK is *read* grows with the backlog of SACKs not yet read.  A fixed
+        # timeout shorter than that backlog makes every packet time out, each resend draws
+        # one more SACK to read, and the backlog never drains: a metastable collapse (once
+        # 27,285 resends and 208 s for 2048 packets).  So the timeout follows the measured
+        # time to a SACK, as TCP's does (RFC 6298 with Linux's floor on the variation:
+        # SRTT + max(0.25 s, 4 RTTVAR); Karn's rule: no sample from a resent packet), and
+        # doubles on each expiry until a packet sent once is acknowledged.
+        sent_at: dict[int, tuple[float, int, bool]] = {}  # psn: (when, EV, resent)
+        srtt, rttvar, backoff, backoff_at = 0.0, 0.0, 0, 0.0
+        rto = RTO_MIN
+        nxt = una = 0
+        start = tick = time.monotonic()
+        timeline: list[list[float]] = []  # what the sender did, for a failing test to show
         while pending:
+            now = time.monotonic()
+            if now - tick >= 0.5:
+                tick = now
+                timeline.append([round(now - start, 2), una, nxt, len(sent_at),
+                                 self.stats["rtx_nack"], self.stats["rtx_rto"],
+                                 self.stats["sacks_in"], round(rto, 3)])  # fmt: skip
             with self.lock:
                 acked, self.acked = self.acked, set()
                 nacked, self.nacked = self.nacked, []
+                cack = self.cack
+            while una < nxt and not psn_after(order[una], cack):
+                acked.add(order[una])
+                una += 1
             for psn in acked:
-                pending.pop(psn, None)
-                sent_at.pop(psn, None)
+                if pending.pop(psn, None) is None:
+                    continue
+                when, _, resent = sent_at.pop(psn, (0.0, 0, True))
+                if not resent:  # an unambiguous sample
+                    sample = now - when
+                    if srtt == 0.0:
+                        srtt, rttvar = sample, sample / 2
+                    else:
+                        rttvar = 0.75 * rttvar + 0.25 * abs(srtt - sample)
+                        srtt = 0.875 * srtt + 0.125 * sample
+                    backoff = 0
+            rto = min(RTO_MAX, (srtt + max(RTO_MIN, 4 * rttvar)) * (1 << backoff))
             for psn in nacked:
                 if psn in pending:
                     self.stats["retransmits"] += 1
-                    sent_at[psn] = (
-                        time.monotonic(),
-                        self.send(self.build_write(psn, pending[psn], True), TC_DATA),
-                    )
+                    self.stats["rtx_nack"] += 1
+                    ev = self.send(self.build_write(psn, pending[psn], True), TC_DATA)
+                    sent_at[psn] = (time.monotonic(), ev, True)
             now = time.monotonic()
-            for psn, (when, ev) in list(sent_at.items()):
-                if now - when > RTO and psn in pending:
-                    self.bad_evs[ev] = now + 1.0
-                    self.stats["retransmits"] += 1
-                    sent_at[psn] = (now, self.send(self.build_write(psn, pending[psn], True),
-                                                   TC_DATA))  # fmt: skip
+            expired = [psn for psn, (when, _, _) in sent_at.items() if now - when > rto]
+            for psn in expired:
+                self.bad_evs[sent_at[psn][1]] = now + 1.0
+                self.stats["retransmits"] += 1
+                self.stats["rtx_rto"] += 1
+                ev = self.send(self.build_write(psn, pending[psn], True), TC_DATA)
+                sent_at[psn] = (time.monotonic(), ev, True)
+            if expired and now >= backoff_at:  # once per timeout period, not per packet
+                backoff = min(backoff + 1, 6)
+                backoff_at = now + rto
             while nxt < len(order) and len(sent_at) < WINDOW:
                 psn = order[nxt]
                 nxt += 1
                 if psn in pending:
-                    sent_at[psn] = (
-                        time.monotonic(),
-                        self.send(self.build_write(psn, pending[psn], False), TC_DATA),
-                    )
+                    ev = self.send(self.build_write(psn, pending[psn], False), TC_DATA)
+                    sent_at[psn] = (time.monotonic(), ev, False)
             if time.monotonic() - start > 300:
-                say(event="error", error=f"{len(pending)} packets never acknowledged")
+                say(event="error", error=f"{len(pending)} packets never acknowledged",
+                    stats=self.stats, timeline=timeline)  # fmt: skip
                 return
             time.sleep(0.0005 if len(sent_at) >= WINDOW or nxt >= len(order) else 0)
         say(
             event="writes_done",
             sha256=hashlib.sha256(data).hexdigest(),
             bytes=len(data),
+            packets=len(order),
             retransmits=self.stats["retransmits"],
             seconds=round(time.monotonic() - start, 3),
+            stats=self.stats,
+            timeline=timeline,
         )
 
     # Receiving -----------------------------------------------------------------------------
@@ -270,14 +313,7 @@ class Peer:
             self.on_write(pkt, bth, ev, plane, dscp if trimmed else 0)
         elif bth.opcode == 0xDC:
             seth = pkt[L.SETH]
-            with self.lock:
-                cack = seth.cack_psn
-                self.acked.update(self._upto(cack))
-                base = (cack + seth.sack_offset) % PSN_MOD
-                bits = seth.sack_bitmap
-                for i in range(64):
-                    if bits >> i & 1:
-                        self.acked.add((base + i) % PSN_MOD)
+            self.on_sack(seth.cack_psn, seth.sack_offset, seth.sack_bitmap)
         elif bth.opcode == 0xDD:
             self.stats["nacks_in"] += 1
             with self.lock:
@@ -294,9 +330,17 @@ class Peer:
             ts = pkt[L.PETH].tx_timestamp
             self.sack(ev, self.expected_minus_one(), ts, plane, pr=True)
 
-    def _upto(self, cack: int) -> set[int]:
-        """Our PSNs still unacknowledged up to and including ``cack`` (a window's worth)."""
-        return {(cack - i) % PSN_MOD for i in range(WINDOW * 4)}
+    def on_sack(self, cack: int, sack_offset: int, bitmap: int) -> None:
+        """A SACK for our writes: everything up to ``cack``, and the bitmap's PSNs from
+        ``cack + sack_offset`` on."""
+        self.stats["sacks_in"] += 1
+        base = (cack + sack_offset) % PSN_MOD
+        with self.lock:
+            if psn_after(cack, self.cack):
+                self.cack = cack
+            for i in range(64):
+                if bitmap >> i & 1:
+                    self.acked.add((base + i) % PSN_MOD)
 
     def expected_minus_one(self) -> int:
         return (self.expected - 1) % PSN_MOD
@@ -363,6 +407,7 @@ class Peer:
 
 def main() -> int:
     peer = Peer(json.loads(sys.argv[1]))
+    peer.bind()
     threading.Thread(target=peer.receive_loop, daemon=True).start()
     say(event="ready", qpn=peer.qpn, psn=peer.next_psn)
     for line in sys.stdin:
