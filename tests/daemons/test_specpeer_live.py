@@ -6,7 +6,8 @@ mrcd runs on h0 only.  The application on h0 sets its QP up out of band
 (``QueuePair.connect_manual``: the peer's host, QPN and first PSN), so the QP runs without
 mrcstack's extension.  16 MiB go each way in 1 MiB writes (the last with an immediate)
 while one of the source rack's uplinks goes down and comes back; both ends' SHA-256 of what
-arrived must equal what was sent, in the uSID and the STEV formats.
+arrived must equal what was sent, in the uSID and the STEV formats, and the peer's resends
+stay within one per packet.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mrcstack.api import Device, WriteWr
 from mrcstack.api.ctl import Controller
 from mrcstack.fabric import Fabric
 from tests.support import REPO
-from tests.support.programs import by_label
+from tests.support.programs import by_label, samples, scrape
 from tests.support.testbeds import Bed, Testbeds
 
 pytestmark = [pytest.mark.requires_root, pytest.mark.timeout(600)]
@@ -170,6 +171,14 @@ def test_16mib_each_way_with_a_spec_only_peer_under_a_link_flap(bed: Bed, fmt: s
         rejected = by_label(bed, MRCD, "mrc_rejected_packets_total")
         print(f"\n{fmt}: peer sent 16 MiB in {sent['seconds']} s, {sent['retransmits']} "
               f"retransmitted; peer stats {got['stats']}; mrcd rejected {rejected}")  # fmt: skip
+        # The flap costs tens of resends; a recovery that collapses (every packet timing
+        # out again and again) sends tens of thousands.  One per packet lies between, far
+        # from both; the peer's timeline and mrcd's counters say what happened.
+        assert sent["retransmits"] <= sent["packets"], (
+            sent["stats"], sent["timeline"], rejected,
+            {k: v for k, v in samples(scrape(bed, MRCD)).items()
+             if k[0] in ("mrc_duplicate_packets_total", "mrc_received_packets_total")},
+        )  # fmt: skip
         qp.destroy()
     finally:
         peer.tell(cmd="quit")
