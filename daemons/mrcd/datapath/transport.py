@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from mrcstack.core.connection import Connection
 from mrcstack.core.endpoint import ENDPOINT_QPN, ProbeIds
 from mrcstack.core.events import Event
-from mrcstack.daemons.mrcd.datapath import rxbatch
+from mrcstack.daemons.mrcd.datapath import rxbatch, txbatch
 from mrcstack.qpn import qpn_text
 from mrcstack.wire import (
     FIRST_CONTROL_OPCODE,
@@ -59,6 +59,8 @@ READ_TURN = 16
 #: Datagrams one flush hands to the sockets before yielding (a 1 GiB write must not starve
 #: the receive path).
 SEND_BATCH = 256
+#: Datagrams per ``sendmmsg`` call on one plane socket (``txbatch.py``).
+SEND_TURN = 64
 SOCKET_BUFFER = 8 << 20
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -71,6 +73,7 @@ _ENDPOINT_RESPONSE = int(Opcode.ENDPOINT_RESPONSE)
 #: class (DSCP 46), both ECT(0) so switches may mark instead of drop.  The socket's default
 #: is the data class; a control packet says otherwise in its own ancillary data.
 _CONTROL_CMSG = [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, struct.pack("@i", TCLASS_CONTROL))]
+_CONTROL_MESSAGE = txbatch.ControlMessage(*_CONTROL_CMSG[0])
 #: The ECN bits of a datagram a switch marked Congestion Experienced (in the traffic class,
 #: and where the flow information's second byte holds them).
 ECN_CE = rxbatch.ECN_CE
@@ -217,6 +220,12 @@ class Transport:
         self._qps: dict[int, _Qp] = {}
         self._addr_cache: dict[tuple[int, int, int, tuple[EvFormat, bool]], Address | RawRoute] = {}
         self._rx = rxbatch.BatchReceiver(READ_TURN)
+        self._tx = [txbatch.BatchSender(SEND_TURN) for _ in sockets]
+        #: Where each (peer, plane, EV, route) sends: a sockaddr_in6 made once (uSID) or a
+        #: raw route.
+        self._to: dict[
+            tuple[int, int, int, tuple[EvFormat, bool]], txbatch.Sockaddr | RawRoute
+        ] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._backlog: deque[tuple[int, bytes, Address | RawRoute]] = deque()
@@ -381,7 +390,12 @@ class Transport:
         self._arm_timer()
 
     def _flush(self, qp: _Qp, qpn: int) -> bool:
-        """Drain events and transmit one batch; True if the connection has more to send."""
+        """Drain events and transmit one batch; True if the connection has more to send.
+
+        Each datagram is copied into the next slot of its plane's batch, and each batch
+        leaves in ``sendmmsg`` calls of up to ``SEND_TURN``; a datagram that needs a raw
+        route (or is too big for a slot) is sent on its own, after what its plane has
+        batched so far."""
         conn = qp.conn
         while (event := conn.next_event()) is not None:
             qp.on_event(event)
@@ -389,43 +403,114 @@ class Transport:
             self._pending_flush.add(qpn)
             return False  # sockets are full: the writer callback resumes us
         out = conn.datagrams_to_send(clock(), SEND_BATCH)
-        cache = self._addr_cache
+        tos = self._to
         remote = qp.remote
         route = qp.route
-        sockets = self.sockets
-        stats = self.stats
+        batches = self._tx
+        sockaddr = txbatch.Sockaddr
         for d in out:
-            key = (remote, d.port, d.ev, route)
-            addr = cache.get(key)
-            if addr is None:
-                addr = cache[key] = self.resolver(remote, d.port, d.ev, *route)
+            port = d.port
+            key = (remote, port, d.ev, route)
+            to = tos.get(key)
+            if to is None:
+                to = self._resolve(key)
             data = d.data
-            try:
-                if type(addr) is tuple:  # SRv6 uSID: the kernel writes the headers
-                    if data[0] < FIRST_CONTROL_OPCODE:
-                        sockets[d.port].sendto(data, addr)
-                    else:
-                        sockets[d.port].sendmsg((data,), _CONTROL_CMSG, 0, addr)
-                else:
-                    send_route(self._raw(d.port), data, addr)  # type: ignore[arg-type]
-            except BlockingIOError:
-                stats.send_blocked += 1
-                self._backlog.append((d.port, data, addr))
-                self._watch_writable(d.port, addr)
-            except OSError as exc:
-                # A down port (ENETUNREACH, ENETDOWN...): the packet is lost like on a wire;
-                # the core's recovery handles it.
-                if exc.errno not in _LOSS_ERRNOS:
-                    raise
-                stats.send_errors += 1
+            size = len(data)
+            if type(to) is sockaddr:
+                batch = batches[port]
+                if size <= batch.slot:
+                    batch.slots[batch.count][:size] = data
+                    control = None if data[0] < FIRST_CONTROL_OPCODE else _CONTROL_MESSAGE
+                    if batch.add(size, to, control):
+                        self._send_batch(port)
+                    continue
+                self._send_batch(port)
+                self._send_one(port, data, to.address)
             else:
-                stats.datagrams_out += 1
+                self._send_batch(port)
+                self._send_one(port, data, to)  # type: ignore[arg-type]
+        for plane, batch in enumerate(batches):
+            if batch.count:
+                self._send_batch(plane)
         while (event := conn.next_event()) is not None:
             qp.on_event(event)
         if len(out) >= SEND_BATCH:
             self._pending_flush.add(qpn)
             return True
         return False
+
+    def _resolve(
+        self, key: tuple[int, int, int, tuple[EvFormat, bool]]
+    ) -> txbatch.Sockaddr | RawRoute:
+        """Where datagrams of (peer, plane, EV, route) go, resolved once."""
+        addr = self._addr_cache.get(key)
+        if addr is None:
+            remote, plane, ev, route = key
+            addr = self._addr_cache[key] = self.resolver(remote, plane, ev, *route)
+        to: txbatch.Sockaddr | RawRoute
+        to = txbatch.Sockaddr(addr) if isinstance(addr, tuple) else addr
+        self._to[key] = to
+        return to
+
+    def _send_batch(self, plane: int) -> None:
+        """Hand plane ``plane``'s batched datagrams to its socket; what the socket has no
+        room for waits in the backlog, in order."""
+        batch = self._tx[plane]
+        count = batch.count
+        if not count:
+            return
+        stats = self.stats
+        backlog = self._backlog
+        done = sent = 0
+        if not backlog:
+            fd = self.sockets[plane].fileno()
+            while done < count:
+                try:
+                    k = batch.send(fd, done)
+                except BlockingIOError:
+                    stats.send_blocked += count - done
+                    break
+                except OSError as exc:
+                    # A down port (ENETUNREACH, ENETDOWN...): the packet is lost like on a
+                    # wire; the core's recovery handles it.
+                    if exc.errno not in _LOSS_ERRNOS:
+                        batch.count = 0
+                        raise
+                    stats.send_errors += 1
+                    done += 1
+                else:
+                    done += k
+                    sent += k
+        stats.datagrams_out += sent
+        if done < count:  # the socket is full, or earlier datagrams wait: keep the order
+            for i in range(done, count):
+                address = batch.addresses[i]
+                assert address is not None
+                backlog.append((plane, batch.datagram(i), address))
+            self._watch_writable(plane, backlog[-1][2])
+        batch.count = 0
+
+    def _send_one(self, plane: int, data: bytes, addr: Address | RawRoute) -> None:
+        """One datagram outside the batches (a raw route, a jumbo datagram)."""
+        stats = self.stats
+        if self._backlog:
+            self._backlog.append((plane, data, addr))
+            return
+        try:
+            if type(addr) is tuple:
+                send(self.sockets[plane], data, addr)
+            else:
+                send_route(self._raw(plane), data, addr)  # type: ignore[arg-type]
+        except BlockingIOError:
+            stats.send_blocked += 1
+            self._backlog.append((plane, data, addr))
+            self._watch_writable(plane, addr)
+        except OSError as exc:
+            if exc.errno not in _LOSS_ERRNOS:
+                raise
+            stats.send_errors += 1
+        else:
+            stats.datagrams_out += 1
 
     def _raw(self, plane: int) -> socket.socket:
         sock = self.raw_sockets.get(plane)
