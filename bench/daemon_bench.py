@@ -25,6 +25,15 @@ rounds (medians, min and max; ratios of the medians), see docs/benchmarks.md:
     section fails loudly if the connection fell back to plain TCP or used one subflow, and
     prints ``shaped_mptcp_subflows`` (the fewest that carried data in any round).
 
+CPU per packet comes from the processes' own CPU time (``/proc/PID/stat`` of each mrcd,
+``time.process_time`` of each blast process) over the timed part of each round: the sending
+mrcd per data packet, the receiving one per data packet and per ACK it sent, the blast's
+sender and receiver per datagram (:func:`cpu_per_packet`).
+
+``python -m bench.daemon_bench --against REV`` measures only mrcd, at git revision ``REV``
+and in this tree, alternating on one unshaped testbed with a blast in every round: a change
+to the data path measured before and after in the same run (:func:`compare`).
+
 Each side of a baseline runs as its own process inside its host's namespace (``ip netns exec
 NS python -m bench.daemon_bench --role ...``, one JSON line out).  Testbeds are built and
 removed by exact name in ``finally``.  ``python -m bench.daemon_bench`` prints the table.
@@ -40,6 +49,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,14 +57,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench import mptcp
+from bench import mptcp, sim_bench
 from mrcstack import addrplan
 from mrcstack.api import CompletionQueue, Device, WcStatus, WriteWr
 from mrcstack.api.ctl import Controller
 from mrcstack.daemons.cluster import Cluster
-from mrcstack.experiments.live import SHAPED_BPS, accept, bed, counters, mptcp_setup, shaped
+from mrcstack.experiments.live import (
+    SHAPED_BPS,
+    accept,
+    bed,
+    counters,
+    metrics,
+    mptcp_setup,
+    shaped,
+)
 from mrcstack.experiments.stream import IPPROTO_MPTCP
 from mrcstack.fabric import Fabric
+from mrcstack.netns import testbed
 from mrcstack.netns.state import TestbedState, load
 from mrcstack.wire import AeadIntegrity, DataPacket, encode
 
@@ -111,7 +130,8 @@ def mrcd_goodput(
         while warm < OUTSTANDING:
             warm += _completions(acq)
         posted = done = 0
-        before = counters(state, cluster)
+        before = counters(state, cluster) | _dst_packets(cluster)
+        cpu = _daemon_cpu(cluster)
         start = time.perf_counter()
         end = start + duration
         for _ in range(OUTSTANDING):
@@ -123,13 +143,43 @@ def mrcd_goodput(
                 post(posted)
                 posted += 1
         took = time.perf_counter() - start
-        after = counters(state, cluster)
+        cpu = [b - a for a, b in zip(cpu, _daemon_cpu(cluster), strict=True)]
+        after = counters(state, cluster) | _dst_packets(cluster)
         if bytes(bmr.buf[:WRITE]) != bytes(amr.buf[:WRITE]):
             raise RuntimeError("mrcd goodput run: data did not arrive intact")
-        return done * WRITE * 8 / took, {k: v - before.get(k, 0.0) for k, v in after.items()}
+        moved = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        return done * WRITE * 8 / took, moved | {"src_cpu_s": cpu[0], "dst_cpu_s": cpu[1]}
     finally:
         a.close()
         b.close()
+
+
+def _dst_packets(cluster: Cluster) -> dict[str, float]:
+    """The receiving daemon's datagrams in (the data packets) and out (its ACKs)."""
+    page = metrics(cluster, DST)
+    return {
+        f"dst_{kind}_packets": sum(
+            v for k, v in page.items() if k.startswith(f"mrc_{kind}_packets_total{{")
+        )
+        for kind in ("received", "sent")
+    }
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _daemon_cpu(cluster: Cluster) -> list[float]:
+    """CPU seconds used so far by the sending and the receiving mrcd (``ip netns exec``
+    execs the daemon, so the process started is the daemon)."""
+    out = []
+    for host in (SRC, DST):
+        proc = cluster.daemons[host].proc
+        assert proc is not None
+        out.append(process_cpu(proc.pid))
+    return out
 
 
 def set_format(cluster: Cluster, fmt: str) -> None:
@@ -177,6 +227,7 @@ def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
     buf = bytearray(65536)
     packets = nbytes = 0
     first = last = 0.0
+    cpu = 0.0
     print(json.dumps({"ready": True}), flush=True)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
@@ -185,6 +236,8 @@ def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
             if packets:
                 break
             continue
+        if not cpu:
+            cpu = time.process_time()  # from the first datagram on
         for fd, _ in events:
             recv_into = by_fd[fd].recv_into
             while True:
@@ -197,7 +250,8 @@ def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
         last = time.perf_counter()
         if not first:
             first = last
-    return {"packets": packets, "bytes": nbytes, "seconds": last - first}
+    return {"packets": packets, "bytes": nbytes, "seconds": last - first,
+            "cpu": time.process_time() - cpu}  # fmt: skip
 
 
 def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
@@ -213,6 +267,7 @@ def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
     ]
     data = os.urandom(args.size)
     sent = blocked = 0
+    cpu = time.process_time()
     end = time.perf_counter() + args.seconds
     n = len(paths)
     while True:
@@ -225,7 +280,7 @@ def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
         sent += 1024
         if time.perf_counter() >= end:
             break
-    return {"sent": sent - blocked, "refused": blocked}
+    return {"sent": sent - blocked, "refused": blocked, "cpu": time.process_time() - cpu}
 
 
 def role_tcp_recv(args: argparse.Namespace) -> dict[str, Any]:
@@ -347,6 +402,8 @@ def udp_blast(state: TestbedState, duration: float) -> tuple[float, dict[str, fl
         "sent": float(sent["sent"]),
         "received": float(got["packets"]),
         "lost_fraction": 1 - got["packets"] / max(1, sent["sent"]),
+        "sender_cpu_s": float(sent["cpu"]),
+        "receiver_cpu_s": float(got["cpu"]),
     }
 
 
@@ -370,6 +427,97 @@ def tcp_flow(
 def _add(total: dict[str, float], more: dict[str, float]) -> None:
     for k, v in more.items():
         total[k] = total.get(k, 0.0) + v
+
+
+def cpu_per_packet(mrcd: dict[str, float], blast: dict[str, float]) -> dict[str, float]:
+    """CPU microseconds per packet from the processes' own CPU time, summed over the rounds:
+    the sending mrcd per data packet it sent, the receiving one per data packet it received
+    and per ACK it sent (its whole CPU time, spread over its ACKs), and the blast's two
+    processes per datagram."""
+    out = {
+        "sender_us_per_data_packet": 1e6 * mrcd["src_cpu_s"] / max(1.0, mrcd["sent_packets"]),
+        "receiver_us_per_data_packet": 1e6
+        * mrcd["dst_cpu_s"]
+        / max(1.0, mrcd["dst_received_packets"]),
+        "receiver_us_per_ack": 1e6 * mrcd["dst_cpu_s"] / max(1.0, mrcd["dst_sent_packets"]),
+        "data_packets_per_ack": mrcd["dst_received_packets"] / max(1.0, mrcd["dst_sent_packets"]),
+    }
+    result = {f"unshaped_mrcd_{k}": v for k, v in out.items()}
+    if blast:
+        sender = 1e6 * blast["sender_cpu_s"] / max(1.0, blast["sent"])
+        receiver = 1e6 * blast["receiver_cpu_s"] / max(1.0, blast["received"])
+        result |= {
+            "unshaped_udp_blast_sender_us_per_packet": sender,
+            "unshaped_udp_blast_receiver_us_per_packet": receiver,
+            "unshaped_mrcd_sender_cpu_over_blast": out["sender_us_per_data_packet"] / sender,
+            "unshaped_mrcd_receiver_cpu_over_blast": out["receiver_us_per_data_packet"] / receiver,
+        }
+    return result
+
+
+def compare(rev: str) -> dict[str, float]:
+    """mrcd at revision ``rev`` ("before") and in this tree ("after") on one unshaped
+    testbed, alternating over ``MRC_BENCH_REPEAT`` rounds with a UDP blast in each: the
+    goodput medians, their ratios to the blast's, and CPU per packet of each side.  The
+    daemons of ``rev`` run from an exported copy of it (``PYTHONPATH``); the client is this
+    tree's."""
+    if os.geteuid() != 0:
+        return {}
+    duration, rounds = seconds(), repeat()
+    goodput: dict[str, list[float]] = {"before": [], "after": [], "blast": []}
+    stats: dict[str, dict[str, float]] = {"before": {}, "after": {}}
+    udp_stats: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="mrcstack-before-") as tmp:
+        old_tree = Path(tmp) / "tree"
+        if not sim_bench.export(rev, old_tree):
+            raise SystemExit(f"daemon bench: revision {rev!r} is not available here")
+        workdir = Path(tmp) / "cluster"
+        testbed.clean(UNSHAPED)
+        try:
+            testbed.up(Fabric(sid_format="classic"), UNSHAPED)
+            state = load(UNSHAPED)
+            for _ in range(rounds):
+                for label, tree in (("before", old_tree), ("after", None)):
+                    with _pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
+                        bps, more = mrcd_goodput(state, c, duration)
+                    goodput[label].append(bps)
+                    _add(stats[label], more)
+                bps, more = udp_blast(state, duration)
+                goodput["blast"].append(bps)
+                _add(udp_stats, more)
+        finally:
+            testbed.clean(UNSHAPED)
+    u = statistics.median(goodput["blast"])
+    out = {"rounds": float(rounds), "udp_blast_gbps": u / 1e9}
+    for label in ("before", "after"):
+        m = statistics.median(goodput[label])
+        out[f"{label}_mrcd_gbps"] = m / 1e9
+        out[f"{label}_mrcd_over_udp_blast"] = m / u
+        cpu = cpu_per_packet(stats[label], udp_stats)
+        out |= {f"{label}_{k.removeprefix('unshaped_mrcd_')}": v for k, v in cpu.items()
+                if k.startswith("unshaped_mrcd_")}  # fmt: skip
+        for k in ("retx_spurious", "send_errors"):
+            out[f"{label}_{k}"] = stats[label].get(k, 0.0)
+    out["after_over_before_goodput"] = out["after_mrcd_gbps"] / out["before_mrcd_gbps"]
+    out["udp_blast_sender_us_per_packet"] = (
+        1e6 * udp_stats["sender_cpu_s"] / max(1.0, udp_stats["sent"])
+    )
+    return out
+
+
+@contextmanager
+def _pythonpath(tree: Path | None) -> Iterator[None]:
+    """Processes started meanwhile import mrcstack from ``tree`` (None: this tree)."""
+    saved = os.environ.get("PYTHONPATH")
+    if tree is not None:
+        os.environ["PYTHONPATH"] = str(tree)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def run() -> dict[str, float]:
@@ -423,6 +571,7 @@ def run() -> dict[str, float]:
         "unshaped_udp_blast_lost_fraction": 1 - udp_stats["received"] / udp_stats["sent"],
     }
     out |= {f"unshaped_mrcd_{k}": v for k, v in stats.items()}
+    out |= cpu_per_packet(stats, udp_stats)
     shaped_fabric = shaped(Fabric())
     capacity = shaped_fabric.planes * SHAPED_BPS
     mrcd, mp, subflows = [], [], []
@@ -464,6 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--proto", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--to", default="", help=argparse.SUPPRESS)
     p.add_argument("--testbed", default="", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--against", metavar="REV", help="only mrcd at git revision REV vs this tree, alternating"
+    )
     args = p.parse_args(argv)
     if args.role:
         print(json.dumps(ROLES[args.role](args)), flush=True)
@@ -471,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("daemon bench: skipped (needs root for network namespaces)")
         return 0
-    for key, value in run().items():
+    for key, value in (compare(args.against) if args.against else run()).items():
         print(f"{key:<40} {value:14,.3f}")
     return 0
 

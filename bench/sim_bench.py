@@ -242,7 +242,7 @@ def _run_cases(tree: Path, repeat: int) -> dict[str, CaseSpeed]:
     return {name: CaseSpeed(**case) for name, case in out["cases"].items()}
 
 
-def _export(rev: str, into: Path) -> bool:
+def export(rev: str, into: Path) -> bool:
     """Write revision ``rev`` of this repository into ``into``; False if git or the
     revision is not available (a source tarball, a shallow clone)."""
     if shutil.which("git") is None:
@@ -272,7 +272,7 @@ def baseline(
     cannot be exported here.  The exported tree lives in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="mrcstack-baseline-") as tmp:
         old_tree = Path(tmp)
-        if not _export(rev, old_tree):
+        if not export(rev, old_tree):
             return None
         old: dict[str, CaseSpeed] = {}
         new: dict[str, CaseSpeed] = {}
