@@ -324,6 +324,11 @@ class Transport:
                     continue
                 budget -= k
                 stats.datagrams_in += k
+                # One clock reading per batch: its datagrams were all waiting when it was
+                # read, so this is closer to their arrival than a reading after the
+                # earlier ones were handled.
+                now = now_()
+                last = -1
                 for i in range(k):
                     start = i * slot
                     datagram = data[start : start + u32[length_at[i]]]
@@ -344,12 +349,14 @@ class Transport:
                     if qp.plain:  # the EV and the traffic class from the outer header
                         flow = rx.flowinfo(i)
                         qp.conn.receive_datagram(
-                            datagram, now=now_(), port=plane, ecn=ce,
+                            datagram, now=now, port=plane, ecn=ce,
                             ev=rx.source_port(i) << 16 | flow & 0xFFFF, tclass=flow >> 20 & 0xFF,
                         )  # fmt: skip
                     else:
-                        qp.conn.receive_datagram(datagram, now=now_(), port=plane, ecn=ce)
-                    touched.add(qpn)
+                        qp.conn.receive_datagram(datagram, now=now, port=plane, ecn=ce)
+                    if qpn != last:
+                        touched.add(qpn)
+                        last = qpn
                 if k == READ_TURN:
                     still.append((plane, fd))  # a full turn: maybe more there
             readers = still
