@@ -81,6 +81,18 @@ class Pair:
                 s.close()
 
 
+async def write_one_mib(pair: Pair) -> tuple[bytearray, bytes]:
+    """Side 0 writes 1 MiB of random bytes to side 1 (immediate 5): (landed, sent) once
+    side 1 saw the immediate."""
+    dst = bytearray(1 << 20)
+    mr = pair.mems[1].register(dst)
+    src = os.urandom(1 << 20)
+    pair.conns[0].post_write(1, src, mr.va, mr.rkey, imm=5, now=clock())
+    pair.transports[0].kick(1)
+    await asyncio.wait_for(pair.done.wait(), 30)
+    return dst, src
+
+
 async def test_write_over_real_udp_sockets_lands_intact() -> None:
     pair = Pair(asyncio.get_running_loop())
     try:
@@ -107,12 +119,7 @@ async def test_datagrams_larger_than_a_send_slot_go_on_their_own() -> None:
     with sendto, and the write lands intact."""
     pair = Pair(asyncio.get_running_loop(), mtu=16384, key=bytes(16))
     try:
-        dst = bytearray(1 << 20)
-        mr = pair.mems[1].register(dst)
-        src = os.urandom(1 << 20)
-        pair.conns[0].post_write(1, src, mr.va, mr.rkey, imm=5, now=clock())
-        pair.transports[0].kick(1)
-        await asyncio.wait_for(pair.done.wait(), 30)
+        dst, src = await write_one_mib(pair)
         assert dst == src
         assert pair.transports[0].stats.datagrams_out >= (1 << 20) // 16384
     finally:
@@ -314,12 +321,7 @@ async def test_ce_marks_are_counted_and_echoed_end_to_end() -> None:
     try:
         for sock in pair.socks[0]:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_CE)
-        dst = bytearray(1 << 20)
-        mr = pair.mems[1].register(dst)
-        src = os.urandom(1 << 20)
-        pair.conns[0].post_write(1, src, mr.va, mr.rkey, imm=5, now=clock())
-        pair.transports[0].kick(1)
-        await asyncio.wait_for(pair.done.wait(), 30)
+        dst, src = await write_one_mib(pair)
         while not any(isinstance(e, SendCompleted) for e in pair.events[0]):
             await asyncio.sleep(0.01)
         assert dst == src

@@ -72,6 +72,25 @@ _recvmmsg = _libc.recvmmsg
 _recvmmsg.restype = ctypes.c_int
 
 
+def message_arrays(
+    vlen: int, slot: int
+) -> tuple[ctypes.Array[ctypes.c_char], ctypes.Array[_Iovec], ctypes.Array[_Mmsghdr]]:
+    """``vlen`` data slots of ``slot`` bytes, and an ``iovec`` and ``mmsghdr`` per slot
+    pointing at it (one buffer each), for ``recvmmsg`` and ``sendmmsg``."""
+    if vlen < 1 or slot < 1:
+        raise ValueError("vlen and slot must be positive")
+    data = (ctypes.c_char * (slot * vlen))()
+    iovs = (_Iovec * vlen)()
+    msgs = (_Mmsghdr * vlen)()
+    for i in range(vlen):
+        iovs[i].base = ctypes.addressof(data) + i * slot
+        iovs[i].len = slot
+        hdr = msgs[i].hdr
+        hdr.iov = ctypes.addressof(iovs) + i * ctypes.sizeof(_Iovec)
+        hdr.iovlen = 1
+    return data, iovs, msgs
+
+
 def enable_flowinfo(sock: socket.socket) -> None:
     """Have the kernel deliver each datagram's traffic class and flow label (IPV6_FLOWINFO;
     no control message when both are 0)."""
@@ -82,23 +101,15 @@ class BatchReceiver:
     """Up to ``vlen`` datagrams per ``recv`` into buffers allocated once."""
 
     def __init__(self, vlen: int, slot: int = SLOT) -> None:
-        if vlen < 1 or slot < 1:
-            raise ValueError("vlen and slot must be positive")
+        self._data, self._iovs, self._msgs = message_arrays(vlen, slot)
         self.vlen = vlen
         self.slot = slot
-        self._data = (ctypes.c_char * (slot * vlen))()
         self._names = (ctypes.c_char * (_SOCKADDR_IN6 * vlen))()
         self._control = (ctypes.c_char * (_CONTROL * vlen))()
-        self._iovs = (_Iovec * vlen)()
-        self._msgs = (_Mmsghdr * vlen)()
         for i in range(vlen):
-            self._iovs[i].base = ctypes.addressof(self._data) + i * slot
-            self._iovs[i].len = slot
             hdr = self._msgs[i].hdr
             hdr.name = ctypes.addressof(self._names) + i * _SOCKADDR_IN6
             hdr.namelen = _SOCKADDR_IN6
-            hdr.iov = ctypes.addressof(self._iovs) + i * ctypes.sizeof(_Iovec)
-            hdr.iovlen = 1
             hdr.control = ctypes.addressof(self._control) + i * _CONTROL
             hdr.controllen = _CONTROL
         # The kernel writes each message's name and control lengths back: a pristine copy

@@ -504,10 +504,7 @@ class Transport:
             self._backlog.append((plane, data, addr))
             return
         try:
-            if type(addr) is tuple:
-                send(self.sockets[plane], data, addr)
-            else:
-                send_route(self._raw(plane), data, addr)  # type: ignore[arg-type]
+            self._send_now(plane, data, addr)
         except BlockingIOError:
             stats.send_blocked += 1
             self._backlog.append((plane, data, addr))
@@ -518,6 +515,12 @@ class Transport:
             stats.send_errors += 1
         else:
             stats.datagrams_out += 1
+
+    def _send_now(self, plane: int, data: bytes, addr: Address | RawRoute) -> None:
+        if type(addr) is tuple:
+            send(self.sockets[plane], data, addr)
+        else:
+            send_route(self._raw(plane), data, addr)  # type: ignore[arg-type]
 
     def _raw(self, plane: int) -> socket.socket:
         sock = self.raw_sockets.get(plane)
@@ -538,10 +541,7 @@ class Transport:
         while backlog:
             plane, data, addr = backlog[0]
             try:
-                if type(addr) is tuple:
-                    send(self.sockets[plane], data, addr)
-                else:
-                    send_route(self._raw(plane), data, addr)  # type: ignore[arg-type]
+                self._send_now(plane, data, addr)
             except BlockingIOError:
                 return
             except OSError:

@@ -25,7 +25,7 @@ import socket
 import struct
 from typing import ClassVar
 
-from mrcstack.daemons.mrcd.datapath.rxbatch import _Iovec, _Mmsghdr, _Msghdr
+from mrcstack.daemons.mrcd.datapath.rxbatch import _Iovec, _Mmsghdr, _Msghdr, message_arrays
 
 #: Largest datagram a slot holds: a jumbo frame's UDP payload fits (8,952 bytes on an MTU of
 #: 9,000); a larger one is sent on its own (:meth:`Transport` falls back to ``sendto``).
@@ -79,20 +79,11 @@ class BatchSender:
     """Up to ``vlen`` datagrams for one socket per :meth:`send`, in buffers allocated once."""
 
     def __init__(self, vlen: int, slot: int = SLOT) -> None:
-        if vlen < 1 or slot < 1:
-            raise ValueError("vlen and slot must be positive")
+        self._data, self._iovs, self._msgs = message_arrays(vlen, slot)
         self.vlen = vlen
         self.slot = slot
-        self._data = (ctypes.c_char * (slot * vlen))()
-        self._iovs = (_Iovec * vlen)()
-        self._msgs = (_Mmsghdr * vlen)()
-        base = ctypes.addressof(self._data)
         for i in range(vlen):
-            self._iovs[i].base = base + i * slot
-            hdr = self._msgs[i].hdr
-            hdr.namelen = SOCKADDR_IN6_LEN
-            hdr.iov = ctypes.addressof(self._iovs) + i * ctypes.sizeof(_Iovec)
-            hdr.iovlen = 1
+            self._msgs[i].hdr.namelen = SOCKADDR_IN6_LEN
         self._size = ctypes.sizeof(_Mmsghdr)
         at = ctypes.addressof(self._msgs)
         #: A pointer to each header, to send from there (a plain int would pass as a C int).
