@@ -53,6 +53,7 @@ from mrcstack.wire import (
     AckPacket,
     AeadIntegrity,
     CrcIntegrity,
+    DataFlags,
     DataPacket,
     DecodeError,
     EvFormat,
@@ -78,6 +79,7 @@ from mrcstack.wire import (
 # Plain ints: IntFlag arithmetic costs a method call per packet.
 _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 _DUPLICATE = int(FeedbackFlags.DUPLICATE)
+_TRIMMED = int(DataFlags.TRIMMED)
 _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _SKIP_NONE = int(SkipHint.NONE)
 _PROBE_RESPONSE = int(FeedbackFlags.PROBE_RESPONSE)
@@ -455,7 +457,7 @@ class Connection:
         replay = self.replay
         if (
             replay is not None
-            and not (type(pkt) is DataPacket and pkt.trimmed)
+            and not (type(pkt) is DataPacket and pkt.flags & _TRIMMED)
             and type(pkt) not in _ENDPOINT_PACKETS
         ):
             if not replay.check(pkt.tx_seq):

@@ -24,6 +24,11 @@ class Access(enum.IntFlag):
     REMOTE_WRITE = 0x2
 
 
+#: As a plain int: ``IntFlag & IntFlag`` builds a flag object in Python code (about a
+#: microsecond), and a remote write checks it once per packet.
+_REMOTE_WRITE = int(Access.REMOTE_WRITE)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryRegion:
     """A registered buffer: [va, va + length) is reachable with rkey when access allows."""
@@ -92,7 +97,7 @@ class MemoryTable:
         region = self._by_rkey.get(rkey)
         if region is None:
             raise AccessError(f"unknown rkey {rkey:#x}")
-        if not region.access & Access.REMOTE_WRITE:
+        if not int(region.access) & _REMOTE_WRITE:
             raise AccessError(f"rkey {rkey:#x} does not allow remote write")
         if length < 0 or not region.contains(va, length):
             raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
@@ -106,7 +111,7 @@ class MemoryTable:
         region = self._by_rkey.get(rkey)
         if region is None:
             raise AccessError(f"unknown rkey {rkey:#x}")
-        if not region.access & Access.REMOTE_WRITE:
+        if not int(region.access) & _REMOTE_WRITE:
             raise AccessError(f"rkey {rkey:#x} does not allow remote write")
         if length < 0 or not region.contains(va, length):
             raise AccessError(f"range {va:#x}+{length} outside rkey {rkey:#x}")
