@@ -1,0 +1,75 @@
+"""The reuseport steering program on loopback sockets (no root needed): every datagram
+reaches the socket of the worker that owns its destination QP."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+
+from mrcstack.daemons.mrcd.datapath.steer import attach, program, worker_of
+
+
+def _group(workers: int) -> list[socket.socket]:
+    """``workers`` UDP sockets sharing one loopback port, in joining order."""
+    socks: list[socket.socket] = []
+    port = 0
+    for _ in range(workers):
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("::1", port))
+        port = s.getsockname()[1]
+        s.setblocking(False)
+        socks.append(s)
+    attach(socks[0], workers)
+    return socks
+
+
+def _bth(qpn: int) -> bytes:
+    """A write's BTH (opcode, flags, P_Key, reserved byte, destination QP, PSN) and some
+    payload: only the destination QP steers."""
+    return bytes([0x0A, 0x40, 0xFF, 0xFF, 0xA5]) + qpn.to_bytes(3, "big") + bytes(4) + b"x" * 64
+
+
+def _drain(sock: socket.socket) -> list[bytes]:
+    got = []
+    while True:
+        try:
+            got.append(sock.recv(2048))
+        except BlockingIOError:
+            return got
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_every_datagram_reaches_the_worker_of_its_qp(workers: int) -> None:
+    rng = random.Random(workers)
+    qpns = [0, 1, 2, 3, 0xFFFFFF, 0xFFFFFE, 0x800000, *(rng.randrange(1 << 24) for _ in range(200))]
+    socks = _group(workers)
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as tx:
+            for qpn in qpns:
+                tx.sendto(_bth(qpn), socks[0].getsockname()[:2])
+            tx.sendto(b"\x0a\x40", socks[0].getsockname()[:2])  # no BTH: worker 0
+        time.sleep(0.05)
+        got = [_drain(s) for s in socks]
+        wrong = [
+            (index, int.from_bytes(d[5:8], "big"))
+            for index, datagrams in enumerate(got)
+            for d in datagrams
+            if len(d) >= 8 and worker_of(int.from_bytes(d[5:8], "big"), workers) != index
+        ]
+        assert wrong == []
+        assert sum(len(g) for g in got) == len(qpns) + 1
+        assert b"\x0a\x40" in got[0]
+        assert all(got)  # every worker got its share
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_the_program_is_four_instructions_and_workers_are_bounded() -> None:
+    assert len(program(4)) == 4 * 8
+    with pytest.raises(ValueError, match="workers"):
+        program(0)
