@@ -455,15 +455,18 @@ def cpu_per_packet(mrcd: dict[str, float], blast: dict[str, float]) -> dict[str,
     return result
 
 
-def compare(rev: str) -> dict[str, float]:
-    """mrcd at revision ``rev`` ("before") and in this tree ("after") on one unshaped
-    testbed, alternating over ``MRC_BENCH_REPEAT`` rounds with a UDP blast in each: the
-    goodput medians, their ratios to the blast's, and CPU per packet of each side.  The
-    daemons of ``rev`` run from an exported copy of it (``PYTHONPATH``); the client is this
-    tree's."""
+def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
+    """mrcd at revision ``rev`` ("before") and in this tree ("after") on one testbed,
+    alternating over ``MRC_BENCH_REPEAT`` rounds: the goodput medians and CPU per packet of
+    each side.  Unshaped, a UDP blast runs in every round and goodputs are also given as
+    ratios to its; shaped (``shaped_fabric``), as fractions of the capacity, with the
+    retransmissions of each side.  The daemons of ``rev`` run from an exported copy of it
+    (``PYTHONPATH``); the client is this tree's."""
     if os.geteuid() != 0:
         return {}
     duration, rounds = seconds(), repeat()
+    fabric = shaped(Fabric()) if shaped_fabric else Fabric(sid_format="classic")
+    name = SHAPED if shaped_fabric else UNSHAPED
     goodput: dict[str, list[float]] = {"before": [], "after": [], "blast": []}
     stats: dict[str, dict[str, float]] = {"before": {}, "after": {}}
     udp_stats: dict[str, float] = {}
@@ -472,36 +475,40 @@ def compare(rev: str) -> dict[str, float]:
         if not sim_bench.export(rev, old_tree):
             raise SystemExit(f"daemon bench: revision {rev!r} is not available here")
         workdir = Path(tmp) / "cluster"
-        testbed.clean(UNSHAPED)
+        testbed.clean(name)
         try:
-            testbed.up(Fabric(sid_format="classic"), UNSHAPED)
-            state = load(UNSHAPED)
+            testbed.up(fabric, name)
+            state = load(name)
             for _ in range(rounds):
                 for label, tree in (("before", old_tree), ("after", None)):
                     with _pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
                         bps, more = mrcd_goodput(state, c, duration)
                     goodput[label].append(bps)
                     _add(stats[label], more)
-                bps, more = udp_blast(state, duration)
-                goodput["blast"].append(bps)
-                _add(udp_stats, more)
+                if not shaped_fabric:
+                    bps, more = udp_blast(state, duration)
+                    goodput["blast"].append(bps)
+                    _add(udp_stats, more)
         finally:
-            testbed.clean(UNSHAPED)
-    u = statistics.median(goodput["blast"])
-    out = {"rounds": float(rounds), "udp_blast_gbps": u / 1e9}
+            testbed.clean(name)
+    out = {"rounds": float(rounds)}
+    if udp_stats:
+        out["udp_blast_gbps"] = statistics.median(goodput["blast"]) / 1e9
+        out["udp_blast_sender_us_per_packet"] = (
+            1e6 * udp_stats["sender_cpu_s"] / max(1.0, udp_stats["sent"])
+        )
     for label in ("before", "after"):
         m = statistics.median(goodput[label])
         out[f"{label}_mrcd_gbps"] = m / 1e9
-        out[f"{label}_mrcd_over_udp_blast"] = m / u
+        if shaped_fabric:
+            out[f"{label}_mrcd_fraction"] = m / (fabric.planes * SHAPED_BPS)
+        else:
+            out[f"{label}_mrcd_over_udp_blast"] = m / (out["udp_blast_gbps"] * 1e9)
         cpu = cpu_per_packet(stats[label], udp_stats)
         out |= {f"{label}_{k.removeprefix('unshaped_mrcd_')}": v for k, v in cpu.items()
                 if k.startswith("unshaped_mrcd_")}  # fmt: skip
-        for k in ("retx_spurious", "send_errors"):
-            out[f"{label}_{k}"] = stats[label].get(k, 0.0)
+        out |= {f"{label}_{k}": v for k, v in stats[label].items() if k.startswith("retx_")}
     out["after_over_before_goodput"] = out["after_mrcd_gbps"] / out["before_mrcd_gbps"]
-    out["udp_blast_sender_us_per_packet"] = (
-        1e6 * udp_stats["sender_cpu_s"] / max(1.0, udp_stats["sent"])
-    )
     return out
 
 
@@ -616,6 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--against", metavar="REV", help="only mrcd at git revision REV vs this tree, alternating"
     )
+    p.add_argument("--shaped", action="store_true", help="with --against: on the shaped fabric")
     args = p.parse_args(argv)
     if args.role:
         print(json.dumps(ROLES[args.role](args)), flush=True)
@@ -623,7 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("daemon bench: skipped (needs root for network namespaces)")
         return 0
-    for key, value in (compare(args.against) if args.against else run()).items():
+    if args.shaped and not args.against:
+        p.error("--shaped needs --against")
+    for key, value in (compare(args.against, args.shaped) if args.against else run()).items():
         print(f"{key:<40} {value:14,.3f}")
     return 0
 
