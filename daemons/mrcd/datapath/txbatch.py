@@ -2,9 +2,9 @@
 
 Python's ``socket`` has no ``sendmmsg``: each ``sendto`` is a method call that parses its
 address tuple, and a system call.  :class:`BatchSender` keeps ``vlen`` slots of ``slot``
-bytes, with their ``mmsghdr`` and ``iovec`` made once; the transport encodes each datagram
-straight into the next slot (:func:`mrcstack.wire.encode_into`: no bytes object per packet),
-names its destination (a ``sockaddr_in6`` made once per path, :func:`sockaddr`) and its
+bytes, with their ``mmsghdr`` and ``iovec`` made once; the transport copies each datagram
+into the next slot, names its destination (a ``sockaddr_in6`` made once per path,
+:class:`Sockaddr`) and its
 traffic class (a control message made once), and :meth:`BatchSender.send` hands the slots
 to the kernel in as few calls as it takes.  Each plane socket has its own sender, so the
 datagrams of one plane leave in the order they were made (loss detection compares send
