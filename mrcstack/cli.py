@@ -8,6 +8,7 @@ mrcstack sim ...       the fabric simulator (mrcstack.sim.cli)
 mrcstack demo ...      mrcd under faults on a fresh testbed (mrcstack.demo)
 mrcstack files [NAME]  the shipped examples, systemd units, dissector, dashboard, alert rules
 mrcstack render ...    switch configurations for real switches (mrcstack.render)
+mrcstack plan ...      a multi-plane two-tier fabric beside a single-plane one (mrcstack.plan)
 mrcstack experiment .. the MRC paper's experiments with plots (mrcstack.experiments.cli)
 """
 
@@ -35,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "shipped fabrics, scenarios, systemd units, dissector, Grafana dashboard, alert rules",
     ),
     "render": ("mrcstack.render", "switch configs (linux, frr, sonic) from a fabric description"),
+    "plan": ("mrcstack.plan", "size a multi-plane two-tier fabric against a single-plane one"),
     "experiment": ("mrcstack.experiments.cli", "the MRC paper's experiments, with plots"),
 }
 
