@@ -1,10 +1,12 @@
 """What every experiment shares: its description, its claims, and the files it writes.
 
-An experiment turns a profile (``quick`` or ``full``) and a seed into an :class:`Outcome`:
-the parameters it ran with, the data behind each plot (series of numbers, also written as
-CSV), the plots themselves (drawn by :mod:`mrcstack.experiments.plots`), and a list of
-:class:`Claim`, each a number against a threshold.  :func:`write` puts it all under
-``DIR/NAME/``: ``result.json``, one CSV per table, one PNG per plot.
+An experiment turns a profile (``quick`` or ``full``), a seed and, optionally, a
+:class:`Mechanism` to run without into an :class:`Outcome`: the parameters it ran with, the
+data behind each plot (series of numbers, also written as CSV), the plots themselves (drawn
+by :mod:`mrcstack.experiments.plots`), and a list of :class:`Claim`, each a number against
+a threshold that credits one mechanism.  Run without that mechanism, the claim must fail:
+that is what makes it evidence.  :func:`write` puts it all under ``DIR/NAME/``:
+``result.json``, one CSV per table, one PNG per plot.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,26 +34,65 @@ SCENARIOS = "scenarios"
 SCENARIO_GZIP_BYTES = 32 << 10
 
 
+class Mechanism(enum.StrEnum):
+    """What a claim credits.  ``mrcstack experiment run NAME --without M`` takes it away
+    (:attr:`without` says how), and every claim crediting it should then fail."""
+
+    MRC = "mrc"
+    SPRAYING = "spraying"
+    TRIMMING = "trimming"
+    ECN = "ecn"
+    PLANES = "planes"
+    MAPPER = "mapper"
+
+    @property
+    def without(self) -> str:
+        """What a run without this mechanism runs instead."""
+        return _WITHOUT[self]
+
+
+_WITHOUT = {
+    Mechanism.MRC: "MRC replaced by RoCE mode: one ECMP path per flow, go-back-N",
+    Mechanism.SPRAYING: "one path per connection (mrcd: a single EV, on the path the fault hits)",
+    Mechanism.TRIMMING: "switches drop what they would trim",
+    Mechanism.ECN: "switches never mark ECN",
+    Mechanism.PLANES: "one plane at the NIC's whole rate instead of several",
+    Mechanism.MAPPER: "no fabric mapper: no denylist",
+}
+
+
 class Op(enum.StrEnum):
     """How a claim compares its value with its threshold; the text is what result.json and
     the report show."""
 
     AT_LEAST = ">="
     AT_MOST = "<="
+    WITHIN = "within"  # of the threshold, by the claim's relative tolerance
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One stated number: ``value`` compared with ``threshold`` by ``op``.  A value that
-    could not be measured (NaN) fails."""
+    could not be measured (NaN) fails.  :attr:`Op.WITHIN` passes a value within
+    ``tolerance`` (relative) of the threshold: a number the paper gives, reproduced.
+    ``credits`` names the mechanism the claim rests on; a value decided over repeated runs
+    gives their number and the ``interval`` (the lowest and highest run) around it."""
 
     text: str
     value: float
     threshold: float
     op: Op = Op.AT_LEAST
+    credits: Mechanism | None = field(default=None, kw_only=True)
+    interval: tuple[float, float] | None = field(default=None, kw_only=True)
+    runs: int | None = field(default=None, kw_only=True)
+    tolerance: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", Op(self.op))  # ValueError for an unknown comparison
+        if (self.op is Op.WITHIN) != (self.tolerance is not None):
+            raise ValueError("a tolerance goes with Op.WITHIN, and only with it")
+        if self.credits is not None:
+            object.__setattr__(self, "credits", Mechanism(self.credits))
 
     @property
     def passed(self) -> bool:
@@ -59,7 +100,16 @@ class Claim:
             return False
         if self.op is Op.AT_LEAST:
             return self.value >= self.threshold
+        if self.op is Op.WITHIN:
+            return abs(self.value - self.threshold) <= (self.tolerance or 0.0) * abs(self.threshold)
         return self.value <= self.threshold
+
+    @property
+    def condition(self) -> str:
+        """The threshold as the report states it: ``>= 0.9``, ``within 2% of 0.6``."""
+        if self.op is Op.WITHIN:
+            return f"within {(self.tolerance or 0.0) * 100:g}% of {self.threshold:g}"
+        return f"{self.op.value} {self.threshold:g}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,7 +117,12 @@ class Claim:
             "value": _finite(self.value),
             "threshold": self.threshold,
             "op": self.op.value,
+            "tolerance": self.tolerance,
+            "condition": self.condition,
             "pass": self.passed,
+            "credits": None if self.credits is None else self.credits.value,
+            "interval": None if self.interval is None else [_finite(v) for v in self.interval],
+            "runs": self.runs,
         }
 
 
@@ -95,6 +150,8 @@ class Plot:
 
 @dataclass(slots=True)
 class Outcome:
+    """What a run of an experiment produced (``write`` turns it into files)."""
+
     params: dict[str, Any]
     tables: list[Table] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
@@ -104,14 +161,22 @@ class Outcome:
     scenarios: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: How an experiment runs: (profile, seed, the mechanism to run without or None).
+Run = Callable[[str, int, Mechanism | None], Outcome]
+
+
 @dataclass(frozen=True, slots=True)
 class Experiment:
+    """``where``: "sim", "testbed" or "design" (arithmetic, no runs).  ``mechanisms``:
+    what its claims credit, each one it can run without."""
+
     name: str
     figure: str
     shows: str
-    where: str  # "sim", "testbed" or "sim+testbed"
-    run: Callable[[str, int], Outcome]  # (profile, seed)
+    where: str
+    run: Run
     needs_root: bool = False
+    mechanisms: tuple[Mechanism, ...] = ()
 
 
 def scaled(profile: str, quick: int, full: int) -> int:
@@ -128,14 +193,16 @@ class RunInfo:
     seed: int
     revision: str  # git revision of the checkout, or the package version
     machine: str  # OS, CPUs, Python
+    without: Mechanism | None = None
 
     @classmethod
-    def here(cls, profile: str, seed: int) -> RunInfo:
-        return cls(profile, seed, _revision(), _machine())
+    def here(cls, profile: str, seed: int, without: Mechanism | None = None) -> RunInfo:
+        return cls(profile, seed, _revision(), _machine(), without)
 
     def command(self, name: str) -> str:
         quick = " --quick" if self.profile == "quick" else ""
-        return f"mrcstack experiment run {name}{quick} --seed {self.seed}"
+        without = f" --without {self.without}" if self.without else ""
+        return f"mrcstack experiment run {name}{quick} --seed {self.seed}{without}"
 
 
 def _revision() -> str:
@@ -185,6 +252,7 @@ def write(
         files.append(f"{SCENARIOS}/{name}")
     doc = {
         "name": exp.name,
+        "without": None if info.without is None else info.without.value,
         "figure": exp.figure,
         "shows": exp.shows,
         "where": exp.where,
@@ -207,55 +275,6 @@ def write(
     doc = dict(_clean(doc))
     (folder / "result.json").write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     return doc
-
-
-def index(
-    out: Path, docs: Sequence[dict[str, Any]], info: RunInfo, skipped: Sequence[str] = ()
-) -> Path:
-    """``out/index.md``: how it was made, every plot with its claims table, and a pass/fail
-    summary."""
-    claims = [c for d in docs for c in d["claims"]]
-    passed = sum(1 for c in claims if c["pass"])
-    lines = [
-        "# mrcstack experiments",
-        "",
-        f"{len(docs)} experiments, {passed} of {len(claims)} claims pass.",
-        "",
-        f"Profile `{info.profile}`, seed {info.seed}, {info.revision}; {info.machine}. "
-        "Each section names the command that reruns it.",
-        "",
-        *([f"Skipped (need root): {', '.join(skipped)}.", ""] if skipped else []),
-        "| experiment | figure | where | claims passed | seconds |",
-        "|---|---|---|---|---|",
-    ]
-    for d in docs:
-        ok = sum(1 for c in d["claims"] if c["pass"])
-        lines.append(
-            f"| [{d['name']}](#{d['name']}) | {d['figure']} | {d['where']} | "
-            f"{ok}/{len(d['claims'])} | {d['seconds']} |"
-        )
-    for d in docs:
-        lines += ["", f"## {d['name']}", "", f"{d['figure']}: {d['shows']}", ""]
-        lines += [f"![{p}]({d['name']}/{p})" for p in d["plots"]]
-        lines += ["", "| claim | value | threshold | pass |", "|---|---|---|---|"]
-        for c in d["claims"]:
-            value = "n/a" if c["value"] is None else f"{c['value']:.3g}"
-            lines.append(
-                f"| {c['text']} | {value} | {c['op']} {c['threshold']:g} | "
-                f"{'PASS' if c['pass'] else 'FAIL'} |"
-            )
-        lines += [f"- {n}" for n in d["notes"]]
-        params = ", ".join(f"{k}={v}" for k, v in d["params"].items())
-        lines += ["", f"Parameters: {params}.", "", f"Rerun: `{d['rerun']}`"]
-        if d.get("scenarios"):
-            lines += [
-                "",
-                f"Its {len(d['scenarios'])} simulator runs, one scenario file each: "
-                f"`{d['name']}/{SCENARIOS}/`; `mrcstack sim --scenario FILE` reruns one.",
-            ]
-    path = out / "index.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _clean(value: Any) -> Any:

@@ -1,5 +1,5 @@
-"""``mrcstack experiment list | run NAME... [--quick] [--where sim|testbed] [--out DIR]
-[--seed N]``."""
+"""``mrcstack experiment list | run NAME... [--quick] [--where sim|testbed|design] [--out DIR]
+[--seed N] [--without MECHANISM] | agree DIR...``."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mrcstack import __version__
-from mrcstack.experiments.base import Experiment, RunInfo, index, write
+from mrcstack.experiments import agreement
+from mrcstack.experiments.base import Experiment, Mechanism, RunInfo, write
 from mrcstack.experiments.registry import EXPERIMENTS
+from mrcstack.experiments.report import index
 
 PROG = "mrcstack experiment"
 DEFAULT_OUT = "experiments-out"
+WHERE = ("sim", "testbed", "design")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,13 +36,25 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run experiments (all when none is named)")
     r.add_argument("names", nargs="*", metavar="NAME")
     r.add_argument("--quick", action="store_true", help="the quick profile (minutes, not tens)")
-    r.add_argument("--where", choices=["sim", "testbed"], help="only those that run there")
+    r.add_argument("--where", choices=WHERE, help="only those that run there")
     r.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     r.add_argument("--seed", type=int, default=1)
+    r.add_argument(
+        "--without",
+        choices=[m.value for m in Mechanism],
+        help="run without this mechanism: the claims crediting it should fail "
+        "(only the chosen experiments whose claims credit it run)",
+    )
+    a = sub.add_parser(
+        "agree", help="whether several reports agree on every claim's pass/fail (a table)"
+    )
+    a.add_argument("reports", nargs="+", metavar="DIR", help="output folders of `run`")
     return p
 
 
-def select(names: Sequence[str], where: str | None) -> list[Experiment]:
+def select(
+    names: Sequence[str], where: str | None, without: Mechanism | None = None
+) -> list[Experiment]:
     known = {e.name: e for e in EXPERIMENTS}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -49,17 +64,17 @@ def select(names: Sequence[str], where: str | None) -> list[Experiment]:
         chosen = [e for e in chosen if where in e.where.split("+")]
         if not chosen:
             raise ValueError(f"no chosen experiment runs on the {where}")
+    if without is not None:
+        chosen = [e for e in chosen if without in e.mechanisms]
+        if not chosen:
+            raise ValueError(f"no chosen experiment's claims credit {without}")
     return chosen
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.cmd == "list":
-        for e in EXPERIMENTS:
-            print(f"{e.name:<20} {e.figure:<11} {e.where:<8} {e.shows}")
-        return 0
+def run(args: argparse.Namespace) -> int:
+    without = Mechanism(args.without) if args.without else None
     try:
-        chosen = select(args.names, args.where)
+        chosen = select(args.names, args.where, without)
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -67,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     docs: list[dict[str, Any]] = []
     skipped: list[str] = []
-    info = RunInfo.here(profile, args.seed)
+    info = RunInfo.here(profile, args.seed, without)
     start = time.monotonic()
     for i, e in enumerate(chosen, 1):
         t0 = time.monotonic()
@@ -76,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("      skipped: needs root (it builds network namespaces)", flush=True)
             skipped.append(e.name)
             continue
-        outcome = e.run(profile, args.seed)
+        outcome = e.run(profile, args.seed, without)
         took = time.monotonic() - t0
         doc = write(out, e, outcome, took, info)
         docs.append(doc)
@@ -86,8 +101,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(elapsed {time.monotonic() - start:.0f} s)",
             flush=True,
         )
-    report = index(out, docs, info, skipped)
+    report = index(out, docs, info, skipped, [e.name for e in EXPERIMENTS])
     claims = [c for d in docs for c in d["claims"]]
     passed = sum(1 for c in claims if c["pass"])
-    print(f"{len(docs)} experiments, {passed}/{len(claims)} claims pass: {report}")
+    print(
+        f"{len(docs)} experiments, {passed}/{len(claims)} claims pass "
+        f"({time.monotonic() - start:.0f} s): {report}"
+    )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.cmd == "list":
+        for e in EXPERIMENTS:
+            print(f"{e.name:<22} {e.figure:<13} {e.where:<8} {e.shows}")
+        return 0
+    if args.cmd == "agree":
+        try:
+            print(agreement.table([Path(r) for r in args.reports]))
+        except (OSError, ValueError) as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    return run(args)

@@ -4,14 +4,15 @@ timeline table with its plot."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mrcstack.experiments.analysis import NOT_MEASURED, mean
-from mrcstack.experiments.base import Outcome, Plot, Table
+from mrcstack.experiments.base import Claim, Op, Outcome, Plot, Table
 from mrcstack.experiments.plots import lines
-from mrcstack.experiments.simruns import MODES, RATE, Sim
+from mrcstack.experiments.simruns import MODE_LABELS, MODES, RATE, Sim, capacity_gbps
 from mrcstack.fabric import Fabric
 from mrcstack.sim import SimConfig
 
@@ -29,18 +30,35 @@ class Run:
     doc: dict[str, Any]
     gbps: list[float]
 
+    @property
+    def end_ms(self) -> float | None:
+        """When its last flow completed (ms), None if one never did."""
+        done = all(f["complete"] for f in self.doc["flows"])
+        return self.doc["completion_time_s"] * 1e3 if done else None
+
 
 def run(sim: Sim, cfg: SimConfig) -> Run:
     doc = sim.run(cfg).to_json()
     return Run(doc, [b["goodput_bps"] / 1e9 for b in doc["timeline"]])
 
 
+def label(name: str) -> str:
+    """A run's name as a legend says it: a mode names its stack and paths; a name ending
+    in ", <mode>" keeps its start."""
+    head, _, mode = name.rpartition(", ")
+    if mode in MODE_LABELS:
+        return f"{head}: {MODE_LABELS[mode]}" if head else MODE_LABELS[mode]
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class FaultRuns:
-    """Runs across faults, every flow sized for ``duration_s`` at line rate on every plane."""
+    """Runs across faults, every flow sized for ``duration_s`` at line rate on every plane;
+    ``capacity_gbps``: what the flows could move at most together."""
 
     duration_s: float
     runs: dict[str, Run]  # by mode, or by a name of the figure's
+    capacity_gbps: float = 0.0
 
 
 def fault_runs(
@@ -50,9 +68,11 @@ def fault_runs(
     duration_s: float,
     *,
     modes: Sequence[str] = MODES,
+    seed: int | None = None,
     **faults: Any,
 ) -> FaultRuns:
-    """Each of ``modes`` across the same ``faults`` (SimConfig's fault windows)."""
+    """Each of ``modes`` across the same ``faults`` (SimConfig's fault windows), with the
+    figure's seed unless ``seed``."""
     per_flow = int(RATE * fabric.planes / 8 * duration_s)
     runs = {
         mode: run(
@@ -64,12 +84,70 @@ def fault_runs(
                 mode=mode,
                 max_sim_time_s=duration_s * 4,
                 series_interval_s=BIN_S,
+                seed=seed,
                 **faults,
             ),
         )
         for mode in modes
     }
-    return FaultRuns(duration_s, runs)
+    return FaultRuns(duration_s, runs, capacity_gbps(fabric, pairs))
+
+
+def roce_load(
+    sim: Sim, fabric: Fabric, pairs: tuple[tuple[int, int], ...], seed: int
+) -> dict[str, int]:
+    """Bytes RoCE mode's flows put on each fabric link (a short dry run with ``seed``):
+    where a figure places its fault so that the baseline is hurt, as the paper's Fig 9d
+    fails the switch its flows cross."""
+    dry = sim.run(sim.config(fabric, pairs=pairs, bytes_per_flow=1 << 20, mode="roce", seed=seed))
+    return {link: int(st["bytes"]) for link, st in dry.to_json()["links"].items() if st["bytes"]}
+
+
+def physical(link: str) -> str:
+    """A directed link's physical name (its ends in name order): ``p1:t1c-t0b`` ->
+    ``p1:t0b-t1c``."""
+    plane, _, ends = link.partition(":")
+    a, b = ends.split("-")
+    return f"{plane}:{min(a, b)}-{max(a, b)}"
+
+
+def busiest(load: Mapping[str, int], keep: Callable[[str], bool] = lambda _: True) -> list[str]:
+    """The links of ``load`` that ``keep`` accepts, most loaded first (then by name)."""
+    return sorted((k for k in load if keep(k)), key=lambda k: (-load[k], k))
+
+
+def busiest_t1(sim: Sim, fabric: Fabric, pairs: tuple[tuple[int, int], ...], seed: int) -> str:
+    """The T1 that RoCE mode's flows load most (a short dry run with ``seed``)."""
+    load: dict[str, int] = {}
+    for link, n in roce_load(sim, fabric, pairs, seed).items():
+        plane, _, ends = link.partition(":")  # "p3:t0a-t1c": plane 3, T0 a to T1 c
+        for end in ends.split("-"):
+            if end.startswith("t1"):
+                load[f"{plane}-{end}"] = load.get(f"{plane}-{end}", 0) + n
+    return busiest(load)[0] if load else fabric.t1_name(fabric.planes - 1, fabric.t1_per_plane - 1)
+
+
+def pooled(per_seed: Sequence[Sequence[Claim]]) -> list[Claim]:
+    """Claims that must hold for every seed: each one's worst seed (the lowest value of an
+    "at least", the highest of an "at most", the farthest of a "within"), with the range
+    over the seeds and their number."""
+    out = []
+    for same in zip(*per_seed, strict=True):
+        first = same[0]
+        values = [c.value for c in same]
+        if first.op is Op.AT_LEAST:
+            worst = min(values)
+        elif first.op is Op.AT_MOST:
+            worst = max(values)
+        else:
+            worst = max(values, key=lambda v: abs(v - first.threshold))
+        if any(math.isnan(v) for v in values):
+            worst = NOT_MEASURED
+        finite = [v for v in values if not math.isnan(v)]
+        interval = (min(finite), max(finite)) if finite else None
+        text = f"{first.text} (worst of {len(same)} seeds)"
+        out.append(replace(first, text=text, value=worst, interval=interval, runs=len(same)))
+    return out
 
 
 def per_bin(runs: Mapping[str, Run]) -> dict[str, list[float]]:
@@ -117,8 +195,13 @@ def plot(
     marks: Sequence[tuple[float, str]] = (),
     spans: Sequence[tuple[float, float, str]] = (),
     caption: str = "goodput over time",
+    capacity_gbps: float | None = None,
+    ends_ms: Mapping[str, float | None] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Plot:
-    """The ``goodput`` table's columns over time: the figure most experiments draw."""
+    """The ``goodput`` table's columns over time: the figure most experiments draw, each
+    column named by :func:`label` (or ``labels``), the capacity dashed, and each run's
+    end marked where it ended."""
     return Plot(
         "goodput",
         caption,
@@ -131,6 +214,11 @@ def plot(
             title=title,
             marks=marks,
             spans=spans,
+            labels={c: label(c) for c in columns} | dict(labels or {}),
+            capacity=None
+            if not capacity_gbps
+            else (capacity_gbps, f"capacity, {capacity_gbps:g} Gbit/s"),
+            ends={k: v for k, v in (ends_ms or {}).items() if v is not None},
         ),
     )
 
@@ -150,5 +238,15 @@ def outcome(
     return Outcome(
         params=params,
         tables=[timeline("goodput", per_bin(faults.runs), until_s)],
-        plots=[plot(list(faults.runs), ylabel=ylabel, title=title, marks=marks, spans=spans)],
+        plots=[
+            plot(
+                list(faults.runs),
+                ylabel=ylabel,
+                title=title,
+                marks=marks,
+                spans=spans,
+                capacity_gbps=faults.capacity_gbps,
+                ends_ms={name: r.end_ms for name, r in faults.runs.items()},
+            )
+        ],
     )

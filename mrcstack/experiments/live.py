@@ -44,6 +44,7 @@ from mrcstack.api import (
     Device,
     Listener,
     MemoryRegion,
+    QpAttr,
     QueuePair,
     WcStatus,
     WriteWr,
@@ -102,6 +103,8 @@ class Run:
     #: From the fault time to the end of each of the case's later steps (ms): a port brought
     #: back is back when its command has finished (its addresses and routes restored).
     steps_ms: tuple[float, ...] = ()
+    #: mrcd only: the QP failed (its first failed completion; no samples after it).
+    failed: str | None = None
 
     def impact(
         self, pre_s: float = PRE_S, window_s: float = WINDOW_S, horizon_s: float | None = None
@@ -384,12 +387,12 @@ class _Poster:
 
 # One mrcd run -------------------------------------------------------------------------------
 def _connected(
-    a: Context, b: Context
+    a: Context, b: Context, attr: QpAttr | None = None
 ) -> tuple[CompletionQueue, QueuePair, MemoryRegion, MemoryRegion]:
-    """A QP from ``a`` connected to one of ``b``'s: the sender's CQ and QP, and both sides'
-    regions, every page touched before the clock starts."""
+    """A QP from ``a`` (with ``attr``) connected to one of ``b``'s: the sender's CQ and QP,
+    and both sides' regions, every page touched before the clock starts."""
     acq, bcq = a.create_cq(4096), b.create_cq(4096)
-    qa, qb = a.create_qp(acq), b.create_qp(bcq)
+    qa, qb = a.create_qp(acq, attr=attr), b.create_qp(bcq)
     amr, bmr = a.reg_mr(REGION), b.reg_mr(REGION)
     listener = b.listen(SERVICE)
     t = threading.Thread(target=lambda: accept(listener, qb))
@@ -417,16 +420,20 @@ def mrcd_run(
     *,
     pre_s: float = PRE_S,
     window_s: float = WINDOW_S,
+    attr: QpAttr | None = None,
 ) -> Run:
-    """Write h0 -> h3 across the fault; the series, the fault time and what mrcd reported."""
+    """Write h0 -> h3 across the fault; the series, the fault time and what mrcd reported.
+    ``attr``: the sender's QP attributes (its EV profile, say).  A QP that fails (a write
+    completes in error) ends the series there: the run reports it, progress stops."""
     a = Device.open(cluster.daemons[SRC].api_socket).create_context()
     b = Device.open(cluster.daemons[DST].api_socket).create_context()
     faults = Faults(state, log=_quiet)
     injector: _Injector | None = None
     samples: list[tuple[float, int]] = []
+    failed: str | None = None
     try:
         injector = _Injector(faults, case)  # before the run's threads: it forks
-        acq, qa, amr, bmr = _connected(a, b)
+        acq, qa, amr, bmr = _connected(a, b, attr)
         before = counters(state, cluster)
         fault_at = time.time() + WARMUP_S + pre_s
         end = fault_at + window_s
@@ -438,12 +445,17 @@ def mrcd_run(
                     fault_at = injector.fault_at
                 if now >= end:
                     break
+                if failed is not None:  # nothing more will complete: wait out the window
+                    time.sleep(min(0.05, end - now))
+                    continue
                 wcs = acq.poll_wait(4096, timeout=0.005) or ()
                 for wc in wcs:
                     if wc.status is not WcStatus.SUCCESS:
-                        raise RuntimeError(f"live run {case.name}: write failed: {wc}")
+                        failed = failed or f"{wc.status.name} at {time.time() - fault_at:+.3f} s"
+                        continue
                     samples.append((time.time(), WRITE))
-                poster.completed(len(wcs))
+                if failed is None:
+                    poster.completed(len(wcs))
         command_ms = injector.join()
         after = counters(state, cluster)
         with Controller.open(cluster.daemons[SRC].api_socket) as ctl:
@@ -457,6 +469,7 @@ def mrcd_run(
             None if first_ev is None else (first_ev - fault_at) * 1e3,
             command_ms,
             injector.steps_ms,
+            failed,
         )
     finally:
         if injector is not None:
@@ -486,7 +499,8 @@ def stream_run(
     wait = str(total + 30)
     argv = [sys.executable, "-m", "mrcstack.experiments.stream", "--proto", proto]
     recv = subprocess.Popen(
-        ["ip", "netns", "exec", state.ns(f"h{DST}"), *argv, "--role", "recv", "--timeout", wait],
+        ["ip", "netns", "exec", state.ns(f"h{DST}"), *argv, "--role", "recv", "--timeout", wait,
+         "--seconds", str(total)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     send: subprocess.Popen[str] | None = None
@@ -530,15 +544,21 @@ def measure(
     *,
     pre_s: float = PRE_S,
     window_s: float = WINDOW_S,
+    attr: QpAttr | None = None,
 ) -> dict[str, list[Run]]:
-    """``runs`` transfers per stack across ``case``, stack after stack, on one testbed."""
+    """``runs`` transfers per stack across ``case``, the stacks taking turns, on one testbed;
+    ``attr``: mrcd's sender QP attributes."""
     unknown = [s for s in stacks if s not in STACKS]
     if unknown:
         raise ValueError(f"unknown stack {unknown[0]!r}: one of {', '.join(STACKS)}")
 
     def one(stack: str) -> Run:
         if stack == "mrcd":
-            return mrcd_run(state, cluster, case, pre_s=pre_s, window_s=window_s)
+            return mrcd_run(state, cluster, case, pre_s=pre_s, window_s=window_s, attr=attr)
         return stream_run(state, case, stack, pre_s=pre_s, window_s=window_s)
 
-    return {stack: [one(stack) for _ in range(runs)] for stack in stacks}
+    out: dict[str, list[Run]] = {stack: [] for stack in stacks}
+    for _ in range(runs):  # taking turns: a busy moment of the machine hurts all alike
+        for stack in stacks:
+            out[stack].append(one(stack))
+    return out

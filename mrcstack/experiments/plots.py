@@ -1,5 +1,7 @@
 """Figures with matplotlib's Agg backend (no display): labelled axes with units, fault
-times marked, MRC and its baselines in one figure."""
+times marked, MRC and its baselines in one figure.  Legends name each stack and the paths it
+uses (``labels``), a dashed line shows the capacity, and a transfer that ended is marked
+where it ended rather than drawn as a drop to zero (``ends``)."""
 
 from __future__ import annotations
 
@@ -26,16 +28,47 @@ def lines(
     title: str,
     marks: Sequence[tuple[float, str]] = (),
     spans: Sequence[tuple[float, float, str]] = (),
+    labels: Mapping[str, str] | None = None,
+    capacity: tuple[float, str] | None = None,
+    ends: Mapping[str, float] | None = None,
+    bands: Mapping[str, tuple[str, str]] | None = None,
 ) -> Draw:
-    """One line per column of ``ys`` against ``x``; vertical lines at ``marks`` (x, label)
-    and shaded ``spans`` (start, end, label)."""
+    """One line per column of ``ys`` against ``x``, named in the legend by ``labels``
+    (default: the column); vertical lines at ``marks`` (x, label), shaded ``spans`` (start,
+    end, label), a dashed ``capacity`` line (y, label), each column's transfer ended at
+    ``ends[column]`` (x: marked, not drawn on), and ``bands`` (column: its low and high
+    columns) shaded around a line."""
 
     def draw(path: Path, tables: dict[str, Table]) -> None:
         t = tables[table]
         fig, ax = plt.subplots(figsize=(8, 4.2))
         xs = t.column(x)
         for y in ys:
-            ax.plot(xs, t.column(y), label=y, linewidth=1.4)
+            end = (ends or {}).get(y)
+            keep = [end is None or at <= end for at in xs]
+            line = ax.plot(
+                [a for a, k in zip(xs, keep, strict=True) if k],
+                [v for v, k in zip(t.column(y), keep, strict=True) if k],
+                label=(labels or {}).get(y, y),
+                linewidth=1.4,
+            )[0]
+            if bands and y in bands:
+                lo, hi = (t.column(c) for c in bands[y])
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+            if end is not None and any(at > end for at in xs):
+                ax.axvline(end, color=line.get_color(), linestyle=":", linewidth=1.2)
+                ax.annotate(
+                    "transfer done",
+                    (end, 0.5),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    va="center",
+                    ha="left",
+                    fontsize=7,
+                    color=line.get_color(),
+                )
+        if capacity is not None:
+            ax.axhline(capacity[0], color="grey", linestyle="--", linewidth=1, label=capacity[1])
         for at, label in marks:
             ax.axvline(at, color="red", linestyle="--", linewidth=1)
             ax.annotate(
@@ -72,9 +105,12 @@ def bars(
     ylabel: str,
     title: str,
     errs: Mapping[str, tuple[str, str]] | None = None,
+    labels: Mapping[str, str] | None = None,
+    capacity: tuple[float, str] | None = None,
 ) -> Draw:
-    """Grouped bars: one group per row (named by column ``label``), one bar per ``ys``;
-    ``errs`` maps a bar's column to the columns of its low and high ends (error bars)."""
+    """Grouped bars: one group per row (named by column ``label``), one bar per ``ys``
+    (named in the legend by ``labels``); ``errs`` maps a bar's column to the columns of its
+    low and high ends (error bars); ``capacity`` a dashed line (y, label)."""
 
     def draw(path: Path, tables: dict[str, Table]) -> None:
         t = tables[table]
@@ -91,7 +127,10 @@ def bars(
                     [h - float(v) for h, v in zip(heights, lo, strict=True)],
                     [float(v) - h for h, v in zip(heights, hi, strict=True)],
                 ]
-            ax.bar(xs, heights, width, label=y, yerr=yerr, capsize=3 if yerr else 0)
+            name = (labels or {}).get(y, y)
+            ax.bar(xs, heights, width, label=name, yerr=yerr, capsize=3 if yerr else 0)
+        if capacity is not None:
+            ax.axhline(capacity[0], color="grey", linestyle="--", linewidth=1, label=capacity[1])
         ax.set_xticks(range(len(names)), names, rotation=15 if len(names) > 4 else 0)
         _finish(fig, ax, path, label, ylabel, title)
 
@@ -107,8 +146,9 @@ def cdf(
     title: str,
     ylabel: str = "fraction of flows",
     logx: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> Draw:
-    """The empirical CDF of ``value`` for each distinct ``group``."""
+    """The empirical CDF of ``value`` for each distinct ``group`` (named by ``labels``)."""
 
     def draw(path: Path, tables: dict[str, Table]) -> None:
         t = tables[table]
@@ -118,7 +158,8 @@ def cdf(
             groups.setdefault(str(g), []).append(float(v))
         for g, vs in groups.items():
             vs.sort()
-            ax.step(vs, [(i + 1) / len(vs) for i in range(len(vs))], where="post", label=g)
+            label = (labels or {}).get(g, g)
+            ax.step(vs, [(i + 1) / len(vs) for i in range(len(vs))], where="post", label=label)
         if logx:
             ax.set_xscale("log")
         _finish(fig, ax, path, xlabel, ylabel, title)

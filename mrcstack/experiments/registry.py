@@ -1,10 +1,12 @@
-"""Every experiment, simulator first: the order ``list`` prints and ``run`` follows.  A new
-experiment is a module in :mod:`.figures` and a line here."""
+"""Every experiment, the design's arithmetic, then the simulator's, then the testbed's: the
+order ``list`` prints and ``run`` follows.  A new experiment is a module in :mod:`.figures`
+and a line here."""
 
 from __future__ import annotations
 
 from mrcstack.experiments.base import Experiment
 from mrcstack.experiments.figures import (
+    design_arithmetic,
     fig4_job_start,
     fig9a_link_flaps,
     fig9a_testbed,
@@ -24,6 +26,7 @@ from mrcstack.experiments.figures import (
 )
 
 EXPERIMENTS: tuple[Experiment, ...] = (
+    design_arithmetic.EXPERIMENT,
     fig9a_link_flaps.EXPERIMENT,
     fig9b_nic_down_up.EXPERIMENT,
     fig9c_many_links.EXPERIMENT,

@@ -10,10 +10,10 @@ alike; each result states its rate, fabric and time scale in its parameters.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mrcstack.experiments.base import Experiment, Outcome, scaled
+from mrcstack.experiments.base import Experiment, Mechanism, Outcome, scaled
 from mrcstack.fabric import Fabric
 from mrcstack.sim import SimConfig, SimResult
 from mrcstack.sim import run as sim_run
@@ -23,6 +23,35 @@ RATE = 10e9
 RATE_TEXT = f"{RATE / 1e9:g} Gbit/s per link"
 #: MRC next to RoCE mode: one path per flow and go-back-N, what RoCEv2 on ECMP does.
 MODES = ("mrc", "roce")
+#: How a plot's legend names each mode: the stack and the paths it uses.
+MODE_LABELS = {
+    "mrc": "MRC (each flow sprayed over every plane)",
+    "roce": "RoCE mode (one ECMP path per flow)",
+}
+
+
+def capacity_gbps(fabric: Fabric, pairs: tuple[tuple[int, int], ...]) -> float:
+    """What ``pairs`` could move at most (Gbit/s): every plane of each sender, or of each
+    receiver, whichever are fewer."""
+    ends = min(len({s for s, _ in pairs}), len({d for _, d in pairs}))
+    return ends * fabric.planes * RATE / 1e9
+
+
+def without(mechanism: Mechanism, cfg: SimConfig) -> SimConfig:
+    """``cfg`` with ``mechanism`` taken away: MRC runs as RoCE mode, switches that drop
+    instead of trimming, or switches that never mark ECN (thresholds above the queue)."""
+    if mechanism is Mechanism.MRC:
+        return replace(cfg, mode="roce") if cfg.mode == "mrc" else cfg
+    if mechanism is Mechanism.TRIMMING:
+        return replace(cfg, trim=False)
+    if mechanism is Mechanism.ECN:
+        queue = cfg.queue_bytes or cfg.fabric.queue_bytes
+        return replace(cfg, ecn_kmin_bytes=queue - 2, ecn_kmax_bytes=queue - 1)
+    raise ValueError(f"the simulator cannot run without {mechanism}")
+
+
+#: What a simulator figure can run without.
+SIM_MECHANISMS = (Mechanism.MRC, Mechanism.TRIMMING, Mechanism.ECN)
 
 
 @dataclass(slots=True)
@@ -32,6 +61,8 @@ class Sim:
 
     profile: str
     seed: int
+    #: Every run without this mechanism (:func:`without`), None: as shipped.
+    sabotage: Mechanism | None = None
     #: (file stem, TOML text) of each run so far.
     scenarios: list[tuple[str, str]] = field(default_factory=list)
 
@@ -49,7 +80,10 @@ class Sim:
         )
 
     def run(self, cfg: SimConfig) -> SimResult:
-        """The simulator; the run is kept as a scenario file, so any one can be rerun alone."""
+        """The simulator (without the figure's sabotaged mechanism, if any); the run is kept
+        as a scenario file, so any one can be rerun alone."""
+        if self.sabotage is not None:
+            cfg = without(self.sabotage, cfg)
         result = sim_run(cfg)
         stem = f"{len(self.scenarios) + 1:03d}-{cfg.mode}-seed{cfg.seed}"
         self.scenarios.append((stem, scenario_file.dumps(cfg)))
@@ -62,14 +96,20 @@ def params(fabric: str, more: dict[str, Any]) -> dict[str, Any]:
     return {"fabric": fabric, "rate": RATE_TEXT, **more}
 
 
-def simulated(name: str, figure: str, shows: str, make: Callable[[Sim], Outcome]) -> Experiment:
+def simulated(
+    name: str,
+    figure: str,
+    shows: str,
+    make: Callable[[Sim], Outcome],
+    mechanisms: tuple[Mechanism, ...] = (Mechanism.MRC,),
+) -> Experiment:
     """A simulator experiment: ``make`` draws the figure from its runs, which the outcome
-    then keeps as scenario files."""
+    then keeps as scenario files; ``mechanisms``: what its claims credit."""
 
-    def run(profile: str, seed: int) -> Outcome:
-        sim = Sim(profile, seed)
+    def run(profile: str, seed: int, sabotage: Mechanism | None = None) -> Outcome:
+        sim = Sim(profile, seed, sabotage)
         outcome = make(sim)
         outcome.scenarios.extend(sim.scenarios)
         return outcome
 
-    return Experiment(name, figure, shows, "sim", run)
+    return Experiment(name, figure, shows, "sim", run, mechanisms=mechanisms)

@@ -2,11 +2,12 @@
 
 ``python -m mrcstack.experiments.stream --role recv|send --proto tcp|mptcp ...`` prints one
 JSON line: the receiver, the bytes it read per millisecond of wall clock (until the sender
-closes); the sender, ``{"connected": true}`` once connected (its ``--seconds`` count from
-there: starting the interpreter in a namespace takes up to a second on a busy machine, and
-a caller that started its clock at the spawn measured a transfer that had barely begun),
-then nothing.  Nothing in the experiments package imports this module, so
-``-m`` runs it once, cleanly.
+closes, or ``--seconds`` after it connected, plus a second, when a fault keeps the close
+from arriving); the sender, ``{"connected": true}`` once connected (its ``--seconds`` count
+from there: starting the interpreter in a namespace takes up to a second on a busy machine,
+and a caller that started its clock at the spawn measured a transfer that had barely
+begun), then nothing.  A sender whose path is dead stops at its time all the same.  Nothing
+in the experiments package imports this module, so ``-m`` runs it once, cleanly.
 """
 
 from __future__ import annotations
@@ -32,10 +33,22 @@ def role_recv(args: argparse.Namespace) -> dict[str, Any]:
     print(json.dumps({"ready": True}), flush=True)
     srv.settimeout(args.timeout)
     conn, _ = srv.accept()
-    conn.settimeout(args.timeout)
+    # The sender's last byte cannot come later than its --seconds after connecting (it
+    # connected before this accept returned), and a second more for what is in flight.
+    end = None if args.seconds is None else time.time() + args.seconds + 1.0
     buf = bytearray(1 << 20)
     per_ms: dict[int, int] = {}
-    while n := conn.recv_into(buf):
+    while True:
+        left = args.timeout if end is None else min(args.timeout, end - time.time())
+        if left <= 0:
+            break
+        conn.settimeout(left)
+        try:
+            n = conn.recv_into(buf)
+        except TimeoutError:
+            continue  # the loop ends at the deadline, or a late read comes next
+        if not n:
+            break
         ms = int(time.time() * 1000)
         per_ms[ms] = per_ms.get(ms, 0) + n
     return {"per_ms": per_ms}
@@ -47,10 +60,14 @@ def role_send(args: argparse.Namespace) -> dict[str, Any]:
     sock.settimeout(args.timeout)
     sock.connect((args.to, PORT))
     print(json.dumps({"connected": True}), flush=True)
-    data = b"\x5a" * (256 << 10)
-    end = time.time() + args.seconds
-    while time.time() < end:
-        sock.sendall(data)
+    data = memoryview(b"\x5a" * (256 << 10))
+    end = time.time() + (1.0 if args.seconds is None else args.seconds)
+    while (left := end - time.time()) > 0:
+        sock.settimeout(min(left, 0.1))  # a dead path must not hold the sender past its time
+        try:
+            sock.send(data)
+        except TimeoutError:
+            continue
     sock.close()
     return {}
 
@@ -66,7 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--role", choices=sorted(ROLES), required=True)
     p.add_argument("--proto", choices=["tcp", "mptcp"], default="mptcp")
     p.add_argument("--to", default="")
-    p.add_argument("--seconds", type=float, default=1.0)
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="the sender sends this long (1 s); the receiver waits at most this + 1 s",
+    )
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
     print(json.dumps(ROLES[args.role](args)), flush=True)
