@@ -8,6 +8,8 @@ from mrcstack.experiments.base import Experiment
 from mrcstack.experiments.figures import (
     design_arithmetic,
     fig4_job_start,
+    fig6_transceiver_flap,
+    fig8_t1_reboot,
     fig9a_link_flaps,
     fig9a_testbed,
     fig9b_nic_down_up,
@@ -27,6 +29,8 @@ from mrcstack.experiments.figures import (
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     design_arithmetic.EXPERIMENT,
+    fig6_transceiver_flap.EXPERIMENT,
+    fig8_t1_reboot.EXPERIMENT,
     fig9a_link_flaps.EXPERIMENT,
     fig9b_nic_down_up.EXPERIMENT,
     fig9c_many_links.EXPERIMENT,

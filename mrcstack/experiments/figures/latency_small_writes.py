@@ -4,23 +4,31 @@ One host writes 4 KiB, one write in flight at a time (as ``mrc-write-lat`` does)
 while six other hosts send bulk writes to its receiver (a 6:1 incast on the receiver's
 links); and while three other flows cross the fabric between the racks (the T0s' uplinks
 are 2:1 oversubscribed, so one ECMP path per flow can collide), over several seeds.  The
-bulk is sized to outlast the probe, and a claim checks it did.
+bulk is sized to outlast the probe; a run where it did not measures nothing, and the claims
+fail.
+
+The paper's numbers (5.09 us within a T0, 6.54 us across a T1) are its NICs'; what
+spraying changes is where a small write waits.  Idle, both stacks see the same flat
+latency; at the tail, under these loads, MRC is no better than RoCE mode (both wait in the
+same last-hop queue): only the medians separate them, and only they are claimed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mrcstack.experiments.analysis import quantile, ratio
-from mrcstack.experiments.base import Claim, Op, Outcome, Plot, Table
+from mrcstack.experiments.analysis import NOT_MEASURED, quantile
+from mrcstack.experiments.base import Claim, Mechanism, Op, Outcome, Plot, Table
 from mrcstack.experiments.plots import cdf
-from mrcstack.experiments.simruns import MODES, Sim, params, simulated
+from mrcstack.experiments.simruns import MODE_LABELS, MODES, Sim, params, simulated
 from mrcstack.fabric import Fabric
 from mrcstack.sim import SimResult
 from mrcstack.stats import Method
 
 FABRIC = Fabric(racks=2, hosts_per_rack=4, t1_per_plane=2)
 IDLE, INCAST, FABRIC_LOAD = "idle", "incast", "fabric load"
+#: MRC's median latency over RoCE mode's must be below this: a tie is no evidence.
+MEDIAN_BOUND = 0.95
 #: Each scenario's flows, the probe first.
 PAIRS = {
     IDLE: ((1, 5),),
@@ -44,6 +52,14 @@ class _Runs:
 
 def _label(mode: str, scenario: str) -> str:
     return f"{'MRC' if mode == 'mrc' else 'RoCE mode'}, {scenario}"
+
+
+#: How the CDF's legend names each case: the stack and its paths.
+LABELS = {
+    _label(mode, scenario): f"{MODE_LABELS[mode]}, {scenario}"
+    for mode in MODES
+    for scenario in (IDLE, INCAST, FABRIC_LOAD)
+}
 
 
 def _outlasted(result: SimResult) -> bool:
@@ -93,46 +109,47 @@ def _tables(latency_s: dict[str, list[float]]) -> list[Table]:
     ]
 
 
-def _claims(runs: _Runs) -> list[Claim]:
+def _ratio(runs: _Runs, scenario: str, q: float) -> float:
+    """MRC's ``q`` quantile of the write latency over RoCE mode's, in ``scenario``; not
+    measured unless every loaded run's bulk outlasted its probe."""
+    if not all(runs.outlasted):
+        return NOT_MEASURED
     lat = runs.latency_s
+    mrc, roce = lat[_label("mrc", scenario)], lat[_label("roce", scenario)]
+    return _quantile(mrc, q) / _quantile(roce, q)
 
-    def mrc_over_roce(scenario: str, q: float) -> float:
-        return _quantile(lat[_label("mrc", scenario)], q) / _quantile(
-            lat[_label("roce", scenario)], q
-        )
 
-    idle = lat[_label("mrc", IDLE)]
+def _claims(runs: _Runs) -> list[Claim]:
     return [
         Claim(
-            "MRC idle: p99 over p50 (a flat distribution)",
-            _quantile(idle, 0.99) / _quantile(idle, 0.5),
-            1.5,
+            f"fabric load, median over the seeds: MRC over RoCE mode (by at least "
+            f"{1 - MEDIAN_BOUND:.0%})",
+            _ratio(runs, FABRIC_LOAD, 0.5),
+            MEDIAN_BOUND,
             Op.AT_MOST,
+            credits=Mechanism.MRC,
         ),
         Claim(
-            "6:1 incast on the receiver, p99: MRC over RoCE mode (both wait in the "
-            "receiver's last-hop queue: within 25%)",
-            mrc_over_roce(INCAST, 0.99),
-            1.25,
+            f"6:1 incast on the receiver, median: MRC over RoCE mode (by at least "
+            f"{1 - MEDIAN_BOUND:.0%})",
+            _ratio(runs, INCAST, 0.5),
+            MEDIAN_BOUND,
             Op.AT_MOST,
+            credits=Mechanism.MRC,
         ),
-        Claim(
-            "fabric load, p99 over the seeds: MRC over RoCE mode (no worse, within 5%)",
-            mrc_over_roce(FABRIC_LOAD, 0.99),
-            1.05,
-            Op.AT_MOST,
-        ),
-        Claim(
-            "fabric load, median: MRC over RoCE mode",
-            mrc_over_roce(FABRIC_LOAD, 0.5),
-            1.0,
-            Op.AT_MOST,
-        ),
-        Claim(
-            "loaded runs in which the bulk outlasted every probe write (fraction)",
-            ratio(sum(runs.outlasted), len(runs.outlasted)),
-            1.0,
-        ),
+    ]
+
+
+def _notes(runs: _Runs) -> list[str]:
+    idle = runs.latency_s[_label("mrc", IDLE)]
+    return [
+        *NOTES,
+        f"Not claimed, since RoCE mode does the same: idle, MRC's p99 is "
+        f"{_quantile(idle, 0.99) / _quantile(idle, 0.5):.2f}x its median; at the p99, MRC "
+        f"over RoCE mode is {_ratio(runs, INCAST, 0.99):.2f} under the incast and "
+        f"{_ratio(runs, FABRIC_LOAD, 0.99):.2f} under fabric load.",
+        f"The bulk outlasted every probe write in {sum(runs.outlasted)} of "
+        f"{len(runs.outlasted)} loaded runs.",
     ]
 
 
@@ -147,6 +164,7 @@ PLOT = Plot(
         ylabel="fraction of writes",
         title="Section 5.2.1: small-write latency, idle and under load",
         logx=True,
+        labels=LABELS,
     ),
 )
 
@@ -169,7 +187,7 @@ def figure(sim: Sim) -> Outcome:
         tables=_tables(runs.latency_s),
         plots=[PLOT],
         claims=_claims(runs),
-        notes=list(NOTES),
+        notes=_notes(runs),
     )
 
 
