@@ -43,9 +43,10 @@ def lines(
         t = tables[table]
         fig, ax = plt.subplots(figsize=(8, 4.2))
         xs = t.column(x)
-        for y in ys:
+        step = xs[1] - xs[0] if len(xs) > 1 else 0.0  # a bin's width: one ending past `end`
+        for y in ys:  # is partly empty, and is not drawn
             end = (ends or {}).get(y)
-            keep = [end is None or at <= end for at in xs]
+            keep = [end is None or at + step <= end + 1e-9 for at in xs]
             line = ax.plot(
                 [a for a, k in zip(xs, keep, strict=True) if k],
                 [v for v, k in zip(t.column(y), keep, strict=True) if k],
@@ -55,7 +56,7 @@ def lines(
             if bands and y in bands:
                 lo, hi = (t.column(c) for c in bands[y])
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
-            if end is not None and any(at > end for at in xs):
+            if end is not None and xs and end <= xs[-1] + step:
                 ax.axvline(end, color=line.get_color(), linestyle=":", linewidth=1.2)
                 ax.annotate(
                     "transfer done",

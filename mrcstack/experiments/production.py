@@ -51,6 +51,12 @@ class JobRun:
     result: SimResult
     job: list[float]  # Gbit/s per window of WINDOW_BINS bins
 
+    @property
+    def end_ms(self) -> float | None:
+        """When its last QP completed (ms), None if one never did."""
+        r = self.result
+        return r.completion_time_s * 1e3 if all(f.complete for f in r.flows) else None
+
     def over(self, start_s: float, end_s: float) -> float:
         """The job's mean throughput between two times."""
         w = BIN_S * WINDOW_BINS
@@ -103,9 +109,11 @@ def timeline(runs: Mapping[str, JobRun], until_s: float) -> Table:
 
 def plot(
     title: str,
+    runs: Mapping[str, JobRun],
     marks: Sequence[tuple[float, str]] = (),
     spans: Sequence[tuple[float, float, str]] = (),
 ) -> Plot:
+    """The job's throughput over time, each mode, its end marked."""
     return Plot(
         "job",
         "the job's throughput over time",
@@ -120,6 +128,7 @@ def plot(
             spans=spans,
             labels={m: f"{MODE_LABELS[m]}, 64 QPs in a ring" for m in MODES},
             capacity=(len(PAIRS) * QP_GBPS, f"capacity, 64 x {QP_GBPS:g} Gbit/s"),
+            ends={m: e for m, r in runs.items() if (e := r.end_ms) is not None},
         ),
     )
 

@@ -27,6 +27,12 @@ CASES: dict[str, dict[str, Any]] = {
     # The paper's baseline: one path per flow, DCQCN, ECN marked on the last hop too.
     ROCE: {"mode": "roce", "trim": False, "cc": "dcqcn_lite", "ecn_last_hop": True},
 }
+#: How the CDF's legend names each case: the stack and its paths.
+LABELS = {
+    TRIM: "MRC, trimming (each flow sprayed over every plane)",
+    TAIL_DROP: "MRC, tail drop (sprayed)",
+    ROCE: "RoCE mode + DCQCN (one ECMP path per flow)",
+}
 #: What tail drop's and RoCE's p99 slowdowns must exceed trimming's by: a tie is no evidence.
 MARGIN, ROCE_MARGIN = 1.2, 1.5
 SUMMARY_COLUMNS = (
@@ -213,6 +219,7 @@ def _plots(seeds: int) -> list[Plot]:
                 xlabel="incast flow completion time / ideal (every flow sharing the "
                 "receiver's links fairly)",
                 title=f"Fig 18: {len(SENDERS)}:1 incast, {seeds} seeds pooled",
+                labels=LABELS,
             ),
         ),
         Plot(
@@ -224,6 +231,12 @@ def _plots(seeds: int) -> list[Plot]:
                 ["receiver_utilization", "victim_mean", "victim_worst"],
                 ylabel="fraction",
                 title="Fig 18: receiver link use; victim goodput over its goodput alone",
+                labels={
+                    "receiver_utilization": "receiver's links busy during the incast",
+                    "victim_mean": "victim's goodput over alone (mean of seeds)",
+                    "victim_worst": "... (worst seed)",
+                },
+                capacity=(1.0, "all of the receiver's links / the victim alone"),
             ),
         ),
     ]

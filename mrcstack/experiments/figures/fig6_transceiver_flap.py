@@ -100,7 +100,7 @@ def figure(sim: Sim) -> Outcome:
                 ),
             ),
         ],
-        plots=[production.plot(f"Fig 6: link {link} flaps under a 64-host job", spans=spans)],
+        plots=[production.plot(f"Fig 6: link {link} flaps under a 64-host job", runs, spans=spans)],
         claims=goodput.pooled([_claims(k) for _, _, k in kept]),
         notes=[
             f"While the link flapped the job kept {kept[0][2]['mrc']:.2f} of its throughput "

@@ -162,6 +162,7 @@ def figure(sim: Sim) -> Outcome:
         plots=[
             production.plot(
                 f"Fig 8: T1 {t1} reboots under a 64-host job",
+                runs,
                 spans=[(DOWN_S * 1e3, UP_S * 1e3, f"{t1} down")],
             )
         ],
