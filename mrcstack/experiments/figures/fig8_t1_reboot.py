@@ -177,6 +177,13 @@ def figure(sim: Sim) -> Outcome:
             "through the T1 stalled, and the ring with them.",
             f"0.5-1.5 ms after the T1 returned the job ran at {first.after['mrc']:.2f} (MRC) "
             f"and {first.after['roce']:.2f} (RoCE mode) of its throughput before.",
+            "Where the scaling changes the comparison: a production QP sprays 16-32 EVs a "
+            "plane over hundreds of T1s; here a QP keeps 2 of a plane's 8 T1s in use "
+            f"(ev_count {EV_COUNT}), the same share, so that a quarter of the QPs cross any "
+            "one T1, as in the paper. A T1 is 1/8 of its plane's uplinks here, not 1/256: "
+            "with the uplinks full the job would lose that share while it is down; the job "
+            "loads them to a quarter (2 hosts per T0, 8 T1s). Packets dropped scale with the "
+            "fabric and the event's length, so they are reported, not claimed.",
         ],
     )
 
