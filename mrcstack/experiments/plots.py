@@ -58,41 +58,15 @@ def lines(
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
             if end is not None and xs and end <= xs[-1] + step:
                 ax.axvline(end, color=line.get_color(), linestyle=":", linewidth=1.2)
-                ax.annotate(
-                    "transfer done",
-                    (end, 0.5),
-                    xycoords=("data", "axes fraction"),
-                    rotation=90,
-                    va="center",
-                    ha="left",
-                    fontsize=7,
-                    color=line.get_color(),
-                )
+                _upright(ax, "transfer done", end, 0.5, line.get_color(), va="center", ha="left")
         if capacity is not None:
             ax.axhline(capacity[0], color="grey", linestyle="--", linewidth=1, label=capacity[1])
         for at, label in marks:
             ax.axvline(at, color="red", linestyle="--", linewidth=1)
-            ax.annotate(
-                label,
-                (at, 1.0),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                va="top",
-                ha="right",
-                fontsize=8,
-                color="red",
-            )
+            _upright(ax, label, at, 1.0, "red", va="top", ha="right", fontsize=8)
         for start, end, label in spans:
             ax.axvspan(start, end, color="red", alpha=0.08)
-            ax.annotate(
-                label,
-                (start, 0.03),
-                xycoords=("data", "axes fraction"),
-                fontsize=7,
-                rotation=90,
-                va="bottom",
-                color="red",
-            )
+            _upright(ax, label, start, 0.03, "red", va="bottom")
         _finish(fig, ax, path, xlabel, ylabel, title)
 
     return draw
@@ -166,6 +140,16 @@ def cdf(
         _finish(fig, ax, path, xlabel, ylabel, title)
 
     return draw
+
+
+def _upright(
+    ax: object, text: str, x: float, y: float, color: object, fontsize: int = 7, **align: str
+) -> None:
+    """A label written upwards at data ``x``, ``y`` of the way up the axes."""
+    ax.annotate(  # type: ignore[attr-defined]
+        text, (x, y), xycoords=("data", "axes fraction"), rotation=90, fontsize=fontsize,
+        color=color, **align,
+    )  # fmt: skip
 
 
 def _finish(fig: object, ax: object, path: Path, xlabel: str, ylabel: str, title: str) -> None:

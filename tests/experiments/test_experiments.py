@@ -216,32 +216,26 @@ def test_the_simulated_figures_show_what_the_paper_shows(out: Path) -> None:
     assert value("design-arithmetic", 1) == pytest.approx(0.6)  # 3/5 of the switches
 
 
-def test_list_and_bad_names() -> None:
-    listed = subprocess.run(
-        [sys.executable, "-m", "mrcstack", "experiment", "list"],
+def _experiment(*args: str) -> subprocess.CompletedProcess[str]:
+    """``mrcstack experiment ARGS...`` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "mrcstack", "experiment", *args],
         capture_output=True, text=True, cwd=ROOT, check=False,
     )  # fmt: skip
+
+
+def test_list_and_bad_names() -> None:
+    listed = _experiment("list")
     assert listed.returncode == 0
     lines = listed.stdout.splitlines()
     assert len(lines) == len(EXPERIMENTS)
     for line, e in zip(lines, EXPERIMENTS, strict=True):
         assert line.startswith(e.name) and e.figure in line and e.where in line
-    bad = subprocess.run(
-        [sys.executable, "-m", "mrcstack", "experiment", "run", "fig99"],
-        capture_output=True, text=True, cwd=ROOT, check=False,
-    )  # fmt: skip
+    bad = _experiment("run", "fig99")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "fig99" in bad.stderr
-    none = subprocess.run(
-        [sys.executable, "-m", "mrcstack", "experiment", "run", "fig12-lossy-ev",
-         "--where", "testbed"],
-        capture_output=True, text=True, cwd=ROOT, check=False,
-    )  # fmt: skip
+    none = _experiment("run", "fig12-lossy-ev", "--where", "testbed")
     assert none.returncode == 2 and "testbed" in none.stderr
-    wrong = subprocess.run(
-        [sys.executable, "-m", "mrcstack", "experiment", "run", "fig12-lossy-ev",
-         "--without", "trimming"],
-        capture_output=True, text=True, cwd=ROOT, check=False,
-    )  # fmt: skip
+    wrong = _experiment("run", "fig12-lossy-ev", "--without", "trimming")
     assert wrong.returncode == 2 and "credit trimming" in wrong.stderr
 
 

@@ -62,27 +62,24 @@ def _share(runs: Sequence[Run], start_s: float, end_s: float) -> tuple[float, fl
 
 
 def _claims(runs: Sequence[Run]) -> list[Claim]:
-    n = len(runs)
-    during = _share(runs, 0.1, DOWN_S)
-    settled = _share(runs, WINDOW_S - 0.3, WINDOW_S)
+    def share(text: str, start_s: float, end_s: float, threshold: float) -> Claim:
+        value, lo, hi = _share(runs, start_s, end_s)
+        return Claim(
+            f"mrcd's goodput {text}, over the 4 planes' capacity (median of {len(runs)} runs)",
+            value,
+            threshold,
+            credits=Mechanism.SPRAYING,
+            interval=(lo, hi),
+            runs=len(runs),
+        )
+
     return [
-        Claim(
-            f"mrcd's goodput while half the ports are down, over the 4 planes' capacity "
-            f"(half is left; median of {n} runs)",
-            during[0],
-            DURING,
-            credits=Mechanism.SPRAYING,
-            interval=during[1:],
-            runs=n,
-        ),
-        Claim(
-            f"mrcd's goodput over the window's last 0.3 s, over the capacity (every plane "
-            f"back in use; one path is 0.25; median of {n} runs)",
-            settled[0],
+        share("while half the ports are down (half is left)", 0.1, DOWN_S, DURING),
+        share(
+            "over the window's last 0.3 s (every plane back in use; one path is 0.25)",
+            WINDOW_S - 0.3,
+            WINDOW_S,
             SETTLED,
-            credits=Mechanism.SPRAYING,
-            interval=settled[1:],
-            runs=n,
         ),
     ]
 
