@@ -1,6 +1,7 @@
 """``mrcstack plan``: the paper's design numbers from the formulas, the formulas' shape on
 other inputs, one-line errors for what cannot be built, and its fabric description read
-by the simulator (a large case), ``render`` and the testbed (a small case)."""
+by the simulator (a large case) and ``render`` (the testbed's, a small case, in
+``test_plan_live.py``)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mrcstack import plan, render
-from mrcstack.addrplan import paths
 from mrcstack.fabric import Fabric
-from mrcstack.netns.traffic import receive, send, udp_receiver, udp_sender
 from mrcstack.sim import SimConfig, run
-from tests.support.testbeds import Testbeds
 
 PAPER = plan.Request(endpoints=131_072)
 
@@ -140,21 +138,3 @@ def test_the_fabric_out_file_runs_in_the_simulator_and_render(tmp_path: Path) ->
     assert min(result.per_plane_bytes) > 0  # every plane carried its share
     text = render.render(fabric, "linux", ["p7-t1p"])
     assert text.count("route replace") == 1 + fabric.racks  # its uN SID and one per T0
-
-
-@pytest.mark.requires_root
-def test_the_fabric_out_file_builds_a_testbed(testbeds: Testbeds, tmp_path: Path) -> None:
-    """A small design (4 endpoints of 4 x 200 Mbit/s, radix 4: 2 T0s and one T1 a plane,
-    two links to it from each T0) as a testbed: a datagram crosses it on every plane."""
-    out = tmp_path / "small.toml"
-    argv = ["--gpus", "4", "--planes", "4", "--radix", "4", "--speed", "200mbit"]
-    assert plan.main([*argv, "--fabric-out", str(out)]) == 0
-    fabric = Fabric.load(out)
-    assert (fabric.racks, fabric.hosts_per_rack, fabric.t1_per_plane) == (2, 2, 1)
-    assert fabric.fabric_link_bps == 400e6  # the T0's two uplinks to the one T1
-    bed = testbeds.up("pl", fabric)
-    for path in paths(fabric, 0, 3):
-        with udp_receiver(bed.ns(3), 40001) as rx, udp_sender(bed.ns(0)) as tx:
-            assert send(tx, str(path.address), 40001, 1) == 1
-            got = receive(rx, 5.0)
-        assert got is not None, f"nothing arrived over {path.nodes}"

@@ -1,13 +1,13 @@
-"""``mrcstack experiment``: every experiment runs in its quick profile and leaves its claims,
-data and plots, every claim passes as shipped and fails without the mechanism it credits;
-the report collects them and lists the paper's figures; bad names get one line."""
+"""``mrcstack experiment`` without root: every simulated and design experiment runs in its
+quick profile and leaves its claims, data and plots, every claim passes as shipped and
+fails without the mechanism it credits; the testbed's claims from synthetic runs; the
+report collects them and lists the paper's figures; bad names get one line.  The testbed's
+figures on the kernel: ``test_experiments_live.py``."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,20 +21,19 @@ from mrcstack.experiments.base import Mechanism, Op
 from mrcstack.experiments.cli import main
 from mrcstack.experiments.figures import fig9b_testbed
 from mrcstack.experiments.live import FaultCase, Run
-from mrcstack.experiments.report import PAPER
 from mrcstack.experiments.testbedruns import Placed, claims, outcome
-from mrcstack.sim import SimConfig, run, scenario
+from mrcstack.sim import run, scenario
 from tests.support import REPO
+from tests.support.experiments import check_index, check_passes_as_shipped, check_result, run_quick
 
 ROOT = REPO
-PNG = b"\x89PNG\r\n\x1a\n"
+#: What runs without root: the simulator's figures and the design arithmetic.
+UNPRIVILEGED = [e for e in EXPERIMENTS if not e.needs_root]
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("experiments")
-    assert main(["run", "--quick", "--out", str(folder)]) == 0
-    return folder
+    return run_quick(tmp_path_factory.mktemp("experiments"), UNPRIVILEGED)
 
 
 def test_claims_compare_their_value_with_the_threshold() -> None:
@@ -58,61 +57,17 @@ def test_claims_compare_their_value_with_the_threshold() -> None:
 
 
 @pytest.mark.timeout(900)  # the first one runs every experiment (the module's fixture)
-@pytest.mark.parametrize(
-    "exp",
-    [
-        pytest.param(e, id=e.name, marks=[pytest.mark.requires_root] if e.needs_root else [])
-        for e in EXPERIMENTS
-    ],
-)
-def test_each_experiment_leaves_claims_data_and_plots(out: Path, exp: object) -> None:
-    name = exp.name  # type: ignore[attr-defined]
-    folder = out / name
-    doc = json.loads((folder / "result.json").read_text())
-    assert doc["name"] == name and doc["params"]
-    assert doc["figure"].startswith(("Fig", "Section", "Design"))
-    assert doc["profile"] == "quick" and doc["seed"] == 1 and doc["revision"] and doc["machine"]
-    assert doc["rerun"] == f"mrcstack experiment run {name} --quick --seed 1"
-    assert doc["claims"], "an experiment states at least one number"
-    keys = {"text", "value", "threshold", "op", "tolerance", "condition", "pass", "credits"}
-    for c in doc["claims"]:
-        assert set(c) == keys | {"interval", "runs"}
-        assert isinstance(c["value"], int | float) and math.isfinite(c["value"]), c
-        if c["op"] == "within":
-            ok = abs(c["value"] - c["threshold"]) <= c["tolerance"] * abs(c["threshold"])
-        else:
-            ok = c["value"] >= c["threshold"] if c["op"] == ">=" else c["value"] <= c["threshold"]
-        assert c["pass"] is ok
-    for table, data in doc["data"].items():
-        with (folder / f"{table}.csv").open() as f:
-            rows = list(csv.reader(f))
-        assert rows[0] == data["columns"] and len(rows) - 1 == len(data["rows"]) > 0
-    assert doc["plots"]
-    for plot in doc["plots"]:
-        png = (folder / plot).read_bytes()
-        assert png.startswith(PNG) and len(png) > 10_000  # drawn, not empty
-    if exp.where == "sim":  # type: ignore[attr-defined]
-        assert doc["scenarios"], "every simulator run is kept as a scenario file"
-        for path in doc["scenarios"]:
-            assert isinstance(scenario.load(folder / path), SimConfig)
+@pytest.mark.parametrize("exp", UNPRIVILEGED, ids=str)
+def test_each_experiment_leaves_claims_data_and_plots(out: Path, exp: Experiment) -> None:
+    check_result(out, exp)
 
 
-@pytest.mark.parametrize(
-    "exp",
-    [
-        pytest.param(e, id=e.name, marks=[pytest.mark.requires_root] if e.needs_root else [])
-        for e in EXPERIMENTS
-    ],
-)
+@pytest.mark.parametrize("exp", UNPRIVILEGED, ids=str)
 def test_every_claim_credits_a_mechanism_and_passes_as_shipped(out: Path, exp: Experiment) -> None:
     """The quick profile's runs, unsabotaged: every claim passes (the tests below take the
     mechanism away and see it fail), and credits a mechanism the experiment can run
     without."""
-    doc = json.loads((out / exp.name / "result.json").read_text())
-    assert exp.mechanisms
-    for c in doc["claims"]:
-        assert c["credits"] in {m.value for m in exp.mechanisms}, c
-        assert c["pass"], c
+    check_passes_as_shipped(out, exp)
 
 
 def test_a_kept_scenario_reruns_to_the_same_numbers(out: Path) -> None:
@@ -168,38 +123,10 @@ def test_claims_fail_without_the_mechanism_they_credit(
     assert not [c for c in crediting if c.passed], [c for c in crediting if c.passed]
 
 
-@pytest.mark.requires_root
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("exp", [e for e in EXPERIMENTS if e.where == "testbed"], ids=str)
-def test_testbed_claims_fail_with_one_ev_through_the_fault(
-    monkeypatch: pytest.MonkeyPatch, exp: Experiment
-) -> None:
-    """mrcd without spraying (its QP's one EV on the path the fault takes away), one run
-    per stack: every claim fails (as shipped they pass: the report test above)."""
-    monkeypatch.setattr(testbedruns, "RUNS", (1, 1))
-    outcome = exp.run("quick", 1, Mechanism.SPRAYING)
-    assert outcome.claims and not [c for c in outcome.claims if c.passed]
-    assert outcome.params["mrcd_one_ev"]
-
-
 def test_the_report_collects_every_plot_and_claim(out: Path) -> None:
-    text = (out / "index.md").read_text()
-    ran = [e for e in EXPERIMENTS if os.geteuid() == 0 or not e.needs_root]
-    docs = [json.loads((out / e.name / "result.json").read_text()) for e in ran]
-    claims = [c for d in docs for c in d["claims"]]
-    passed = sum(c["pass"] for c in claims)
-    assert f"{len(docs)} experiments, {passed} of {len(claims)} claims pass." in text
-    assert "Profile `quick`, seed 1, " in text and docs[0]["machine"] in text
-    for d in docs:
-        assert f"Rerun: `{d['rerun']}`" in text
-    for d in docs:
-        for plot in d["plots"]:
-            assert f"]({d['name']}/{plot})" in text
-        for c in d["claims"]:
-            assert c["text"] in text
-    for figure in PAPER:  # every figure of the paper, and where it stands
-        assert f"| {figure.ref} | {figure.shows} | " in text
+    text = check_index(out, UNPRIVILEGED)
     assert "reproduced: [design-arithmetic](#design-arithmetic)" in text
+    assert "reproduced by fig9a-testbed (not run for this report)" in text
 
 
 def test_the_simulated_figures_show_what_the_paper_shows(out: Path) -> None:
