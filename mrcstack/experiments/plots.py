@@ -98,9 +98,10 @@ def bars(
             yerr = None
             if errs and y in errs:
                 lo, hi = (t.column(c) for c in errs[y])
+                # A mean of equal values can round an ulp past them: no negative bar ends.
                 yerr = [
-                    [h - float(v) for h, v in zip(heights, lo, strict=True)],
-                    [float(v) - h for h, v in zip(heights, hi, strict=True)],
+                    [max(0.0, h - float(v)) for h, v in zip(heights, lo, strict=True)],
+                    [max(0.0, float(v) - h) for h, v in zip(heights, hi, strict=True)],
                 ]
             name = (labels or {}).get(y, y)
             ax.bar(xs, heights, width, label=name, yerr=yerr, capsize=3 if yerr else 0)

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from mrcstack.experiments import EXPERIMENTS, Claim, Experiment, simruns, testbedruns
-from mrcstack.experiments.base import Mechanism, Op
+from mrcstack.experiments.base import Mechanism, Op, Table
 from mrcstack.experiments.cli import main
 from mrcstack.experiments.figures import fig9b_testbed
 from mrcstack.experiments.live import FaultCase, Run
+from mrcstack.experiments.plots import bars
 from mrcstack.experiments.testbedruns import Placed, claims, outcome
 from mrcstack.sim import run, scenario
 from tests.support import REPO
@@ -57,12 +58,12 @@ def test_claims_compare_their_value_with_the_threshold() -> None:
 
 
 @pytest.mark.timeout(900)  # the first one runs every experiment (the module's fixture)
-@pytest.mark.parametrize("exp", UNPRIVILEGED, ids=str)
+@pytest.mark.parametrize("exp", UNPRIVILEGED, ids=lambda e: e.name)
 def test_each_experiment_leaves_claims_data_and_plots(out: Path, exp: Experiment) -> None:
     check_result(out, exp)
 
 
-@pytest.mark.parametrize("exp", UNPRIVILEGED, ids=str)
+@pytest.mark.parametrize("exp", UNPRIVILEGED, ids=lambda e: e.name)
 def test_every_claim_credits_a_mechanism_and_passes_as_shipped(out: Path, exp: Experiment) -> None:
     """The quick profile's runs, unsabotaged: every claim passes (the tests below take the
     mechanism away and see it fail), and credits a mechanism the experiment can run
@@ -295,3 +296,15 @@ def test_recovery_from_a_lasting_fault_counts_from_the_end_of_the_step_that_ends
     assert 0 < mrcd < mptcp <= 150 and mptcp - mrcd == pytest.approx(50)
     assert figures["mrcd"]["restore_ms"] == pytest.approx(50)  # the step ended 50 ms late
     assert figures["mptcp"]["restore_ms"] == 0.0
+
+
+def test_error_bars_of_equal_values_draw(tmp_path: Path) -> None:
+    """The mean of three equal values rounds above them (0.1 + 0.1 + 0.1 over 3): the bars
+    still draw (the full profile's fig16 once stopped here)."""
+    mean = sum([0.1] * 3) / 3
+    assert mean > 0.1
+    rows = (("a", mean, 0.1, 0.1), ("b", 2.0, 1.0, 3.0))
+    table = Table("t", ("case", "y", "y min", "y max"), rows)
+    draw = bars("t", "case", ["y"], ylabel="y", title="t", errs={"y": ("y min", "y max")})
+    draw(tmp_path / "t.png", {"t": table})
+    assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")

@@ -23,12 +23,12 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.timeout(900)  # the first one runs every testbed figure (the module's fixture)
-@pytest.mark.parametrize("exp", TESTBED, ids=str)
+@pytest.mark.parametrize("exp", TESTBED, ids=lambda e: e.name)
 def test_each_testbed_figure_leaves_claims_data_and_plots(out: Path, exp: Experiment) -> None:
     check_result(out, exp)
 
 
-@pytest.mark.parametrize("exp", TESTBED, ids=str)
+@pytest.mark.parametrize("exp", TESTBED, ids=lambda e: e.name)
 def test_every_testbed_claim_credits_a_mechanism_and_passes_as_shipped(
     out: Path, exp: Experiment
 ) -> None:
@@ -40,7 +40,7 @@ def test_the_report_collects_the_testbed_figures(out: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("exp", TESTBED, ids=str)
+@pytest.mark.parametrize("exp", TESTBED, ids=lambda e: e.name)
 def test_testbed_claims_fail_with_one_ev_through_the_fault(
     monkeypatch: pytest.MonkeyPatch, exp: Experiment
 ) -> None:
