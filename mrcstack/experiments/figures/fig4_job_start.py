@@ -24,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from mrcstack.experiments.base import Claim, Experiment, Op, Outcome, Plot, Table
+from mrcstack.experiments.base import Claim, Experiment, Mechanism, Op, Outcome, Plot, Table
 from mrcstack.experiments.figures import fig4_testbed
 from mrcstack.experiments.simruns import Sim, params
 from mrcstack.fabric import Fabric
@@ -248,7 +248,9 @@ def simulated_part(sim: Sim) -> tuple[list[Table], list[Plot], list[Claim], Figu
     return [*tables(runs), summary(f)], plots, claims(f), f
 
 
-def run(profile: str, seed: int) -> Outcome:
+def run(profile: str, seed: int, without: Mechanism | None = None) -> Outcome:
+    """(Its runs with the mapper and without are both in it: nothing to take away.)"""
+    del without
     sim = Sim(profile, seed)
     tables_, plots, claims_, f = simulated_part(sim)
     outcome = Outcome(
