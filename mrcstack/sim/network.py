@@ -217,6 +217,7 @@ class _Packet:
         "route",
         "sent_at",
         "size",
+        "src",
     )
 
     def __init__(
@@ -229,8 +230,10 @@ class _Packet:
         plane: int,
         doomed: bool,
         sent_at: float,
+        src: int,
     ) -> None:
         self.msg = msg
+        self.src = src  # the sending host: whom a host's endpoint (QP 2) answers
         self.size = size  # bytes on the wire: the datagram and WIRE_OVERHEAD_BYTES
         self.sent_at = sent_at
         self.route = route
@@ -460,6 +463,7 @@ class Network:
         pkt.sent_at = self._engine.now
         pkt.route = route
         pkt.hops = len(route)
+        pkt.src = src
         pkt.dst = dst
         pkt.plane = plane
         pkt.doomed = doomed
@@ -542,6 +546,12 @@ class Network:
         self.packets_delivered += 1
         self._delivering = pkt
         handler(pkt.msg, pkt.size - WIRE_OVERHEAD_BYTES, pkt.plane, pkt.ecn)
+
+    @property
+    def delivered_src(self) -> int:
+        """While a handler runs: the host that sent the packet it was given."""
+        pkt = self._delivering
+        return -1 if pkt is None else pkt.src
 
     @property
     def delivered_latency(self) -> float | None:

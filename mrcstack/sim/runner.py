@@ -607,17 +607,23 @@ class _Simulation:
             (endpoint,) = table.values()
             return endpoint.receive  # it checks the QPN itself
         wire = self.wire
-        first = table[min(table)]
-        ids = first.conn.probe_ids
+        net = self.net
+        ids = table[min(table)].conn.probe_ids
+        # The endpoint answers a probe to the host that sent it: through a connection to
+        # that host (any of them), whose paths lead back there.
+        to_peer: dict[int, _Endpoint] = {}
+        for local in sorted(table):
+            to_peer.setdefault(table[local].peer, table[local])
 
         def deliver(msg: Any, size: int, plane: int, ecn: bool) -> None:
             qpn = peek_qpn(msg) if wire else msg.qpn
+            endpoint: _Endpoint | None
             if qpn == ENDPOINT_QPN:  # the host's endpoint: a probe, or an answer to ours
                 if (msg[0] if wire else type(msg)) in _REPLIES:
                     owner = ids.owner(int.from_bytes(msg[10:12]) if wire else msg.probe_id)
                     endpoint = table.get(owner) if owner is not None else None
                 else:
-                    endpoint = first  # any of its connections answers as the endpoint
+                    endpoint = to_peer.get(net.delivered_src)
             else:
                 endpoint = table.get(qpn)
             if endpoint is None:

@@ -495,7 +495,7 @@ def test_a_packet_sent_is_what_its_constructor_would_make(
     rig.engine.at(1e-6, lambda _: rig.net.send(0, 3, 0, 0, packet(0, 0)))
     rig.run()
     got = first[0]
-    args = ("msg", "size", "is_data", "route", "dst", "plane", "doomed", "sent_at")
+    args = ("msg", "size", "is_data", "route", "dst", "plane", "doomed", "sent_at", "src")
     ref = _Packet(*(got[name] for name in args))
     assert {name: getattr(ref, name) for name in _Packet.__slots__} == got
-    assert got["sent_at"] == 1e-6 and got["hop"] == 0
+    assert got["sent_at"] == 1e-6 and got["hop"] == 0 and got["src"] == 0
