@@ -2,9 +2,12 @@
 steps) and all-to-all at 0, 0.1 and 1% loss, MRC with one QP against RoCE mode with 1 and
 16 QPs, over several seeds.
 
-At 1% loss the paper reports MRC at about a third of its intended throughput: the claims
-allow MRC three times its lossless time there, and no more.  Here the ring takes about
-twice as long (the loss is per link, so a packet and its ACK crossing 8 links meet it about
+At 1% loss the paper reports MRC at about a third of its intended throughput: all-to-all's
+claim allows MRC three times its lossless time there, and no more.  The ring's claim at 1%
+is against RoCE mode's 16 QPs instead: RoCE mode's one QP is so slow lossless (hash
+collisions) that its own 1% slowdown also stays under 3x, so that ratio could not tell MRC
+from RoCE; the ring's slowdown against the paper's 3x is in the notes.  Here the ring takes
+about twice as long (the loss is per link, so a packet and its ACK crossing 8 links meet it about
 8 times as often as the percentage says, and a short chunk finds a loss by its tail-loss
 probe, two smoothed RTTs, in each dependent step); the core's loss recovery is left as the
 protocol has it rather than tuned for this scaled-down chunk.  A collective in which a flow
@@ -159,11 +162,10 @@ def _claims(times: dict[Key, list[float]], failed: dict[Key, int]) -> list[Claim
             credits=Mechanism.MRC,
         ),
         Claim(
-            "ring all-reduce at 1% loss over lossless, MRC (the paper: about a third of its "
-            "throughput)",
-            slow(RING, MRC, 0.01),
-            PAPER_SLOWDOWN_1PCT,
-            Op.AT_MOST,
+            f"ring all-reduce at 1% loss: RoCE 16 QPs' time over MRC 1 QP's (by at least "
+            f"{QP_MARGIN})",
+            avg[(RING, ROCE_16, 0.01)] / avg[(RING, MRC, 0.01)],
+            QP_MARGIN,
             credits=Mechanism.MRC,
         ),
         Claim(
@@ -184,10 +186,13 @@ def _claims(times: dict[Key, list[float]], failed: dict[Key, int]) -> list[Claim
 
 
 def _notes(roce_failed: dict[str, int], times: dict[Key, list[float]]) -> list[str]:
-    def slows(kind: str, case: str) -> list[float]:
-        """Each seed's completion time at 0.1% loss over its lossless one."""
-        pairs = zip(times[(kind, case, 0.001)], times[(kind, case, 0.0)], strict=True)
+    def slows_at(kind: str, case: str, loss: float) -> list[float]:
+        """Each seed's completion time at ``loss`` over its lossless one."""
+        pairs = zip(times[(kind, case, loss)], times[(kind, case, 0.0)], strict=True)
         return [lossy / clean for lossy, clean in pairs]
+
+    def slows(kind: str, case: str) -> list[float]:
+        return slows_at(kind, case, 0.001)
 
     def slow(kind: str, case: str) -> str:
         v = slows(kind, case)
@@ -214,6 +219,11 @@ def _notes(roce_failed: dict[str, int], times: dict[Key, list[float]]) -> list[s
         "A step that loses a packet takes about twice as long, and the ring's "
         "dependent steps add those delays up; all-to-all overlaps them. The full "
         "profile's 1 MiB chunks make each delay a smaller share.",
+        f"At 1% loss the ring slows by {mean(slows_at(RING, MRC, 0.01)):.2f}x with MRC "
+        f"(the paper: about 3x, a third of its intended throughput) and "
+        f"{mean(slows_at(RING, ROCE_1, 0.01)):.2f}x with RoCE mode's one QP, whose lossless "
+        "time is already several times MRC's: the claim at 1% compares the ring with RoCE "
+        "mode's 16 QPs instead.",
         "The 1% loss threshold is the paper's (MRC at about a third of its intended "
         "throughput: at most 3x its lossless time), not a tighter one met by shortening the "
         "core's loss recovery for short flows: the slowdown here comes from the scaled-down "
