@@ -57,7 +57,8 @@ _WITHOUT = {
     Mechanism.TRIMMING: "switches drop what they would trim",
     Mechanism.ECN: "switches never mark ECN",
     Mechanism.PLANES: "one plane at the NIC's whole rate instead of several",
-    Mechanism.MAPPER: "no fabric mapper: no denylist",
+    Mechanism.MAPPER: "no fabric mapper: no probes, no denylist (Fig 4 keeps the mapper "
+    "watching, to count what crosses the links it would deny, but nothing reaches a QP)",
 }
 
 

@@ -39,7 +39,8 @@ def capacity_gbps(fabric: Fabric, pairs: tuple[tuple[int, int], ...]) -> float:
 
 def without(mechanism: Mechanism, cfg: SimConfig) -> SimConfig:
     """``cfg`` with ``mechanism`` taken away: MRC runs as RoCE mode, switches that drop
-    instead of trimming, or switches that never mark ECN (thresholds above the queue)."""
+    instead of trimming, switches that never mark ECN (thresholds above the queue), or no
+    fabric mapper."""
     if mechanism is Mechanism.MRC:
         return replace(cfg, mode="roce") if cfg.mode == "mrc" else cfg
     if mechanism is Mechanism.TRIMMING:
@@ -47,11 +48,13 @@ def without(mechanism: Mechanism, cfg: SimConfig) -> SimConfig:
     if mechanism is Mechanism.ECN:
         queue = cfg.queue_bytes or cfg.fabric.queue_bytes
         return replace(cfg, ecn_kmin_bytes=queue - 2, ecn_kmax_bytes=queue - 1)
+    if mechanism is Mechanism.MAPPER:
+        return replace(cfg, mapper=None)
     raise ValueError(f"the simulator cannot run without {mechanism}")
 
 
 #: What a simulator figure can run without.
-SIM_MECHANISMS = (Mechanism.MRC, Mechanism.TRIMMING, Mechanism.ECN)
+SIM_MECHANISMS = (Mechanism.MRC, Mechanism.TRIMMING, Mechanism.ECN, Mechanism.MAPPER)
 
 
 @dataclass(slots=True)

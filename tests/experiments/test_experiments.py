@@ -99,7 +99,7 @@ ONE_SEED = {"fig6-transceiver-flap", "fig8-t1-reboot"}
 SABOTAGES = [
     pytest.param(e, m, id=f"{e.name}-without-{m}")
     for e in EXPERIMENTS
-    if e.where in ("sim", "design")
+    if e.where in ("sim", "design", "sim+testbed")
     for m in e.mechanisms
 ]
 

@@ -34,7 +34,7 @@ from mrcstack.api import Context, Device, MemoryRegion, QueuePair, WriteWr
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.daemons.mapper_cli import wait_for
 from mrcstack.daemons.mrcmapper.status import denied_everywhere
-from mrcstack.experiments.base import Claim, Op, Outcome, Plot, Table, scaled
+from mrcstack.experiments.base import Claim, Mechanism, Op, Outcome, Plot, Table, scaled
 from mrcstack.experiments.live import accept, metrics
 from mrcstack.fabric import Fabric
 from mrcstack.netns import testbed
@@ -250,12 +250,14 @@ def claims(runs: dict[str, TestbedRun]) -> list[Claim]:
             with_.data_on_bad,
             0,
             Op.AT_MOST,
+            credits=Mechanism.MAPPER,
         ),
         Claim(
             "testbed: the job's retransmissions with the mapper over those without it",
             ratio,
             0.5,
             Op.AT_MOST,
+            credits=Mechanism.MAPPER,
         ),
     ]
 
@@ -283,10 +285,11 @@ def _draw(path: Path, tables: dict[str, Table]) -> None:
     plt.close(fig)
 
 
-def add(outcome: Outcome, profile: str, seed: int) -> None:
-    """Run both variants on the testbed; their tables, plot, claims and notes."""
+def add(outcome: Outcome, profile: str, seed: int, without: Mechanism | None = None) -> None:
+    """Run both variants on the testbed; their tables, plot, claims and notes.  Without the
+    mapper, both run without it (the claims judge the first)."""
     seconds = scaled(profile, 3, 8)
-    runs = {v: one(v, seconds) for v in VARIANTS}
+    runs = {v: one("no_mapper" if without else v, seconds) for v in VARIANTS}
     bins = min(len(r.retransmissions) for r in runs.values())
     hosts = range(FABRIC.hosts)
     outcome.tables.append(
