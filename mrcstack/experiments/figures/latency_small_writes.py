@@ -129,14 +129,6 @@ def _claims(runs: _Runs) -> list[Claim]:
             Op.AT_MOST,
             credits=Mechanism.MRC,
         ),
-        Claim(
-            f"6:1 incast on the receiver, median: MRC over RoCE mode (by at least "
-            f"{1 - MEDIAN_BOUND:.0%})",
-            _ratio(runs, INCAST, 0.5),
-            MEDIAN_BOUND,
-            Op.AT_MOST,
-            credits=Mechanism.MRC,
-        ),
     ]
 
 
@@ -148,6 +140,10 @@ def _notes(runs: _Runs) -> list[str]:
         f"{_quantile(idle, 0.99) / _quantile(idle, 0.5):.2f}x its median; at the p99, MRC "
         f"over RoCE mode is {_ratio(runs, INCAST, 0.99):.2f} under the incast and "
         f"{_ratio(runs, FABRIC_LOAD, 0.99):.2f} under fabric load.",
+        f"Not claimed either: under the incast MRC's median over RoCE mode's is "
+        f"{_ratio(runs, INCAST, 0.5):.2f}.  Both wait at the receiver's links, and the ratio "
+        "moves either side of 1 with the bulk's size and the seeds (the full profile's "
+        "larger bulk and more seeds turn it over): it is no evidence for spraying.",
         f"The bulk outlasted every probe write in {sum(runs.outlasted)} of "
         f"{len(runs.outlasted)} loaded runs.",
     ]
