@@ -38,29 +38,25 @@ def _run(variant: str, crossed: int, retx_per_bin: float) -> fig4_testbed.Testbe
     )
 
 
-def test_the_testbeds_claims_pass_with_the_mapper_and_fail_without() -> None:
-    """Measured here: with the mapper no data packet crossed the bad links and the job
-    retransmitted about a quarter as much (9 against 40 in 3 s); without it, 1050 did."""
+def test_the_testbeds_claim_passes_with_the_mapper_and_fails_without() -> None:
+    """Measured here: with the mapper no data packet crossed the bad links; without it,
+    687-1,643 did in 3 s."""
     with_ = [_run("mapper", 0, 0.2), _run("mapper", 0, 0.1), _run("mapper", 3, 0.5)]
     without = [
         _run("no_mapper", 1050, 0.8),
         _run("no_mapper", 990, 0.9),
         _run("no_mapper", 1020, 0.7),
     ]
-    passed = fig4_testbed.claims({"mapper": with_, "no_mapper": without})
-    assert all(c.passed for c in passed)
-    assert [c.runs for c in passed] == [3, 3]
-    assert passed[0].interval == (0, 3)  # one run's outlier is shown, not decisive
+    (passed,) = fig4_testbed.claims({"mapper": with_, "no_mapper": without})
+    assert passed.passed and passed.runs == 3
+    assert passed.interval == (0, 3)  # one run's outlier is shown, not decisive
     twice = [replace(r, variant="mapper") for r in without]  # runs without, fed as both
-    failed = fig4_testbed.claims({"mapper": twice, "no_mapper": without})
-    assert failed and not any(c.passed for c in failed)
+    (failed,) = fig4_testbed.claims({"mapper": twice, "no_mapper": without})
+    assert not failed.passed
 
 
-def test_the_testbeds_ratio_is_of_the_medians_and_needs_retransmissions_to_compare() -> None:
-    with_ = [_run("mapper", 0, 0.2), _run("mapper", 0, 0.9), _run("mapper", 0, 0.1)]
-    without = [_run("no_mapper", 1050, 0.8), _run("no_mapper", 990, 0.4), _run("no_mapper", 9, 1)]
-    ratio = fig4_testbed.claims({"mapper": with_, "no_mapper": without})[1]
-    assert ratio.value == pytest.approx(0.2 / 0.8) and ratio.passed
-    assert ratio.interval == pytest.approx((0.1 / 1, 0.9 / 0.4))
-    none = [_run("no_mapper", 1050, 0.0)] * 3
-    assert not fig4_testbed.claims({"mapper": with_, "no_mapper": none})[1].passed
+def test_the_counting_rules_name_both_ends_of_each_link() -> None:
+    assert fig4_testbed.counting_rules("p0:t0a-t1b") == [
+        ("p0-t0a", "fcbb:bb00:1000:2001::/64"),
+        ("p0-t1b", "fcbb:bb00:2001:1000::/64"),
+    ]

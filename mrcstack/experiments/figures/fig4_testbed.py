@@ -248,14 +248,12 @@ def _total(run: TestbedRun) -> float:
 
 
 def claims(runs: dict[str, list[TestbedRun]]) -> list[Claim]:
-    """Decided on the medians over each variant's runs, shown with the lowest and highest
-    (for the ratio: the lowest run with the mapper over the highest without, and the
-    highest over the lowest)."""
-    with_, without = runs["mapper"], runs["no_mapper"]
-    crossed = [float(r.data_on_bad) for r in with_]
-    w, o = sorted(map(_total, with_)), sorted(map(_total, without))
-    ratio = median(w) / median(o) if median(o) else math.nan
-    lows = (w[0] / o[-1], w[-1] / o[0]) if o[0] else (math.nan, math.nan)
+    """Decided on the median over the runs with the mapper, shown with the lowest and
+    highest.  The job's retransmissions are in the notes, not claimed: on this unshaped,
+    CPU-bound testbed a run with the mapper still retransmits 10-25 packets (the hosts'
+    stalls, not the links), against 25-90 without, so their ratio over 3 runs is a coin
+    toss around 0.5 (0.18-0.57 measured); the simulator claims it."""
+    crossed = [float(r.data_on_bad) for r in runs["mapper"]]
     return [
         Claim(
             "testbed, with the mapper: data packets of the job that crossed the dead or the "
@@ -266,16 +264,6 @@ def claims(runs: dict[str, list[TestbedRun]]) -> list[Claim]:
             credits=Mechanism.MAPPER,
             interval=(min(crossed), max(crossed)),
             runs=len(crossed),
-        ),
-        Claim(
-            f"testbed: the job's retransmissions with the mapper over those without it "
-            f"(medians of {len(w)} runs each)",
-            ratio,
-            0.5,
-            Op.AT_MOST,
-            credits=Mechanism.MAPPER,
-            interval=lows,
-            runs=min(len(w), len(o)),
         ),
     ]
 
@@ -362,9 +350,12 @@ def add(outcome: Outcome, profile: str, seed: int, without: Mechanism | None = N
         f"testbed: every mrcd denied both links {median(denied):.2f} s after the faults "
         f"(median of {len(denied)} runs; {min(denied):.2f}-{max(denied):.2f}); data packets "
         f"over them during the job: {_spread(r.data_on_bad for r in runs['mapper'])} with the "
-        f"mapper, {_spread(r.data_on_bad for r in runs['no_mapper'])} without. The plot and "
-        f"tables show each variant's median run (by retransmissions); seed {seed} (the "
-        "testbed's runs are not seeded)."
+        f"mapper, {_spread(r.data_on_bad for r in runs['no_mapper'])} without; the job's "
+        f"retransmissions {_spread(_total(r) for r in runs['mapper'])} with it, "
+        f"{_spread(_total(r) for r in runs['no_mapper'])} without (not claimed: with the "
+        "mapper the CPU-bound hosts' own stalls still cost a few, enough to make a ratio of "
+        "a few runs noise). The plot and tables show each variant's median run (by "
+        f"retransmissions); seed {seed} (the testbed's runs are not seeded)."
     )
 
 
@@ -377,7 +368,7 @@ def _median_run(runs: list[TestbedRun]) -> TestbedRun:
     return sorted(runs, key=_total)[(len(runs) - 1) // 2]
 
 
-def _spread(xs: Iterable[int]) -> str:
+def _spread(xs: Iterable[float]) -> str:
     """``median (lowest-highest)`` of a variant's runs."""
     v = sorted(xs)
-    return f"{median(v):g} ({v[0]}-{v[-1]})"
+    return f"{median(v):g} ({v[0]:g}-{v[-1]:g})"
