@@ -273,6 +273,7 @@ def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
         (
             qpn_text(q["qpn"]),
             q["state"],
+            q.get("worker", 0),  # (an mrcd from before data-path workers: its one process)
             q["remote_host"] or "-",
             "-" if q["remote_qpn"] is None else qpn_text(q["remote_qpn"]),
             q["writes_in_flight"],
@@ -285,7 +286,7 @@ def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
         )
         for q in qps
     ]
-    header = ("qpn", "state", "peer", "peer_qpn", "writes", "timeout_ms", "retries",
+    header = ("qpn", "state", "worker", "peer", "peer_qpn", "writes", "timeout_ms", "retries",
               "max_rto_ms", "rto_ms", "budget_ms", "failure")  # fmt: skip
     show(args, qps if args.qpn is None else qps[0], table(rows, header) if rows else "no QPs")
     return 0

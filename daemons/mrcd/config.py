@@ -34,6 +34,8 @@ AUTH_MODES = ("psk", "keypair")
 DATA_MODES = ("srv6", "loopback")
 #: Seconds SIGTERM gives pending writes to complete before the rest fail (WR_FLUSH_ERR).
 DRAIN_TIMEOUT = 2.0
+#: Data-path worker processes at most (one per core is the most that helps).
+MAX_WORKERS = 64
 MAX_DRAIN_TIMEOUT = 3600.0
 
 Address = tuple[str, int]
@@ -115,8 +117,12 @@ class MrcdConfig:
     interfaces: tuple[str, ...] = ()
     #: The probing agent of the fabric mapper (None: off).
     mapper: MapperAgentConfig | None = None
+    #: Data-path worker processes; 1: the data path runs in the daemon's own process.
+    workers: int = 1
 
     def __post_init__(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise MrcdConfigError(f"mrcd.workers: must be in 1..{MAX_WORKERS}, got {self.workers}")
         if self.packet_auth and not self.extensions:
             raise MrcdConfigError(
                 "mrcd.packet_auth: AES-GCM packet authentication needs mrcstack's extension "
@@ -187,6 +193,7 @@ _KEYS = {
     "drain_timeout",
     "interfaces",
     "mapper",
+    "workers",
 }
 
 
@@ -288,6 +295,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         drain_timeout=drain,
         interfaces=interfaces,
         mapper=_mapper(_table(table, "mapper"), fabric),
+        workers=_int(table, "workers", 1),
     )
 
 

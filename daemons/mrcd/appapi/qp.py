@@ -364,8 +364,9 @@ class QpTable:
         src = region.view[wr.offset : wr.offset + wr.length]
         try:
             self.node.post_write(
-                rec.qpn, seq, src, wr.remote_addr, wr.rkey, wr.imm if imm else None, wr.wr_id
-            )
+                rec.qpn, seq, src, wr.remote_addr, wr.rkey, wr.imm if imm else None, wr.wr_id,
+                local_va=region.region.va + wr.offset,
+            )  # fmt: skip
         except Exception as exc:
             src.release()
             return a.to_api_error(exc, "post_send")

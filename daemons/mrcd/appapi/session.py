@@ -247,16 +247,16 @@ class Session:
             )
             writable = bool(access & Access.REMOTE_WRITE)
             mapping = shm.map_shared(fd, length, writable)
+            view = memoryview(mapping)
+            core = CoreAccess.LOCAL_READ | (CoreAccess.REMOTE_WRITE if writable else 0)
+            try:  # (data-path workers map the memfd too)
+                region = self.node.register(ctx, view, CoreAccess(core), fd)
+            except Exception:
+                view.release()
+                mapping.close()
+                raise
         finally:
             os.close(fd)
-        view = memoryview(mapping)
-        core = CoreAccess.LOCAL_READ | (CoreAccess.REMOTE_WRITE if writable else 0)
-        try:
-            region = self.node.register(ctx, view, CoreAccess(core))
-        except Exception:
-            view.release()
-            mapping.close()
-            raise
         lkey = self._next()
         self.regions[lkey] = Region(lkey, region, mapping, view, access)
         return {
@@ -272,7 +272,7 @@ class Session:
         entry = self.regions.pop(lkey, None)
         if entry is None:
             raise ApiError(errno.ENOENT, f"unknown lkey {lkey:#x}")
-        self.context().memory.deregister(entry.region.rkey)
+        self.node.deregister(self.context(), entry.region.rkey)
         _unmap(entry)
         return {}
 

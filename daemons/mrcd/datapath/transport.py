@@ -118,6 +118,9 @@ class TransportStats:
     malformed: int = 0
     send_errors: int = 0
     send_blocked: int = 0
+    #: Datagrams for a QP another data-path worker owns (the kernel's steering should
+    #: never deliver one here): dropped.
+    wrong_worker: int = 0
 
 
 class _Qp:
@@ -167,11 +170,16 @@ def open_raw_socket(device: str | None = None) -> socket.socket:
     return sock
 
 
-def open_plane_socket(address: Address, *, device: str | None = None) -> socket.socket:
+def open_plane_socket(
+    address: Address, *, device: str | None = None, reuseport: bool = False
+) -> socket.socket:
     """A non-blocking UDP/IPv6 socket with zero checksums, the data class (DSCP 4, ECT(0)) on
-    what it sends, each received datagram's traffic class delivered (ECN), big buffers."""
+    what it sends, each received datagram's traffic class delivered (ECN), big buffers;
+    ``reuseport``: one of a group sharing the address (data-path workers, ``steer.py``)."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
         sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, TCLASS_DATA)
@@ -217,6 +225,9 @@ class Transport:
         #: The host's probe ids, shared by its QPs and its connectionless probes.
         self.probe_ids = ProbeIds()
         self.stats = TransportStats()
+        #: This transport carries the QPs ``qpn % shards == shard`` (a data-path worker's).
+        self.shard = 0
+        self.shards = 1
         self._qps: dict[int, _Qp] = {}
         self._addr_cache: dict[tuple[int, int, int, tuple[EvFormat, bool]], Address | RawRoute] = {}
         self._rx = rxbatch.BatchReceiver(READ_TURN)
@@ -341,6 +352,8 @@ class Transport:
                     if qp is None:
                         if qpn == ENDPOINT_QPN:
                             self._endpoint(datagram, rx, i, plane)
+                        elif qpn % self.shards != self.shard:
+                            stats.wrong_worker += 1
                         else:
                             stats.unknown_qpn += 1
                         continue
@@ -380,6 +393,16 @@ class Transport:
             self.connectionless(datagram, rx.source(i), plane, flow)
         else:
             self.stats.unknown_qpn += 1
+
+    def deliver_endpoint(self, data: bytes, plane: int, ev: int) -> None:
+        """An answer to one of our QPs' EV probes that another worker received."""
+        owner = self.probe_ids.owner(int.from_bytes(data[10:12], "big"))
+        qp = self._qps.get(owner) if owner is not None else None
+        if qp is None:
+            self.stats.unknown_qpn += 1
+            return
+        qp.conn.receive_endpoint_datagram(memoryview(data), now=clock(), port=plane, ev=ev)
+        self.kick(owner)  # type: ignore[arg-type]
 
     # Transmit and timers ------------------------------------------------------------------
     def _flush_pending(self) -> None:

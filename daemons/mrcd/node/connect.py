@@ -34,15 +34,16 @@ from mrcstack.daemons.mrcd.control.client import (
     Reject,
 )
 from mrcstack.daemons.mrcd.control.records import ControlError
-from mrcstack.daemons.mrcd.datapath.transport import clock
+from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
 from mrcstack.daemons.mrcd.node.addresses import Addresses
 from mrcstack.daemons.mrcd.node.events import EventFanout
 from mrcstack.daemons.mrcd.node.listeners import Listeners
 from mrcstack.daemons.mrcd.node.ports import Ports
 from mrcstack.daemons.mrcd.node.profiles import ProfileStore
-from mrcstack.daemons.mrcd.node.qps import Accepted, IncomingConnect, QpState
+from mrcstack.daemons.mrcd.node.qps import Accepted, IncomingConnect, QpConnection, QpState
 from mrcstack.daemons.mrcd.node.qptable import QpTable, Running
 from mrcstack.daemons.mrcd.node.snapshot import NodeCounters
+from mrcstack.daemons.mrcd.node.workers.pool import WorkerPool
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 from mrcstack.qpn import qpn_text
@@ -165,17 +166,23 @@ class ConnectionSetup:
                 )  # fmt: skip
                 raise LocalError(f"{what} needs raw sockets (CAP_NET_RAW): {exc}") from None
         now = clock()
-        conn = Connection(
-            config, memory=qp.ctx.memory, rng=random.Random(self.table.rng.random()), now=now
-        )
-        conn.on_rtt = self.counters.rtt.observe
+        seed = self.table.rng.random()
+        on_event = functools.partial(self.events.on_event, qpn)
+        conn: QpConnection
+        if isinstance(transport, WorkerPool):  # built in the worker that owns the QP
+            conn = transport.connect(qpn, qp.ctx.ident, config, remote_host, seed, now, on_event)
+        else:
+            rng = random.Random(seed)
+            conn = local = Connection(config, memory=qp.ctx.memory, rng=rng, now=now)
+            local.on_rtt = self.counters.rtt.observe
         self.ports.new_connection(conn)
         qp.conn = conn
         qp.remote_host = remote_host
         qp.remote_qpn = remote_qpn
         qp.state = QpState.RTS
         self.counters.connections_total += 1
-        transport.add(qpn, conn, remote_host, functools.partial(self.events.on_event, qpn))
+        if isinstance(transport, Transport):
+            transport.add(qpn, local, remote_host, on_event)
         log.info(
             "event=qp_ready qpn=%s remote=%s remote_qpn=%s keyed=%s extensions=%s",
             qpn_text(qpn),

@@ -6,7 +6,8 @@ data path (the plane sockets and the transport); each part is a module of this p
 ``listeners.py`` (peers' connection requests), ``events.py`` (the event fan-out),
 ``ports.py``, ``peers.py`` (peer liveness), ``probing.py`` (EV probes, port status),
 ``addresses.py``, ``profiles.py``, ``denylist.py`` (the fabric mapper's link denylist) and
-``snapshot.py`` (what a metrics scrape reads).
+``snapshot.py`` (what a metrics scrape reads); with ``workers = N`` (N > 1) the data path runs
+in N processes (the ``workers`` subpackage) and the node keeps the rest.
 :meth:`Node._bind` gives each call of the node's one interface (what the API servers, the
 control server's ``ControlHooks`` and the parts call) to the part that answers it.
 """
@@ -42,6 +43,7 @@ from mrcstack.daemons.mrcd.node.profiles import ProfileStore
 from mrcstack.daemons.mrcd.node.qps import Qp
 from mrcstack.daemons.mrcd.node.qptable import QpTable
 from mrcstack.daemons.mrcd.node.snapshot import NodeCounters, NodeSnapshot, scrape
+from mrcstack.daemons.mrcd.node.workers.pool import DataPath, WorkerPool
 from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd")
@@ -60,7 +62,7 @@ class Node:
         self.rng = random.SystemRandom()
         self.counters = NodeCounters(cfg.fabric.planes)
         self.sockets: list[socket.socket] = []
-        self.transport: Transport | None = None
+        self.transport: DataPath | None = None
         self.control_server: ControlServer | None = None
         self.control_client: ControlClient | None = None
         #: Set by :meth:`quiesce`: no new work (posts, QPs, connections) is taken.
@@ -88,7 +90,13 @@ class Node:
         )
         self.ev_listeners = self.events.ev_listeners
         self.table = QpTable(
-            self, self.qps, self.rng, self.listeners, self.events.on_event, self.counters.retired
+            self,
+            self.qps,
+            self.rng,
+            self.listeners,
+            self.events.on_event,
+            self.counters.retired,
+            cfg.workers,
         )
         self.contexts = self.table.contexts
         self.setup = ConnectionSetup(
@@ -126,6 +134,7 @@ class Node:
         self.open_context = table.open_context
         self.close_context = table.close_context
         self.register = table.register
+        self.deregister = table.deregister
         self.create_qp = table.create_qp
         self.qp = table.qp
         self.post_write = table.post_write
@@ -161,7 +170,7 @@ class Node:
         before raising, so the same node, or a new one, can start again on the same ports.
         """
         try:
-            self._open_data_path()
+            await self._open_data_path()
             cfg = self.cfg
             self.control_client = ControlClient(
                 cfg.host_name, cfg.auth, dict(cfg.peers), on_lost=self.peers.session_lost
@@ -189,7 +198,10 @@ class Node:
             raise
         log.info("event=started host=%s planes=%d", self.cfg.host_name, self.fabric.planes)
 
-    def _open_data_path(self) -> None:
+    async def _open_data_path(self) -> None:
+        if self.cfg.workers > 1:
+            await self._start_workers()
+            return
         try:
             for plane in range(self.fabric.planes):
                 self.sockets.append(
@@ -204,6 +216,25 @@ class Node:
             self.loop, self.sockets, self.addresses.route, self.prober.on_datagram, self._open_raw
         )
         self.prober.probe_ids = self.transport.probe_ids  # the host's, shared with its QPs
+
+    async def _start_workers(self) -> None:
+        """The data path in ``workers`` processes: they own the QPs; the node keeps the
+        rest and sends its probes itself."""
+        addresses = [self.data_address(self.host, p) for p in range(self.fabric.planes)]
+        try:
+            pool = WorkerPool(
+                self.loop,
+                self.cfg,
+                addresses,
+                self.prober.on_datagram,
+                self.counters.rtt.merge,
+                self.counters.rtt.bounds,
+            )
+        except OSError as exc:
+            raise LocalError(f"cannot open plane sockets: {exc}") from None
+        self.transport = pool
+        self.prober.probe_ids = pool.probe_ids
+        await pool.start()
 
     def _open_raw(self, plane: int) -> socket.socket:
         device = self.cfg.interfaces[plane] if self.cfg.bind_devices else None
@@ -258,7 +289,7 @@ class Node:
         self.sockets.clear()
 
     # The data path, as the parts use it ---------------------------------------------------
-    def running_transport(self) -> Transport:
+    def running_transport(self) -> DataPath:
         """The transport; LocalError once the node has stopped (or before it started)."""
         if self.transport is None:
             raise LocalError("mrcd is not running")

@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from mrcstack.core.connection import Connection
-from mrcstack.daemons.mrcd.node.qps import Qp
+from mrcstack.daemons.mrcd.node.qps import Qp, QpConnection
 from mrcstack.errors import LocalError
 
 log = logging.getLogger("mrcd")
@@ -84,7 +83,7 @@ class Ports:
         if self.on_change is not None:
             self.on_change(self.bits())
 
-    def new_connection(self, conn: Connection) -> None:
+    def new_connection(self, conn: QpConnection) -> None:
         """A connection starts with our down ports out of use."""
         now = self.clock()
         for plane in range(self.planes):

@@ -26,8 +26,9 @@ from mrcstack.core.events import EvState
 from mrcstack.core.evs import EvEntry, EvField, generate_evs
 from mrcstack.core.reasons import EvReason
 from mrcstack.daemons.mrcd import apiargs as a
-from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
+from mrcstack.daemons.mrcd.datapath.transport import clock
 from mrcstack.daemons.mrcd.node.qps import Qp, QpAttrs
+from mrcstack.daemons.mrcd.node.workers.pool import DataPath
 from mrcstack.fabric import LOCATOR_BLOCK_BITS, Fabric
 from mrcstack.wire import EvFormat
 
@@ -37,7 +38,7 @@ class Node(Protocol):
     connections from them): its QPs, and the transport to wake when a QP's EVs change."""
 
     qps: dict[int, Qp]
-    transport: Transport | None
+    transport: DataPath | None
 
 
 #: (remote host, a QP's EV set, its format) -> the EVs the link denylist denies.

@@ -10,12 +10,51 @@ from __future__ import annotations
 import asyncio
 import enum
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from mrcstack.core.connection import Connection
+from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event
+from mrcstack.core.evs import EvStatus
 from mrcstack.core.memory import MemoryTable
+from mrcstack.core.reasons import EvReason
+
+
+class RecoveryState(Protocol):
+    @property
+    def srtt(self) -> float | None: ...
+
+    def rto(self) -> float: ...
+
+
+class QpConnection(Protocol):
+    """What the node's parts use of a QP's connection: the core's ``Connection`` in the
+    daemon's process, or a worker's (``workers.remote.RemoteConnection``)."""
+
+    @property
+    def cfg(self) -> ConnectionConfig: ...
+    @property
+    def plain(self) -> bool: ...
+    @property
+    def failed(self) -> str | None: ...
+    @property
+    def stats(self) -> ConnectionStats: ...
+    @property
+    def recovery(self) -> RecoveryState: ...
+    @property
+    def idle(self) -> bool: ...
+
+    def ev_states(self) -> tuple[EvStatus, ...]: ...
+    def retry_budget(self) -> float: ...
+    def next_event(self) -> Event | None: ...
+    def abort(self, reason: str) -> None: ...
+    def peer_gone(self, reason: str) -> None: ...
+    def set_port_state(self, port: int, up: bool, now: float) -> None: ...
+    def set_peer_ports(self, bits: int, now: float) -> bool: ...
+    def set_ev_min_active(self, count: int) -> None: ...
+    def deny_evs(self, values: Iterable[int], *, now: float, reason: EvReason = ...) -> int: ...
+    def allow_evs(self, values: Iterable[int], *, now: float, reason: EvReason = ...) -> int: ...
 
 
 class QpState(enum.Enum):
@@ -85,7 +124,7 @@ class Qp:
     state: QpState = QpState.RESET
     remote_host: int = -1
     remote_qpn: int = -1
-    conn: Connection | None = None
+    conn: QpConnection | None = None
     failure: str | None = None
     #: The peer mrcd's instance when the QP connected ("" if it sent none): a later
     #: session to a different instance means the peer restarted and this QP is gone there.

@@ -19,10 +19,13 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.endpoint import ENDPOINT_QPN
 from mrcstack.core.events import Event
 from mrcstack.core.memory import Access, MemoryRegion
-from mrcstack.daemons.mrcd.datapath.transport import Transport, clock
+from mrcstack.daemons.mrcd.datapath import steer
+from mrcstack.daemons.mrcd.datapath.transport import clock
 from mrcstack.daemons.mrcd.node.listeners import Listeners
-from mrcstack.daemons.mrcd.node.qps import Context, Qp, QpAttrs, QpState
+from mrcstack.daemons.mrcd.node.qps import Context, Qp, QpAttrs, QpConnection, QpState
 from mrcstack.daemons.mrcd.node.snapshot import Totals
+from mrcstack.daemons.mrcd.node.workers.pool import DataPath, WorkerPool
+from mrcstack.daemons.mrcd.node.workers.remote import RemoteConnection
 from mrcstack.errors import LocalError
 from mrcstack.fabric import Fabric
 from mrcstack.qpn import qpn_text
@@ -33,9 +36,9 @@ OnEvent = Callable[[int, Event], None]
 class Running(Protocol):
     """What the table reads of its node as it runs (:class:`.node.Node`)."""
 
-    transport: Transport | None
+    transport: DataPath | None
 
-    def running_transport(self) -> Transport: ...
+    def running_transport(self) -> DataPath: ...
 
     def check_running(self) -> None: ...
 
@@ -43,7 +46,8 @@ class Running(Protocol):
 @dataclass(eq=False, slots=True)
 class QpTable:
     """Contexts and QPs of one node; ``on_event`` is the node's event fan-out and
-    ``retired`` keeps the counters of destroyed connections (counters never go down)."""
+    ``retired`` keeps the counters of destroyed connections (counters never go down);
+    ``workers``: the data-path workers, QP ``qpn`` is worker ``qpn % workers``'s."""
 
     node: Running
     qps: dict[int, Qp]
@@ -51,6 +55,7 @@ class QpTable:
     listeners: Listeners
     on_event: OnEvent
     retired: Totals
+    workers: int = 1
     contexts: dict[int, Context] = field(default_factory=dict, init=False)
     _next_ctx: int = field(default=1, init=False)
 
@@ -67,19 +72,49 @@ class QpTable:
         self.listeners.forget(ctx)
         for region in ctx.memory.regions():
             ctx.memory.deregister(region.rkey)
+        pool = self._pool()
+        if pool is not None:
+            pool.forget_context(ctx.ident)
         self.contexts.pop(ctx.ident, None)
 
-    def register(self, ctx: Context, buffer: memoryview, access: Access) -> MemoryRegion:
-        return ctx.memory.register(buffer, access)
+    def register(
+        self, ctx: Context, buffer: memoryview, access: Access, fd: int | None = None
+    ) -> MemoryRegion:
+        """Register ``buffer`` (mapped from the memfd ``fd``, which data-path workers map
+        too; without workers it is not needed)."""
+        region = ctx.memory.register(buffer, access)
+        pool = self._pool()
+        if pool is not None:
+            if fd is None:
+                ctx.memory.deregister(region.rkey)
+                raise LocalError("with data-path workers a region needs its memfd")
+            pool.add_region(ctx.ident, region, fd, writable=not buffer.readonly)
+        return region
+
+    def deregister(self, ctx: Context, rkey: int) -> None:
+        ctx.memory.deregister(rkey)
+        pool = self._pool()
+        if pool is not None:
+            pool.drop_region(ctx.ident, rkey)
+
+    def _pool(self) -> WorkerPool | None:
+        transport = self.node.transport
+        return transport if isinstance(transport, WorkerPool) else None
 
     # QPs --------------------------------------------------------------------------------
     def create_qp(self, ctx: Context, attrs: QpAttrs, on_event: OnEvent) -> int:
         if ctx.ident not in self.contexts:
             raise LocalError("context is closed")
         self.node.check_running()
+        n = self.workers
+        # With workers, the one with the fewest QPs takes it (lowest index on a tie).
+        worker = min(range(n), key=lambda w: (sum(1 for q in self.qps if q % n == w), w))
         while True:
             qpn = self.rng.randrange(1, QPN_LIMIT)
-            if qpn not in self.qps and qpn != ENDPOINT_QPN:  # (QP 2 is the endpoint's)
+            if n > 1:
+                qpn += worker - steer.worker_of(qpn, n)
+            # (QP 2 is the endpoint's)
+            if 0 < qpn < QPN_LIMIT and qpn not in self.qps and qpn != ENDPOINT_QPN:
                 break
         self.qps[qpn] = Qp(qpn, ctx, attrs, on_event, psn=self.rng.randrange(QPN_LIMIT))
         ctx.qpns.add(qpn)
@@ -100,16 +135,24 @@ class QpTable:
         rkey: int,
         imm: int | None,
         label: int | None = None,
+        local_va: int | None = None,
     ) -> None:
         """Post a write; ``label``: the application's own wr_id, which error texts name
-        (``wr_id`` is the node's, unique per QP)."""
+        (``wr_id`` is the node's, unique per QP); ``local_va``: where ``local`` starts in
+        the context's registered memory (how a data-path worker finds it)."""
         qp = self.qp(qpn)
-        if qp.conn is None or qp.state is not QpState.RTS:
+        conn = qp.conn
+        if conn is None or qp.state is not QpState.RTS:
             raise LocalError(f"QP {qpn_text(qpn)} is not connected ({qp.state.value})")
         node = self.node
         node.check_running()
         now = clock()
-        qp.conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
+        if type(conn) is RemoteConnection:
+            if local_va is None:
+                raise LocalError("a data-path worker's QP needs the write's local address")
+            conn.post_remote(wr_id, local_va, len(local), remote_va, rkey, imm=imm, now=now)
+        elif isinstance(conn, Connection):
+            conn.post_write(wr_id, local, remote_va, rkey, imm=imm, now=now)
         qp.posted[wr_id] = now
         if label is not None:
             qp.labels[wr_id] = label
@@ -169,7 +212,7 @@ class QpTable:
             self._deliver(qpn, conn)
         return failed
 
-    def _deliver(self, qpn: int, conn: Connection) -> None:
+    def _deliver(self, qpn: int, conn: QpConnection) -> None:
         while (event := conn.next_event()) is not None:
             self.on_event(qpn, event)
 
@@ -178,7 +221,7 @@ class QpTable:
         """Writes posted and not completed yet, over every QP."""
         return sum(len(qp.posted) for qp in self.qps.values())
 
-    def connections(self) -> list[Connection]:
+    def connections(self) -> list[QpConnection]:
         return [qp.conn for qp in self.qps.values() if qp.conn is not None]
 
     def retry_budget(self) -> float:
@@ -225,6 +268,7 @@ class QpTable:
                 "exp_cnt": qp.attrs.exp_cnt,
                 "psn": qp.psn,
                 "extensions": None if conn is None else not conn.plain,
+                "worker": steer.worker_of(q, self.workers),
             }
             if conn is not None:
                 doc.update(

@@ -17,14 +17,13 @@ from typing import Protocol
 
 from mrcstack import __version__
 from mrcstack.core.config import ConnectionStats
-from mrcstack.core.connection import Connection
 from mrcstack.daemons.mrcd.config import MrcdConfig
 from mrcstack.daemons.mrcd.control.server import ControlStats
 from mrcstack.daemons.mrcd.datapath.probes import Prober
-from mrcstack.daemons.mrcd.datapath.transport import Transport
 from mrcstack.daemons.mrcd.node.peers import PeerWatch
 from mrcstack.daemons.mrcd.node.ports import Ports
-from mrcstack.daemons.mrcd.node.qps import Qp, QpState
+from mrcstack.daemons.mrcd.node.qps import Qp, QpConnection, QpState
+from mrcstack.daemons.mrcd.node.workers.pool import DataPath
 
 #: Histogram bounds in seconds, 1-2-5 per decade from 1 us to 10 s (22 buckets plus +Inf).
 DEFAULT_BOUNDS: tuple[float, ...] = (
@@ -81,6 +80,15 @@ class Buckets:
             seconds = 0.0
         # bisect_left: a value equal to a bound belongs to that bucket (le is inclusive).
         self._counts[bisect_left(self.bounds, seconds)] += 1
+        self._sum += seconds
+
+    def merge(self, counts: Sequence[int], seconds: float) -> None:
+        """Add another histogram's observations (per bucket, as ``observe`` counts them;
+        a data-path worker's) and their sum."""
+        if len(counts) != len(self._counts):
+            raise ValueError(f"{len(counts)} bucket counts for {len(self._counts)} buckets")
+        for i, n in enumerate(counts):
+            self._counts[i] += n
         self._sum += seconds
 
     def snapshot(self) -> HistogramSnapshot:
@@ -289,12 +297,12 @@ class Scraped(Protocol):
     qps: dict[int, Qp]
     ports: Ports
     counters: NodeCounters
-    transport: Transport | None
+    transport: DataPath | None
     prober: Prober
     control_stats: ControlStats
     peers: PeerWatch
 
-    def connections(self) -> list[Connection]: ...
+    def connections(self) -> list[QpConnection]: ...
 
     def retry_budget(self) -> float: ...
 
@@ -308,7 +316,14 @@ def scrape(node: Scraped) -> NodeSnapshot:
         totals.add(conn.stats)
     if node.transport is not None:
         ts = node.transport.stats
-        totals.add_reasons("rejections", {"unknown_qpn": ts.unknown_qpn, "malformed": ts.malformed})
+        totals.add_reasons(
+            "rejections",
+            {
+                "unknown_qpn": ts.unknown_qpn,
+                "malformed": ts.malformed,
+                "wrong_worker": ts.wrong_worker,
+            },
+        )
         totals.add_send_errors(ts.send_errors)
     totals.add_reasons("rejections", node.prober.rejected)
     return NodeSnapshot(

@@ -53,6 +53,7 @@ REJECT_REASONS = (
     *(r.value for r in RejectReason),
     "unknown_qpn",  # transport: no QP with that number
     "malformed",  # transport: not even a BTH
+    "wrong_worker",  # a data-path worker got another's QP's datagram (dropped)
     *PROBE_REASONS,  # QPN 0: refused EV probes (daemons/mrcd/datapath/probes.py)
 )
 EV_STATES = tuple(s.value for s in EvState)

@@ -1,0 +1,144 @@
+"""Data-path workers (``workers = 2``) on two loopback mrcds: QPs spread over the workers,
+each write verified byte for byte, a worker's death failing only its own QPs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mrcstack.api import AsyncEventType, QpState, WcStatus, WriteWr
+from mrcstack.daemons.mrcd.datapath.transport import Transport, open_plane_socket
+from mrcstack.daemons.mrcd.node.workers.pool import WorkerPool
+from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds, probe_owner
+from tests.support.apiharness import WAIT, Daemons, End, connect, drain, wait_for
+
+QPS = 4
+SIZE = 1 << 20
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Daemons]:
+    d = Daemons(tmp_path, workers=2)
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+
+
+def pool(d: Daemons, host: int) -> WorkerPool:
+    transport = d.nodes[host].transport
+    assert isinstance(transport, WorkerPool)
+    return transport
+
+
+def pairs(d: Daemons, n: int, service: int = 7) -> list[tuple[End, End]]:
+    return [connect(d, SIZE, service=service + i) for i in range(n)]
+
+
+def write_and_verify(a: End, b: End, wr_id: int) -> None:
+    """One write of the whole region with immediate; the receiver's bytes equal the sender's."""
+    payload = os.urandom(SIZE)
+    a.mr.buf[:] = payload
+    a.qp.post_send(WriteWr(wr_id, (a.mr, 0, SIZE), b.mr.addr, b.mr.rkey, imm=wr_id))
+    (sent,) = drain(a.cq, 1)
+    assert (sent.wr_id, sent.status) == (wr_id, WcStatus.SUCCESS)
+    (got,) = drain(b.cq, 1)
+    assert (got.imm, got.byte_len) == (wr_id, SIZE)
+    assert bytes(b.mr.buf) == payload
+
+
+def test_qps_spread_over_the_workers_and_every_write_lands(daemons: Daemons) -> None:
+    conns = pairs(daemons, QPS)
+    for host, side in ((0, 0), (3, 1)):
+        owners = [pool(daemons, host).worker_index(c[side].qp.qpn) for c in conns]
+        assert sorted(owners) == [0, 0, 1, 1], owners
+        info = daemons.on_loop(lambda h=host: daemons.nodes[h].qp_info())  # type: ignore[misc]
+        assert sorted(q["worker"] for q in info) == [0, 0, 1, 1]
+        assert all(q["qpn"] % 2 == q["worker"] for q in info)
+    for i, (a, b) in enumerate(conns):
+        write_and_verify(a, b, 100 + i)
+
+    def counted() -> bool:  # the workers' counters, summed at their next status
+        return daemons.nodes[3].snapshot().traffic.data_bytes_placed >= QPS * SIZE
+
+    daemons.run(wait_for(counted, WAIT))
+    daemons.run(wait_for(lambda: daemons.nodes[0].snapshot().rtt.count > 0, WAIT))
+    snap = daemons.nodes[3].snapshot()
+    assert snap.traffic.rejections["wrong_worker"] == 0
+    assert snap.traffic.rejections["unknown_qpn"] == 0
+    assert pool(daemons, 3).stats.datagrams_in > 0
+
+
+def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> None:
+    conns = pairs(daemons, QPS)
+    p = pool(daemons, 0)
+    victim = 1
+    pid = p.workers[victim].process.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    doomed = [c for c in conns if p.worker_index(c[0].qp.qpn) == victim]
+    spared = [c for c in conns if c not in doomed]
+    assert len(doomed) == 2 and len(spared) == 2
+    for a, _b in doomed:
+        event = a.ctx.get_async_event(timeout=WAIT)
+        assert event is not None and event.type is AsyncEventType.QP_FATAL
+        assert event.qpn == a.qp.qpn
+        assert f"data-path worker {victim} (pid {pid}) died" in event.reason
+        assert "signal 9" in event.reason
+        assert a.qp.query().state is QpState.ERROR
+    for i, (a, b) in enumerate(spared):
+        assert a.qp.query().state is QpState.RTS
+        write_and_verify(a, b, 200 + i)
+    daemons.run(wait_for(lambda: p.restarts == 1 and p.workers[victim].process.pid != pid))
+    # New QPs after the restart: the restarted worker takes its share and carries it.
+    fresh = pairs(daemons, 2, service=50)
+    assert sorted(p.worker_index(a.qp.qpn) for a, _b in fresh) == [0, 1]
+    for i, (a, b) in enumerate(fresh):
+        write_and_verify(a, b, 300 + i)
+
+
+def bth(qpn: int) -> bytes:
+    """A runt BTH-shaped datagram for ``qpn`` (opcode RDMA WRITE ONLY, nothing else valid)."""
+    return struct.pack(">BBHI", 0x0A, 0, 0xFFFF, qpn & 0xFFFFFF) + bytes(8)
+
+
+@pytest.mark.asyncio
+async def test_a_datagram_for_another_workers_qp_is_counted_and_dropped() -> None:
+    """Worker 0 of 2 (its socket fed directly, as if steering had failed): datagrams for odd
+    QPNs are counted as wrong_worker and dropped; even ones are this worker's unknown QPs."""
+    loop = asyncio.get_running_loop()
+    sock = open_plane_socket(("::1", 0))
+    sender = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    transport = Transport(loop, [sock], lambda *a: ("::1", 1))
+    transport.shard, transport.shards = 0, 2
+    try:
+        odd = [1, 3, 0x123457, 0xFFFFFF]
+        even = [4, 0x123456, 0xFFFFFE]
+        for qpn in odd + even:
+            sender.sendto(bth(qpn), sock.getsockname()[:2])
+        deadline = loop.time() + WAIT
+        while transport.stats.datagrams_in < len(odd + even) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert transport.stats.wrong_worker == len(odd)
+        assert transport.stats.unknown_qpn == len(even)
+    finally:
+        transport.close()
+        sock.close()
+        sender.close()
+
+
+def test_probe_ids_tell_their_owner() -> None:
+    workers = 2
+    ids = [ShardedProbeIds(s, workers + 1) for s in range(workers + 1)]
+    for shard, table in enumerate(ids):
+        for _ in range(200):
+            ident = table.allocate(qpn=5)
+            assert probe_owner(ident, workers) == shard
+            assert table.owner(ident) == 5
