@@ -86,6 +86,28 @@ def bw_figures(
     }
 
 
+def per_qp_figures(qpn: int, writes: int, size: int, elapsed: float) -> dict[str, Any]:
+    """One QP's share of a run: its completed writes and their goodput."""
+    rate = writes * size / elapsed if elapsed > 0 else 0.0
+    return {
+        "qpn": qpn,
+        "writes": writes,
+        "bytes": writes * size,
+        "bw_average_MB_s": round(rate / MB, 3),
+        "bw_average_gbit_s": round(rate * 8 / GBIT, 6),
+    }
+
+
+def per_qp_lines(entries: Sequence[dict[str, Any]], gbits: bool) -> list[str]:
+    """Each QP's line under the run's (aggregate) row."""
+    unit = "Gb/sec" if gbits else "MB/sec"
+    return [
+        f"   QP {qpn_text(e['qpn']):<10} {e['writes']:<14} "
+        f"{e['bw_average_gbit_s'] if gbits else e['bw_average_MB_s']:.2f} {unit} average"
+        for e in entries
+    ]
+
+
 def bw_interval_line(entry: dict[str, Any], interval: float, gbits: bool) -> str:
     t0 = entry["t"] - interval
     rate = (

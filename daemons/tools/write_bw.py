@@ -73,6 +73,8 @@ from mrcstack.daemons.tools.report import (
     bw_figures_row,
     bw_interval_line,
     bw_series_entry,
+    per_qp_figures,
+    per_qp_lines,
     qpns_text,
 )
 from mrcstack.daemons.tools.runloop import (
@@ -269,6 +271,9 @@ class BwClient(ClientBase):
                 "sent": {"writes": total, "bytes": nbytes},
                 "received": {"writes": self.rx_writes, "bytes": self.rx_writes * o.size},
             }
+        figures["per_qp"] = [
+            per_qp_figures(link.qp.qpn, link.completed, o.size, end - start) for link in self.links
+        ]
         qpns = [link.qp.qpn for link in self.links]
         return self._document(figures, clock, series, qpns, _sum_results(results))
 
@@ -340,7 +345,11 @@ class BwClientTool:
         return bw_columns(o.report_gbits)
 
     def row(self, o: Options, doc: Doc) -> str:
-        return bw_figures_row(o.size, doc["iterations"], doc, o.report_gbits)
+        """The run's row (all QPs together), then each QP's when there are several."""
+        row = bw_figures_row(o.size, doc["iterations"], doc, o.report_gbits)
+        if o.qps > 1 and not o.all:
+            row = "\n".join([row, *per_qp_lines(doc["per_qp"], o.report_gbits)])
+        return row
 
     def failure(self, doc: Doc) -> str | None:
         mismatches = doc["server"]["mismatches"]

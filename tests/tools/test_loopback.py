@@ -80,6 +80,11 @@ def test_loopback_bw_verify_json(loop_daemons: Daemons) -> None:
     assert c["bw_average_MB_s"] > 0 and c["bw_peak_MB_s"] >= c["bw_average_MB_s"]
     assert len(c["qpns"]) == 2 and (c["qps"], c["tx_depth"], c["verify"]) == (2, 8, True)
     assert sum(e["bytes"] for e in c["series"]) <= c["bytes"]
+    # Each QP's goodput; together they are the run's.
+    assert [e["qpn"] for e in c["per_qp"]] == c["qpns"]
+    assert [e["writes"] for e in c["per_qp"]] == [200, 200]
+    total = sum(e["bw_average_gbit_s"] for e in c["per_qp"])
+    assert total == pytest.approx(c["bw_average_gbit_s"], rel=1e-3)
 
 
 def test_loopback_bw_bidirectional(loop_daemons: Daemons) -> None:
