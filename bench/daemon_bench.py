@@ -30,6 +30,10 @@ CPU per packet comes from the processes' own CPU time (``/proc/PID/stat`` of eac
 mrcd per data packet, the receiving one per data packet and per ACK it sent, the blast's
 sender and receiver per datagram (:func:`cpu_per_packet`).
 
+Last, mrcd's aggregate goodput over 4 QPs with 1 and with 2 data-path workers
+(``workers = N``) on both hosts, and the ratio (``bench/workers.py``; alone with
+``python -m bench.daemon_bench --workers``).
+
 ``python -m bench.daemon_bench --against REV`` measures only mrcd, at git revision ``REV``
 and in this tree, alternating on one unshaped testbed with a blast in every round: a change
 to the data path measured before and after in the same run (:func:`compare`).
@@ -57,7 +61,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench import mptcp, sim_bench
+from bench import mptcp, sim_bench, workers
 from mrcstack import addrplan
 from mrcstack.api import CompletionQueue, Device, WcStatus, WriteWr
 from mrcstack.api.ctl import Controller
@@ -607,7 +611,7 @@ def run() -> dict[str, float]:
         "shaped_mptcp_fraction": t / capacity,
     }
     out |= {f"shaped_mrcd_{k}": v for k, v in stats.items()}
-    return out
+    return out | workers.scaling(duration, rounds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -624,6 +628,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--against", metavar="REV", help="only mrcd at git revision REV vs this tree, alternating"
     )
     p.add_argument("--shaped", action="store_true", help="with --against: on the shaped fabric")
+    p.add_argument(
+        "--workers", action="store_true", help="only mrcd's goodput with 1 and 2 data-path workers"
+    )
     args = p.parse_args(argv)
     if args.role:
         print(json.dumps(ROLES[args.role](args)), flush=True)
@@ -633,7 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.shaped and not args.against:
         p.error("--shaped needs --against")
-    for key, value in (compare(args.against, args.shaped) if args.against else run()).items():
+    if args.workers:
+        results = workers.scaling(seconds(), repeat())
+    else:
+        results = compare(args.against, args.shaped) if args.against else run()
+    for key, value in results.items():
         print(f"{key:<40} {value:14,.3f}")
     return 0
 

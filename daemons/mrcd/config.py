@@ -121,8 +121,7 @@ class MrcdConfig:
     workers: int = 1
 
     def __post_init__(self) -> None:
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise MrcdConfigError(f"mrcd.workers: must be in 1..{MAX_WORKERS}, got {self.workers}")
+        _check_workers(self.workers)
         if self.packet_auth and not self.extensions:
             raise MrcdConfigError(
                 "mrcd.packet_auth: AES-GCM packet authentication needs mrcstack's extension "
@@ -197,6 +196,12 @@ _KEYS = {
 }
 
 
+def _check_workers(n: int) -> int:
+    if not 1 <= n <= MAX_WORKERS:
+        raise MrcdConfigError(f"mrcd.workers: must be in 1..{MAX_WORKERS}, got {n}")
+    return n
+
+
 def _int(table: Mapping[str, object], key: str, default: int) -> int:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -267,6 +272,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
     if not 1 <= port <= 65535 - 16 * fabric.hosts:
         raise MrcdConfigError(f"mrcd.data_port: out of range: {port}")
     drain = _seconds(table, "drain_timeout", DRAIN_TIMEOUT, MAX_DRAIN_TIMEOUT)
+    workers = _check_workers(_int(table, "workers", 1))
     interfaces = _interfaces(table.get("interfaces"), fabric.planes)
     peers_table = _table(table, "peers")
     peers = []
@@ -295,7 +301,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         drain_timeout=drain,
         interfaces=interfaces,
         mapper=_mapper(_table(table, "mapper"), fabric),
-        workers=_int(table, "workers", 1),
+        workers=workers,
     )
 
 

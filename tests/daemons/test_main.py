@@ -87,6 +87,8 @@ t1_per_plane = 2
         ("[mrcd]\nhost = 0\ninterfaces = ['a', 'b', 'a', 'd']\n", "mrcd.interfaces[2]: 'a' is"),
         ("[mrcd]\nhost = 0\n[mrcd.interfaces]\n0 = 'a'\n", "mrcd.interfaces.1: missing"),
         ("[mrcd]\nhost = 0\n[mrcd.interfaces]\n4 = 'a'\n", "mrcd.interfaces.4: not a plane"),
+        ("[mrcd]\nhost = 0\nworkers = 0\n", "mrcd.workers: must be in 1..64, got 0"),
+        ("[mrcd]\nhost = 0\nworkers = 'two'\n", "mrcd.workers: must be an integer"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, body: str, message: str) -> None:

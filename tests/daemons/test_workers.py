@@ -142,3 +142,22 @@ def test_probe_ids_tell_their_owner() -> None:
             ident = table.allocate(qpn=5)
             assert probe_owner(ident, workers) == shard
             assert table.owner(ident) == 5
+
+
+def test_failing_a_workers_qp_here_completes_each_write_once(daemons: Daemons) -> None:
+    """As in-process: the node's failure flushes the pending writes at once, and what the
+    worker says of them afterwards is not heard twice."""
+    ((a, b),) = pairs(daemons, 1)
+    n = 16
+    a.qp.post_send([WriteWr(i, (a.mr, 0, SIZE), b.mr.addr, b.mr.rkey) for i in range(n)])
+    flushed = daemons.on_loop(lambda: daemons.nodes[0].fail_all("failed here for the test"))
+    wcs = drain(a.cq, n)
+    assert sorted(w.wr_id for w in wcs) == list(range(n))
+    statuses = [w.status for w in wcs]
+    assert statuses.count(WcStatus.WR_FLUSH_ERR) == flushed > 0
+    assert set(statuses) <= {WcStatus.SUCCESS, WcStatus.WR_FLUSH_ERR}
+    event = a.ctx.get_async_event(timeout=WAIT)
+    assert event is not None and event.type is AsyncEventType.QP_FATAL
+    assert event.reason == "failed here for the test"
+    assert a.ctx.get_async_event(timeout=0.5) is None  # once
+    assert a.cq.poll(64) == []

@@ -229,6 +229,7 @@ class Node:
                 self.prober.on_datagram,
                 self.counters.rtt.merge,
                 self.counters.rtt.bounds,
+                self._open_raw,
             )
         except OSError as exc:
             raise LocalError(f"cannot open plane sockets: {exc}") from None

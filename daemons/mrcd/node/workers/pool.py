@@ -78,7 +78,8 @@ class WorkerPool:
 
     ``on_event(qpn, event)`` is the node's event fan-out (each QP's own, given at connect);
     ``connectionless`` the prober's receive; ``rtt(counts, total)`` merges a worker's RTT
-    samples into the node's histogram (``bounds`` are its buckets)."""
+    samples into the node's histogram (``bounds`` are its buckets); ``raw_socket(plane)``
+    opens a plane's raw socket."""
 
     def __init__(
         self,
@@ -88,8 +89,11 @@ class WorkerPool:
         connectionless: Connectionless,
         rtt: Callable[[tuple[int, ...], float], None],
         bounds: tuple[float, ...],
+        raw_socket: Callable[[int], socket.socket],
     ) -> None:
         self.loop = loop
+        self.raw_socket = raw_socket
+        self._raw_ok: set[int] = set()  # planes whose raw socket opened here
         self.cfg = cfg
         self.count = cfg.workers
         self.connectionless = connectionless
@@ -183,8 +187,9 @@ class WorkerPool:
         self._retire(worker)
         for qpn, conn in list(worker.qps.items()):
             self._where.pop(qpn, None)
+            conn.worker_died(reason)
             on_event = self._on_event.get(qpn)
-            for event in conn.worker_died(reason):
+            while (event := conn.next_event()) is not None:
                 if on_event is not None:
                     on_event(event)
         worker.qps.clear()
@@ -259,7 +264,12 @@ class WorkerPool:
     def prepare(
         self, remote: int, paths: list[tuple[int, int]], fmt: EvFormat, striped: bool = False
     ) -> None:
-        """Every worker resolves the paths (a QP's worker is not known here)."""
+        """Every worker resolves the paths of a connection that sends through raw sockets
+        (a QP's worker is not known here).  Raises OSError here, as the transport does,
+        when this process cannot open one (no CAP_NET_RAW): its workers could not either."""
+        for plane in {plane for plane, _ev in paths} - self._raw_ok:
+            self.raw_socket(plane).close()
+            self._raw_ok.add(plane)
         for worker in self.workers:
             worker.channel.send(m.Prepare(remote, tuple(paths), fmt, striped))
 
@@ -326,10 +336,8 @@ class WorkerPool:
         elif type(msg) is m.Events:
             for qpn, event in msg.batch:
                 conn = worker.qps.get(qpn)
-                if conn is not None:
-                    conn.absorb(event)
                 on_event = self._on_event.get(qpn)
-                if on_event is not None:
+                if conn is not None and on_event is not None and conn.absorb(event):
                     on_event(event)
         elif type(msg) is m.Status:
             self._status(worker, msg)

@@ -6,10 +6,17 @@ relayed since, and turns what the node does to it (posts, aborts, port and EV ch
 messages, which the worker carries out in order.  What the node reads is therefore up to
 :data:`~.messages.STATUS_INTERVAL` old, and a call's count of changed EVs is counted on
 that picture; its effects on the connection are exactly the in-process ones.
+
+Failing a connection from this side (``abort``, ``peer_gone``) or losing its worker says
+at once what the core would (each pending write completed, oldest first, then
+``ConnectionFailed``: :meth:`RemoteConnection.next_event`), so the node delivers it before
+it returns as it does in-process; what the worker says of it later is then not delivered
+twice (:meth:`RemoteConnection.absorb`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -50,8 +57,10 @@ class RemoteConnection:
         self._idle = True
         self._posts = 0  # posts sent; the worker's status says how many it carried out
         self._posts_done = 0
-        #: wr_ids posted and not completed: flushed here if the worker dies.
+        #: wr_ids posted and not completed (in post order): flushed here on a failure.
         self.outstanding: dict[int, int] = {}
+        self._events: deque[Event] = deque()
+        self._told_failed = False
 
     # What the node reads ----------------------------------------------------------------
     @property
@@ -65,7 +74,8 @@ class RemoteConnection:
         return self._retry_budget
 
     def next_event(self) -> Event | None:
-        return None  # events come from the worker, through the pool
+        """What a failure from this side said (the worker's events come through the pool)."""
+        return self._events.popleft() if self._events else None
 
     # What the node does -------------------------------------------------------------------
     def post_remote(
@@ -85,15 +95,28 @@ class RemoteConnection:
         self._send(m.Post(self.qpn, wr_id, local_va, length, remote_va, rkey, imm, now))
 
     def abort(self, reason: str) -> None:
-        self._fail_here(reason, m.Op.ABORT)
+        """Pending writes complete FLUSHED (as ``Connection.abort``)."""
+        if self.failed is None:
+            self._send(m.Call(self.qpn, m.Op.ABORT, (reason,)))
+            self._fail(reason, WcStatus.FLUSHED)
 
     def peer_gone(self, reason: str) -> None:
-        self._fail_here(reason, m.Op.PEER_GONE)
-
-    def _fail_here(self, reason: str, op: m.Op) -> None:
+        """The oldest pending write completes RETRY_EXCEEDED, the rest FLUSHED (as
+        ``Connection.peer_gone``)."""
         if self.failed is None:
-            self.failed = reason
-            self._send(m.Call(self.qpn, op, (reason,)))
+            self._send(m.Call(self.qpn, m.Op.PEER_GONE, (reason,)))
+            self._fail(reason, WcStatus.RETRY_EXCEEDED)
+
+    def _fail(self, reason: str, first: WcStatus) -> None:
+        self.failed = reason
+        status = first
+        for wr_id in self.outstanding:
+            self._events.append(SendCompleted(wr_id, status, 0))
+            status = WcStatus.FLUSHED
+        self.outstanding.clear()
+        if not self._told_failed:
+            self._told_failed = True
+            self._events.append(ConnectionFailed(reason))
 
     def set_port_state(self, port: int, up: bool, now: float) -> None:
         self._send(m.Call(self.qpn, m.Op.SET_PORT_STATE, (port, up, now)))
@@ -126,12 +149,17 @@ class RemoteConnection:
         self._send(m.Call(self.qpn, m.Op.SET_EV_MIN_ACTIVE, (count,)))
 
     # From the worker ----------------------------------------------------------------------
-    def absorb(self, event: Event) -> None:
-        """An event the worker relayed, before the node hears it."""
+    def absorb(self, event: Event) -> bool:
+        """An event the worker relayed; False if this side has already said it (the node
+        must not hear it twice)."""
         if type(event) is SendCompleted:
-            self.outstanding.pop(event.wr_id, None)
-        elif type(event) is ConnectionFailed and self.failed is None:
-            self.failed = event.reason
+            return self.outstanding.pop(event.wr_id, None) is not None
+        if type(event) is ConnectionFailed:
+            if self._told_failed:
+                return False
+            self._told_failed = True
+            self.failed = self.failed or event.reason
+        return True
 
     def update(self, status: m.QpStatus) -> None:
         self.stats = status.stats
@@ -141,13 +169,7 @@ class RemoteConnection:
         self._idle = status.idle
         self._posts_done = status.posts
 
-    def worker_died(self, reason: str) -> list[Event]:
-        """The worker is gone: what the connection would have said had it failed there
-        (each pending write FLUSHED, then ConnectionFailed naming the worker)."""
-        events: list[Event] = [
-            SendCompleted(wr_id, WcStatus.FLUSHED, 0) for wr_id in self.outstanding
-        ]
-        self.outstanding.clear()
-        events.append(ConnectionFailed(reason))
-        self.failed = self.failed or reason
-        return events
+    def worker_died(self, reason: str) -> None:
+        """The worker is gone: each pending write FLUSHED, then ConnectionFailed naming the
+        worker (unless this side failed the connection already), through ``next_event``."""
+        self._fail(self.failed or reason, WcStatus.FLUSHED)
