@@ -97,6 +97,8 @@ def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> N
         assert a.qp.query().state is QpState.RTS
         write_and_verify(a, b, 200 + i)
     daemons.run(wait_for(lambda: p.restarts == 1 and p.workers[victim].process.pid != pid))
+    snap = daemons.nodes[0].snapshot()
+    assert (snap.workers, snap.worker_restarts) == (2, 1)
     # New QPs after the restart: the restarted worker takes its share and carries it.
     fresh = pairs(daemons, 2, service=50)
     assert sorted(p.worker_index(a.qp.qpn) for a, _b in fresh) == [0, 1]

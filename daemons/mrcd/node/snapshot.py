@@ -23,7 +23,7 @@ from mrcstack.daemons.mrcd.datapath.probes import Prober
 from mrcstack.daemons.mrcd.node.peers import PeerWatch
 from mrcstack.daemons.mrcd.node.ports import Ports
 from mrcstack.daemons.mrcd.node.qps import Qp, QpConnection, QpState
-from mrcstack.daemons.mrcd.node.workers.pool import DataPath
+from mrcstack.daemons.mrcd.node.workers.pool import DataPath, WorkerPool
 
 #: Histogram bounds in seconds, 1-2-5 per decade from 1 us to 10 s (22 buckets plus +Inf).
 DEFAULT_BOUNDS: tuple[float, ...] = (
@@ -157,6 +157,8 @@ class NodeSnapshot:
     peer_failures: Mapping[str, int] = field(default_factory=_empty)
     #: The longest retry budget of a live QP: the latest a silent peer fails a QP.
     retry_budget: float = 0.0
+    workers: int = 1  # data-path processes
+    worker_restarts: int = 0
 
     def __post_init__(self) -> None:
         if self.planes < 0:
@@ -345,4 +347,6 @@ def scrape(node: Scraped) -> NodeSnapshot:
         control_rejections=MappingProxyType(dict(node.control_stats.rejected)),
         peer_failures=MappingProxyType(dict(node.peers.failures)),
         retry_budget=node.retry_budget(),
+        workers=node.cfg.workers,
+        worker_restarts=node.transport.restarts if isinstance(node.transport, WorkerPool) else 0,
     )

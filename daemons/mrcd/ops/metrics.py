@@ -158,6 +158,14 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
         "before it fails on its own (0 with no QP).",
         value=s.retry_budget,
     )
+    yield GaugeMetricFamily(
+        "mrc_workers", "Data-path worker processes (1: the daemon's own).", value=s.workers
+    )
+    yield CounterMetricFamily(
+        "mrc_worker_restarts",
+        "Data-path workers that died and were started again (their QPs failed).",
+        value=s.worker_restarts,
+    )
 
     reasons: list[tuple[str, str, Sequence[str], Mapping[str, int]]] = [
         (
