@@ -182,14 +182,19 @@ class Worker:
         if conn is None:
             return
         self.posts[msg.qpn] += 1
-        region = _region_at(self.memory[self.ctx_of[msg.qpn]], msg.local_va, msg.length)
-        start = msg.local_va - region.va
-        local = region.buffer[start : start + msg.length]
-        if conn.failed is not None:  # failed before the post got here: flushed, as verbs do
-            self._event(msg.qpn, SendCompleted(msg.wr_id, WcStatus.FLUSHED, 0))
-            return
-        conn.post_write(msg.wr_id, local, msg.remote_va, msg.rkey, imm=msg.imm, now=msg.now)
-        self.transport.kick(msg.qpn)
+        try:
+            if conn.failed is None:
+                region = _region_at(self.memory[self.ctx_of[msg.qpn]], msg.local_va, msg.length)
+                start = msg.local_va - region.va
+                local = region.buffer[start : start + msg.length]
+                conn.post_write(msg.wr_id, local, msg.remote_va, msg.rkey, imm=msg.imm, now=msg.now)
+                return
+        except LocalError as exc:  # (the daemon checked it): the QP fails, nothing hangs
+            conn.abort(f"data-path worker {self.index} refused a write: {exc}")
+        finally:
+            self.transport.kick(msg.qpn)
+        # Failed before the post got here: flushed, as verbs do.
+        self._event(msg.qpn, SendCompleted(msg.wr_id, WcStatus.FLUSHED, 0))
 
     def _call(self, msg: m.Call, _fds: list[int]) -> None:
         assert self.transport is not None
