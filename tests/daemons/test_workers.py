@@ -82,10 +82,16 @@ def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> N
     victim = 1
     pid = p.workers[victim].process.pid
     assert pid is not None
-    os.kill(pid, signal.SIGKILL)
     doomed = [c for c in conns if p.worker_index(c[0].qp.qpn) == victim]
     spared = [c for c in conns if c not in doomed]
     assert len(doomed) == 2 and len(spared) == 2
+    n = 16  # writes in flight on the first doomed QP when its worker dies
+    a, b = doomed[0]
+    a.qp.post_send([WriteWr(i, (a.mr, 0, SIZE), b.mr.addr, b.mr.rkey) for i in range(n)])
+    os.kill(pid, signal.SIGKILL)
+    wcs = drain(a.cq, n)  # each once: done before the death, or flushed
+    assert sorted(w.wr_id for w in wcs) == list(range(n))
+    assert {w.status for w in wcs} <= {WcStatus.SUCCESS, WcStatus.WR_FLUSH_ERR}
     for a, _b in doomed:
         event = a.ctx.get_async_event(timeout=WAIT)
         assert event is not None and event.type is AsyncEventType.QP_FATAL
