@@ -152,13 +152,15 @@ class WorkerPool:
             proc.start()
         finally:
             theirs.close()
-        worker = _Worker(index, proc, None, ready=self.loop.create_future())  # type: ignore[arg-type]
-        worker.channel = Channel(
+        box: list[_Worker] = []  # (the channel calls back with its worker)
+        channel: Channel[m.FromWorker, m.ToWorker] = Channel(
             self.loop,
             ours,
-            lambda msg, fds: self._on_message(worker, msg, fds),
-            lambda: self._lost(worker),
+            lambda msg, fds: self._on_message(box[0], msg, fds),
+            lambda: self._lost(box[0]),
         )
+        worker = _Worker(index, proc, channel, ready=self.loop.create_future())
+        box.append(worker)
         self.loop.add_reader(proc.sentinel, self._lost, worker)
         log.info("event=worker_started worker=%d pid=%s", index, proc.pid)
         return worker
@@ -182,6 +184,12 @@ class WorkerPool:
             proc.kill()
             proc.join(1.0)
         reason = f"data-path worker {worker.index} (pid {proc.pid}) died ({how})"
+        if worker.ready is not None and not worker.ready.done():
+            # It never started: starting it again would fail again.
+            worker.ready.set_exception(LocalError(f"{reason} before it was ready"))
+            worker.ready.exception()  # (start() reports it; a restarted one's is logged)
+            log.error("event=worker_failed_to_start worker=%d how=%r", worker.index, how)
+            return
         log.error("event=worker_died worker=%d pid=%s qps=%d how=%r",
                   worker.index, proc.pid, len(worker.qps), how)  # fmt: skip
         self._retire(worker)
@@ -249,6 +257,8 @@ class WorkerPool:
         worker = self.workers[self.worker_of(qpn)]
         if qpn in self._where:
             raise ValueError(f"QP {qpn_text(qpn)} already exists")
+        if worker.gone:
+            raise LocalError(f"data-path worker {worker.index} is down")
         send = worker.channel.send
         if ctx not in worker.contexts:
             worker.contexts.add(ctx)
