@@ -62,6 +62,8 @@ from mrcstack.daemons.tools.report import (
     bw_interval_line,
     bw_series_entry,
     header,
+    per_qp_figures,
+    per_qp_lines,
     qpns_text,
     say,
     server_size_text,
@@ -313,6 +315,9 @@ class BwServer:
             "interval_s": o.interval,
             "series": series.entries,
             "qpns": [p.qp.qpn for p in self.peers],
+            "per_qp": [
+                per_qp_figures(p.qp.qpn, p.received, h.size, end - start) for p in self.peers
+            ],
             "events": self.events.seen,
         }
 
@@ -364,6 +369,8 @@ class BwServerTool:
         if len(docs) == 1:
             say(bw_columns(o.report_gbits))
         say(bw_figures_row(doc["size"], doc["iterations"], doc, o.report_gbits))
+        if doc["qps"] > 1 and not sweep:
+            say("\n".join(per_qp_lines(doc["per_qp"], o.report_gbits)))
 
     def verified(self, docs: Sequence[Doc], sizes: str) -> str | None:
         if not docs[0]["verify"]:

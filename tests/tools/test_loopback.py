@@ -85,6 +85,7 @@ def test_loopback_bw_verify_json(loop_daemons: Daemons) -> None:
     assert [e["writes"] for e in c["per_qp"]] == [200, 200]
     total = sum(e["bw_average_gbit_s"] for e in c["per_qp"])
     assert total == pytest.approx(c["bw_average_gbit_s"], rel=1e-3)
+    assert [(e["qpn"], e["writes"]) for e in s["per_qp"]] == [(q, 200) for q in s["qpns"]]
 
 
 def test_loopback_bw_bidirectional(loop_daemons: Daemons) -> None:
