@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event
 from mrcstack.core.evs import EvStatus
+from mrcstack.daemons.mrcd.config import MrcdConfig
 from mrcstack.wire import EvFormat
 
 #: Seconds between a worker's :class:`Status` messages: how stale what a scrape, ``mrcctl qp
@@ -35,6 +36,16 @@ class Op(enum.StrEnum):
 
 
 # Daemon -> worker -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What a worker is started with (beside its sockets and its channel)."""
+
+    index: int
+    workers: int
+    cfg: MrcdConfig
+    bounds: tuple[float, ...]  # the RTT histogram's buckets
+
+
 @dataclass(frozen=True, slots=True)
 class OpenQp:
     """Build QP ``qpn``'s connection (its memory: context ``ctx``'s regions) and carry it."""

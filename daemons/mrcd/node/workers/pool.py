@@ -144,7 +144,7 @@ class WorkerPool:
         ours, theirs = pair()
         proc = self._ctx.Process(
             target=process.main,
-            args=(index, self.count, self.cfg, self.sockets[index], theirs, self.bounds),
+            args=(m.Start(index, self.count, self.cfg, self.bounds), self.sockets[index], theirs),
             name=f"mrcd-worker-{index}",
             daemon=True,
         )

@@ -38,7 +38,6 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
 from mrcstack.daemons import lifecycle
-from mrcstack.daemons.mrcd.config import MrcdConfig
 from mrcstack.daemons.mrcd.datapath.transport import Address, Transport, open_raw_socket
 from mrcstack.daemons.mrcd.node.addresses import Addresses
 from mrcstack.daemons.mrcd.node.workers import messages as m
@@ -52,47 +51,33 @@ log = logging.getLogger("mrcd")
 EVENT_BATCH = 1024
 
 
-def main(
-    index: int,
-    workers: int,
-    cfg: MrcdConfig,
-    sockets: list[socket.socket],
-    chan: socket.socket,
-    bounds: tuple[float, ...],
-) -> None:
-    """The worker process's entry point (``multiprocessing.Process`` target)."""
+def main(start: m.Start, sockets: list[socket.socket], chan: socket.socket) -> None:
+    """The worker process's entry point (``multiprocessing.Process`` target): worker
+    ``start.index`` on its plane ``sockets`` and its channel ``chan`` to the daemon."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
-    lifecycle.setup_logging("mrcd", cfg.log_level)
-    uvloop.run(Worker(index, workers, cfg, sockets, chan, bounds).run())
+    lifecycle.setup_logging("mrcd", start.cfg.log_level)
+    uvloop.run(Worker(start, sockets, chan).run())
 
 
 class Worker:
     """One worker's state: its connections, their contexts' memory, what it owes the daemon."""
 
-    def __init__(
-        self,
-        index: int,
-        workers: int,
-        cfg: MrcdConfig,
-        sockets: list[socket.socket],
-        chan: socket.socket,
-        bounds: tuple[float, ...],
-    ) -> None:
-        self.index = index
-        self.cfg = cfg
+    def __init__(self, start: m.Start, sockets: list[socket.socket], chan: socket.socket) -> None:
+        self.index = start.index
+        self.workers = start.workers
+        self.cfg = start.cfg
+        self.bounds = start.bounds
         self.sockets = sockets
         self.chan_socket = chan
-        self.bounds = bounds
-        self.rtt_counts = [0] * (len(bounds) + 1)
+        self.rtt_counts = [0] * (len(self.bounds) + 1)
         self.rtt_sum = 0.0
-        self.addresses = Addresses(cfg)
+        self.addresses = Addresses(self.cfg)
         self.memory: dict[int, MemoryTable] = {}  # context -> its regions, mapped here
         self.conns: dict[int, Connection] = {}
         self.ctx_of: dict[int, int] = {}
         self.posts: dict[int, int] = {}
         self.events: list[tuple[int, Event]] = []
         self.done = asyncio.Event()
-        self.workers = workers
         self.transport: Transport | None = None
         self.channel: Channel[m.ToWorker, m.FromWorker] | None = None
         self.handlers: dict[type, Callable[[Any, list[int]], None]] = {
