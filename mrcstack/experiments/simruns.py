@@ -53,10 +53,6 @@ def without(mechanism: Mechanism, cfg: SimConfig) -> SimConfig:
     raise ValueError(f"the simulator cannot run without {mechanism}")
 
 
-#: What a simulator figure can run without.
-SIM_MECHANISMS = (Mechanism.MRC, Mechanism.TRIMMING, Mechanism.ECN, Mechanism.MAPPER)
-
-
 @dataclass(slots=True)
 class Sim:
     """One figure's runs in one profile and seed: sizes scaled by the profile, every

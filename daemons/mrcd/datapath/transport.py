@@ -170,6 +170,11 @@ def open_raw_socket(device: str | None = None) -> socket.socket:
     return sock
 
 
+def probe_id(datagram: bytes | memoryview) -> int:
+    """The probe id of an endpoint datagram (QP 2): the low 16 bits of its BTH PSN."""
+    return int.from_bytes(datagram[10:12], "big")
+
+
 def open_plane_socket(
     address: Address, *, device: str | None = None, reuseport: bool = False
 ) -> socket.socket:
@@ -381,7 +386,7 @@ class Transport:
         else to the node's prober."""
         flow = rx.flowinfo(i)
         if len(datagram) >= 12 and datagram[0] == _ENDPOINT_RESPONSE:
-            owner = self.probe_ids.owner(int.from_bytes(datagram[10:12], "big"))
+            owner = self.probe_ids.owner(probe_id(datagram))
             qp = self._qps.get(owner) if owner is not None else None
             if qp is not None:
                 qp.conn.receive_endpoint_datagram(
@@ -396,7 +401,7 @@ class Transport:
 
     def deliver_endpoint(self, data: bytes, plane: int, ev: int) -> None:
         """An answer to one of our QPs' EV probes that another worker received."""
-        owner = self.probe_ids.owner(int.from_bytes(data[10:12], "big"))
+        owner = self.probe_ids.owner(probe_id(data))
         qp = self._qps.get(owner) if owner is not None else None
         if qp is None:
             self.stats.unknown_qpn += 1

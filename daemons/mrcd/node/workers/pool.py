@@ -38,6 +38,7 @@ from mrcstack.daemons.mrcd.datapath.transport import (
     Transport,
     TransportStats,
     open_plane_socket,
+    probe_id,
     send,
 )
 from mrcstack.daemons.mrcd.node.workers import messages as m
@@ -368,7 +369,7 @@ class WorkerPool:
         that worker, everything else to the daemon's prober."""
         data = msg.data
         if len(data) >= 12 and data[0] == _ENDPOINT_RESPONSE:
-            owner = probe_owner(int.from_bytes(data[10:12], "big"), self.count)
+            owner = probe_owner(probe_id(data), self.count)
             if owner < self.count:
                 flow = msg.flow
                 ev = msg.source[1] << 16 | flow & 0xFFFF
