@@ -62,6 +62,8 @@ class Sim:
     seed: int
     #: Every run without this mechanism (:func:`without`), None: as shipped.
     sabotage: Mechanism | None = None
+    #: The experiment's name (what a caller tuning one figure's runs goes by).
+    name: str = ""
     #: (file stem, TOML text) of each run so far.
     scenarios: list[tuple[str, str]] = field(default_factory=list)
 
@@ -106,7 +108,7 @@ def simulated(
     then keeps as scenario files; ``mechanisms``: what its claims credit."""
 
     def run(profile: str, seed: int, sabotage: Mechanism | None = None) -> Outcome:
-        sim = Sim(profile, seed, sabotage)
+        sim = Sim(profile, seed, sabotage, name)
         outcome = make(sim)
         outcome.scenarios.extend(sim.scenarios)
         return outcome

@@ -3,16 +3,21 @@ experiment must leave in it (claims, data, plots, scenarios), and the report's i
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mrcstack.experiments import Experiment
+import pytest
+
+from mrcstack.experiments import Experiment, simruns
 from mrcstack.experiments.cli import main
 from mrcstack.experiments.report import PAPER
-from mrcstack.sim import SimConfig, scenario
+from mrcstack.sim import SimConfig, SimResult, scenario
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -21,6 +26,32 @@ def run_quick(folder: Path, experiments: list[Experiment]) -> Path:
     """``experiments`` run in the quick profile, seed 1, their report in ``folder``."""
     assert main(["run", "--quick", "--out", str(folder), *(e.name for e in experiments)]) == 0
     return folder
+
+
+@contextmanager
+def simulations_remembered() -> Iterator[dict[str, int]]:
+    """Every simulator run of an experiment kept by its configuration while the block runs,
+    and a run of the same configuration answered from it (a copy).  The simulator is
+    deterministic (``test_a_kept_scenario_reruns_to_the_same_numbers``), so a figure run
+    without a mechanism simulates only what taking the mechanism away changed: its RoCE
+    baseline, say, is the run the shipped figure already made.  Yields the counts of
+    ``runs`` and ``remembered`` answers."""
+    kept: dict[str, SimResult] = {}
+    counts = {"runs": 0, "remembered": 0}
+    real = simruns.sim_run
+
+    def run(cfg: SimConfig) -> SimResult:
+        key = repr(cfg)  # every field, floats exactly
+        if key in kept:
+            counts["remembered"] += 1
+        else:
+            counts["runs"] += 1
+            kept[key] = real(cfg)
+        return copy.deepcopy(kept[key])  # a figure may sort or trim what it is given
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simruns, "sim_run", run)
+        yield counts
 
 
 def result(out: Path, exp: Experiment) -> dict[str, Any]:
