@@ -4,6 +4,7 @@ each write verified byte for byte, a worker's death failing only its own QPs."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import socket
@@ -15,8 +16,11 @@ import pytest
 
 from mrcstack.api import AsyncEventType, QpState, WcStatus, WriteWr
 from mrcstack.daemons.mrcd.datapath.transport import Transport, open_plane_socket
+from mrcstack.daemons.mrcd.node.workers import pool as pool_module
 from mrcstack.daemons.mrcd.node.workers.pool import WorkerPool
 from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds, probe_owner
+from mrcstack.errors import LocalError
+from tests.support import workers as dying
 from tests.support.apiharness import WAIT, Daemons, End, connect, drain, wait_for
 
 QPS = 4
@@ -110,6 +114,22 @@ def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> N
     assert sorted(p.worker_index(a.qp.qpn) for a, _b in fresh) == [0, 1]
     for i, (a, b) in enumerate(fresh):
         write_and_verify(a, b, 300 + i)
+
+
+def test_a_worker_that_dies_before_it_is_ready_fails_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restarting it would fail again: mrcd does not start, says which worker died and how,
+    and leaves no worker running."""
+    monkeypatch.setattr(pool_module, "process", dying)  # worker 1 exits at once
+    d = Daemons(tmp_path, workers=2)
+    try:
+        with pytest.raises(LocalError, match=r"data-path worker 1 \(pid \d+\) died") as err:
+            d.start()
+        assert str(err.value).endswith(f"(exit status {dying.STATUS}) before it was ready")
+        assert not [p for p in multiprocessing.active_children() if p.name.startswith("mrcd-")]
+    finally:
+        d.stop()
 
 
 def bth(qpn: int) -> bytes:
