@@ -48,7 +48,7 @@ from tests.support.apiharness import Daemons, wait_for
 
 ROOT = REPO
 PROMTOOL = shutil.which("promtool")
-LABELS = {"plane", "reason", "state", "host", "version", "le"}  # bounded sets only
+LABELS = {"plane", "reason", "state", "host", "version", "le", "worker"}  # bounded sets only
 
 
 def populated(planes: int = 4) -> NodeSnapshot:
@@ -94,6 +94,8 @@ def populated(planes: int = 4) -> NodeSnapshot:
         write_completion=wct.snapshot(),
         control_auth_failures=1,
         control_rejections={"timeout": 4, "eof": 2},
+        workers=2,
+        worker_qps=(1, 1),
     )
 
 
@@ -204,6 +206,8 @@ def test_exposition_names_labels_and_values() -> None:
         CONTROL_REJECT_REASONS
     )
     assert got[("mrc_connections", ())] == 2
+    assert got[("mrc_workers", ())] == 2
+    assert [got[("mrc_worker_qps", (("worker", w),))] for w in "01"] == [1, 1]
     up = [got[("mrc_plane_up", (("plane", str(p)),))] for p in range(4)]
     assert up == [1, 0, 0, 1]
     assert got[("mrc_evs", (("plane", "1"), ("state", "assumed_bad")))] == 1

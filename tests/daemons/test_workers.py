@@ -75,6 +75,7 @@ def test_qps_spread_over_the_workers_and_every_write_lands(daemons: Daemons) -> 
     daemons.run(wait_for(counted, WAIT))
     daemons.run(wait_for(lambda: daemons.nodes[0].snapshot().rtt.count > 0, WAIT))
     snap = daemons.nodes[3].snapshot()
+    assert snap.worker_qps == (2, 2)
     assert snap.traffic.rejections["wrong_worker"] == 0
     assert snap.traffic.rejections["unknown_qpn"] == 0
     assert pool(daemons, 3).stats.datagrams_in > 0
@@ -108,12 +109,13 @@ def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> N
         write_and_verify(a, b, 200 + i)
     daemons.run(wait_for(lambda: p.restarts == 1 and p.workers[victim].process.pid != pid))
     snap = daemons.nodes[0].snapshot()
-    assert (snap.workers, snap.worker_restarts) == (2, 1)
+    assert (snap.workers, snap.worker_restarts, snap.worker_qps) == (2, 1, (2, 0))
     # New QPs after the restart: the restarted worker takes its share and carries it.
     fresh = pairs(daemons, 2, service=50)
     assert sorted(p.worker_index(a.qp.qpn) for a, _b in fresh) == [0, 1]
     for i, (a, b) in enumerate(fresh):
         write_and_verify(a, b, 300 + i)
+    assert daemons.nodes[0].snapshot().worker_qps == (3, 1)
 
 
 def test_a_worker_that_dies_before_it_is_ready_fails_the_start(

@@ -159,6 +159,8 @@ class NodeSnapshot:
     retry_budget: float = 0.0
     workers: int = 1  # data-path processes
     worker_restarts: int = 0
+    #: Live QPs each data-path worker carries, by worker (one worker: every live QP).
+    worker_qps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.planes < 0:
@@ -328,6 +330,8 @@ def scrape(node: Scraped) -> NodeSnapshot:
         )
         totals.add_send_errors(ts.send_errors)
     totals.add_reasons("rejections", node.prober.rejected)
+    connections = sum(1 for qp in node.qps.values() if qp.state is QpState.RTS)
+    pool = node.transport if isinstance(node.transport, WorkerPool) else None
     return NodeSnapshot(
         host=node.cfg.host_name,
         version=__version__,
@@ -335,7 +339,7 @@ def scrape(node: Scraped) -> NodeSnapshot:
         start_time=node.started_at,
         port_link_up=tuple(node.ports.link),
         port_admin_up=tuple(node.ports.admin),
-        connections=sum(1 for qp in node.qps.values() if qp.state is QpState.RTS),
+        connections=connections,
         evs=count_evs(
             planes,
             ((ev.port, ev.state.value) for c in conns for ev in c.ev_states()),
@@ -348,5 +352,6 @@ def scrape(node: Scraped) -> NodeSnapshot:
         peer_failures=MappingProxyType(dict(node.peers.failures)),
         retry_budget=node.retry_budget(),
         workers=node.cfg.workers,
-        worker_restarts=node.transport.restarts if isinstance(node.transport, WorkerPool) else 0,
+        worker_restarts=0 if pool is None else pool.restarts,
+        worker_qps=(connections,) if pool is None else pool.qps_per_worker(),
     )

@@ -161,6 +161,12 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "mrc_workers", "Data-path worker processes (1: the daemon's own).", value=s.workers
     )
+    per_worker = GaugeMetricFamily(
+        "mrc_worker_qps", "Live QPs each data-path worker carries.", labels=["worker"]
+    )
+    for worker, n in enumerate(s.worker_qps):
+        per_worker.add_metric([str(worker)], float(n))
+    yield per_worker
     yield CounterMetricFamily(
         "mrc_worker_restarts",
         "Data-path workers that died and were started again (their QPs failed).",

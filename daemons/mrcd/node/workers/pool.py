@@ -294,6 +294,10 @@ class WorkerPool:
     def kick(self, qpn: int) -> None:
         """Nothing to do: a worker transmits after every message it carries out."""
 
+    def qps_per_worker(self) -> tuple[int, ...]:
+        """How many QPs each worker carries, by worker index."""
+        return tuple(len(w.qps) for w in self.workers)
+
     def worker_index(self, qpn: int) -> int | None:
         """The worker carrying QP ``qpn`` (None: not connected)."""
         worker = self._where.get(qpn)
