@@ -63,7 +63,7 @@ from typing import Any
 
 from bench import mptcp, sim_bench, workers
 from mrcstack import addrplan
-from mrcstack.api import CompletionQueue, Device, WcStatus, WriteWr
+from mrcstack.api import Device, WriteWr
 from mrcstack.api.ctl import Controller
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.experiments.live import (
@@ -132,7 +132,7 @@ def mrcd_goodput(
             post(i)
         warm = 0
         while warm < OUTSTANDING:
-            warm += _completions(acq)
+            warm += len(workers.successes(acq, "mrcd goodput run"))
         posted = done = 0
         before = counters(state, cluster) | _dst_packets(cluster)
         cpu = _daemon_cpu(cluster)
@@ -142,7 +142,7 @@ def mrcd_goodput(
             post(posted)
             posted += 1
         while done < posted:
-            done += _completions(acq)
+            done += len(workers.successes(acq, "mrcd goodput run"))
             while time.perf_counter() < end and posted - done < OUTSTANDING:
                 post(posted)
                 posted += 1
@@ -191,17 +191,6 @@ def set_format(cluster: Cluster, fmt: str) -> None:
     for host in (SRC, DST):
         with Controller.open(cluster.daemons[host].api_socket) as ctl:
             ctl.modify_ev_profile(0, ev_format=fmt)
-
-
-def _completions(cq: CompletionQueue) -> int:
-    """Wait for at least one completion; how many came (all must be SUCCESS)."""
-    wcs = cq.poll_wait(4096, timeout=30)
-    if not wcs:
-        raise RuntimeError("mrcd goodput run: no completion in 30 s")
-    for wc in wcs:
-        if wc.status is not WcStatus.SUCCESS:
-            raise RuntimeError(f"mrcd goodput run: write failed: {wc}")
-    return len(wcs)
 
 
 # Baseline processes -------------------------------------------------------------------------

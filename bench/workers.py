@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from mrcstack.api import Device, WcStatus, WriteWr
+from mrcstack.api import CompletionQueue, Device, WcStatus, WorkCompletion, WriteWr
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.experiments.live import accept
 from mrcstack.fabric import Fabric
@@ -38,6 +38,18 @@ def cpu_times() -> tuple[float, float]:
     fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle, iowait
     return sum(fields) - idle, sum(fields)
+
+
+def successes(cq: CompletionQueue, what: str) -> list[WorkCompletion]:
+    """The completions ``cq`` has, waiting up to 30 s for one; each must be a success
+    (``what``: the run, for the error)."""
+    wcs = cq.poll_wait(4096, timeout=30)
+    if not wcs:
+        raise RuntimeError(f"{what}: no completion in 30 s")
+    for wc in wcs:
+        if wc.status is not WcStatus.SUCCESS:
+            raise RuntimeError(f"{what}: write failed: {wc}")
+    return wcs
 
 
 def goodput(cluster: Cluster, duration: float, qps: int = QPS) -> tuple[float, float]:
@@ -71,12 +83,7 @@ def goodput(cluster: Cluster, duration: float, qps: int = QPS) -> tuple[float, f
             """Completions until none is in flight (reposting each until ``until``)."""
             done = 0
             while sum(posted) > done:
-                wcs = acq.poll_wait(4096, timeout=30)
-                if not wcs:
-                    raise RuntimeError("workers bench: no completion in 30 s")
-                for wc in wcs:
-                    if wc.status is not WcStatus.SUCCESS:
-                        raise RuntimeError(f"workers bench: write failed: {wc}")
+                for wc in successes(acq, "workers bench"):
                     done += 1
                     if until is not None and time.perf_counter() < until:
                         post(index[wc.qpn])
