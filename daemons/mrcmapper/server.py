@@ -33,7 +33,7 @@ from mrcstack.daemons.mrcd.control.records import (
     encode_frame,
     read_frame,
 )
-from mrcstack.daemons.mrcd.control.server import LogLimit
+from mrcstack.daemons.mrcd.control.server import LogLimit, bound_address
 from mrcstack.daemons.mrcmapper.service import MapperService
 from mrcstack.errors import LocalError
 from mrcstack.mapper.messages import MessageError
@@ -106,10 +106,7 @@ class AgentServer:
 
     @property
     def address(self) -> Address:
-        if self._server is None or not self._server.sockets:
-            raise LocalError("the agents' listener is not running")
-        name = self._server.sockets[0].getsockname()
-        return (str(name[0]), int(name[1]))
+        return bound_address(self._server, "the agents' listener")
 
     async def start(self) -> None:
         """Listen; an address the host does not have yet (an interface still coming up)

@@ -114,6 +114,15 @@ class ControlStats:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
 
+def bound_address(server: asyncio.Server | None, what: str) -> Address:
+    """The first address ``server`` listens on (the real port after asking for port 0);
+    ``what`` names the listener in the error when it is not running."""
+    if server is None or not server.sockets:
+        raise LocalError(f"{what} is not running")
+    name = server.sockets[0].getsockname()
+    return (str(name[0]), int(name[1]))
+
+
 class LogLimit:
     """At most ``burst`` lines per ``window`` seconds; the lines held back are counted and
     reported with the next line let through."""
@@ -193,10 +202,7 @@ class ControlServer:
     @property
     def address(self) -> Address:
         """The bound address (the real port when ``listen`` asked for port 0)."""
-        if self._server is None or not self._server.sockets:
-            raise LocalError("control server is not running")
-        name = self._server.sockets[0].getsockname()
-        return (str(name[0]), int(name[1]))
+        return bound_address(self._server, "control server")
 
     async def start(self) -> None:
         host, port = self.listen

@@ -36,6 +36,7 @@ from mrcstack.core.reasons import NACK_NAMES, RejectReason, RetxReason
 from mrcstack.daemons.mrcd.agent.agent import AgentSnapshot
 from mrcstack.daemons.mrcd.agent.linkprobes import REASONS as LINK_PROBE_REASONS
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
+from mrcstack.daemons.mrcd.control.server import bound_address
 from mrcstack.daemons.mrcd.datapath.probes import REASONS as PROBE_REASONS
 from mrcstack.daemons.mrcd.node.peers import SIGNALS as PEER_SIGNALS
 from mrcstack.daemons.mrcd.node.snapshot import HistogramSnapshot, NodeSnapshot
@@ -391,10 +392,7 @@ class MetricsServer:
     @property
     def address(self) -> tuple[str, int]:
         """The first bound (host, port): useful after asking for port 0."""
-        if self._server is None or not self._server.sockets:
-            raise RuntimeError("metrics server is not running")
-        name = self._server.sockets[0].getsockname()
-        return str(name[0]), int(name[1])
+        return bound_address(self._server, "metrics server")
 
     @property
     def url(self) -> str:
