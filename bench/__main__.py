@@ -2,6 +2,8 @@
 
 - wire: packets/s and MB/s for encode+decode (CRC, AES-GCM auth, AES-GCM encrypt);
 - sim: a full simulated transfer, core CPU cost per packet;
+- datapath: mrcd's per-packet path without sockets (core + codec + AES-GCM), CPU
+  microseconds per data packet on each side;
 - testbed: build and teardown time of the default and the large namespace fabric;
 - srh: the two ways to send an SRH (raw socket, sticky IPV6_RTHDR sockets) vs uSID sendto;
 - mrcd: single-QP goodput vs a raw UDP blast and kernel TCP, in each EV format; shaped-fabric
@@ -23,6 +25,7 @@ import time
 
 from bench import (
     daemon_bench,
+    datapath_bench,
     failover_bench,
     mapper_bench,
     sim_bench,
@@ -54,6 +57,9 @@ def main() -> int:
     print("== wire codec ==")
     for key, value in wire_bench.run().items():
         print(f"{key:<40} {value:14,.1f}")
+    print("== mrcd's data path without sockets: CPU per data packet ==")
+    for key, value in datapath_bench.run().items():
+        print(f"{key:<40} {value:14,.3f}")
     print("== simulator: full transfer ==")
     for key, value in {**sim_bench.run(), **sim_bench.scaling()}.items():
         print(f"{key:<40} {value:14,.3f}")
