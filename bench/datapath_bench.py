@@ -4,15 +4,18 @@ Two core ``Connection`` objects configured as mrcd configures a QP (4 planes, th
 plan's EV profile h0 -> h3, 8 KiB payloads, an AES-GCM tag on every packet, ACK coalescing
 16, NSCC) exchange ``WRITE``-byte RDMA writes in memory, ``OUTSTANDING`` of them in flight,
 through the same calls mrcd's transport makes (``daemons/mrcd/datapath/transport.py``):
-``datagrams_to_send`` in batches of ``SEND_BATCH``, ``receive_datagram`` per datagram in
-turns of ``READ_TURN``, the events drained after each batch.  The clock is a fake one that
+``packets_to_send`` in batches of ``SEND_BATCH``, each packet encoded into its own
+``sendmmsg`` slot (``encode_into``; a revision without it: ``datagrams_to_send`` and each
+datagram copied into its slot, as its transport did), ``receive_datagram`` of a view of each
+slot (as of the ``recvmmsg`` buffer) in turns of ``READ_TURN``, the events drained after
+each batch.  The clock is a fake one that
 advances ``TICK`` seconds per datagram, so every run takes the same path through the core.
 
 Three phases are timed by process CPU time (``time.process_time_ns``), each per data packet:
 
-- **sender**: ``datagrams_to_send`` on the writer (``packets_to_send`` + encode + seal);
+- **sender**: the writer's packets into the slots (``packets_to_send`` + encode + seal);
 - **receiver**: ``receive_datagram`` of each data packet (decode, verify, place, ACK
-  coalescing), its events, and the ``datagrams_to_send`` that builds and seals the ACKs;
+  coalescing), its events, and the ACKs built and sealed into the slots;
 - **ack**: ``receive_datagram`` of each ACK on the writer and its completions.
 
 ``python -m bench.datapath_bench`` runs it once here; ``--against REV`` exports revision
@@ -55,11 +58,40 @@ TIMEOUT = 10e-3  # QpAttrs.timeout's default
 #: Writes before the clock starts: code paths, the congestion window, every page of the
 #: regions warm.
 WARMUP_WRITES = OUTSTANDING
+SLOT = 9216  # txbatch.SLOT
 TICK = 1e-6  # fake seconds per datagram handled
 KEY = bytes(range(16))
 PHASES = ("sender", "receiver", "ack")
 ROUNDS = 5
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _slots() -> list[memoryview]:
+    """``SEND_BATCH`` send slots in one buffer, as ``txbatch.BatchSender`` has them."""
+    data = memoryview(bytearray(SEND_BATCH * SLOT))
+    return [data[i * SLOT : (i + 1) * SLOT] for i in range(SEND_BATCH)]
+
+
+def _send(conn: Connection, now: float, slots: list[memoryview]) -> list[tuple[memoryview, int]]:
+    """One transmit: each packet encoded into its slot, as the transport does; (a view of
+    each datagram, its port)."""
+    out = []
+    for slot, (pkt, _) in zip(slots, conn.packets_to_send(now, SEND_BATCH), strict=False):
+        out.append((slot[: conn.encode_into(pkt, slot)], pkt.port))
+    return out
+
+
+def _send_copied(
+    conn: Connection, now: float, slots: list[memoryview]
+) -> list[tuple[memoryview, int]]:
+    """One transmit as a transport before ``encode_into`` did it: the datagrams made, then
+    each copied into its slot."""
+    out = []
+    for slot, d in zip(slots, conn.datagrams_to_send(now, SEND_BATCH), strict=False):
+        size = len(d.data)
+        slot[:size] = d.data
+        out.append((slot[:size], d.port))
+    return out
 
 
 def measure(packets: int = PACKETS) -> dict[str, Any]:
@@ -102,6 +134,8 @@ def measure(packets: int = PACKETS) -> dict[str, Any]:
         a.post_write(posted, view[off : off + WRITE], mr.va + off, mr.rkey, now=now)
         posted += 1
 
+    a_slots, b_slots = _slots(), _slots()
+    send = _send if hasattr(Connection, "encode_into") else _send_copied
     cpu = time.process_time_ns
     spent = {phase: 0 for phase in PHASES}
     data = acks = 0
@@ -115,7 +149,7 @@ def measure(packets: int = PACKETS) -> dict[str, Any]:
             spent = {phase: 0 for phase in PHASES}
             data = acks = 0
         t0 = cpu()
-        out = a.datagrams_to_send(now, SEND_BATCH)
+        out = send(a, now, a_slots)
         t1 = cpu()
         spent["sender"] += t1 - t0
         if not out:  # nothing to send: let the timers run (never on a clean path)
@@ -129,19 +163,19 @@ def measure(packets: int = PACKETS) -> dict[str, Any]:
         data += len(out)
         t0 = cpu()
         for i in range(0, len(out), READ_TURN):
-            for d in out[i : i + READ_TURN]:
+            for datagram, port in out[i : i + READ_TURN]:
                 now += TICK
-                b.receive_datagram(d.data, now=now, port=d.port)
+                b.receive_datagram(datagram, now=now, port=port)
             while b.next_event() is not None:
                 pass
-        back = b.datagrams_to_send(now, SEND_BATCH)
+        back = send(b, now, b_slots)
         t1 = cpu()
         spent["receiver"] += t1 - t0
         acks += len(back)
         t0 = cpu()
-        for d in back:
+        for datagram, port in back:
             now += TICK
-            a.receive_datagram(d.data, now=now, port=d.port)
+            a.receive_datagram(datagram, now=now, port=port)
         done = 0
         while a.next_event() is not None:
             done += 1
