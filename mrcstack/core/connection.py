@@ -68,9 +68,11 @@ from mrcstack.wire import (
     ReliabilityProbePacket,
     ReplayWindow,
     SkipHint,
+    WireUsageError,
     decode,
     decode_plain,
     encode,
+    encode_into,
     encode_plain,
     encoded_length,
     has_extension,
@@ -741,6 +743,26 @@ class Connection:
             ]
         coder = self._encode
         return [Datagram(coder(pkt, integrity), pkt.port, pkt.ev) for pkt, _ in out]
+
+    def encode(self, pkt: Packet) -> bytes:
+        """One packet from :meth:`packets_to_send` as its datagram (as ``datagrams_to_send``
+        encodes it)."""
+        if pkt.qpn == ENDPOINT_QPN and self.replay is not None:
+            return self._encode(pkt, self.endpoint_integrity)  # sealed the host's way
+        return self._encode(pkt, self.integrity)
+
+    def encode_into(self, pkt: Packet, out: bytearray | memoryview) -> int:
+        """:meth:`encode` into the start of ``out`` (an adapter's send slot); the datagram's
+        length.  A data packet with the extension is built there, its payload copied once
+        (:func:`~mrcstack.wire.encode_into`); WireUsageError if ``out`` is too small."""
+        if self.plain or (pkt.qpn == ENDPOINT_QPN and self.replay is not None):
+            data = self.encode(pkt)
+            size = len(data)
+            if len(out) < size:
+                raise WireUsageError(f"a buffer of {len(out)} bytes cannot hold {size} bytes")
+            out[:size] = data
+            return size
+        return encode_into(pkt, self.integrity, out)
 
     def packets_to_send(
         self, now: float, limit: int = DEFAULT_BATCH, data_limit: int | None = None

@@ -162,6 +162,7 @@ __all__ = [
     "WireUsageError",
     "decode",
     "encode",
+    "encode_into",
     "encode_trimmed",
     "encoded_length",
     "has_extension",
@@ -188,6 +189,17 @@ _PROBE = struct.Struct(BTH + ERTH + XETH)
 _PROBE_REPLY = struct.Struct(BTH + EETH + XFETH)
 _RELIABILITY_PROBE = struct.Struct(BTH + PETH + XETH)
 _U32 = struct.Struct(">I")
+_DATA_CHECK_AT = DATA_HDR_LEN - HDR_CHECK_LEN
+#: The usual write's opcode and BTH byte 8 (shifted into its PSN word) by its flags: no
+#: immediate, not trimmed, any of RETX, ACK_REQ, FIRST and LAST.
+_USUAL_FLAGS = [
+    f | r | a for f in (0, FIRST, LAST, FIRST | LAST) for r in (0, RETX) for a in (0, ACK_REQ)
+]
+_USUAL_OPCODE: dict[int, int] = {f: int(write_opcode(f, None)) for f in _USUAL_FLAGS}
+_USUAL_BTH8: dict[int, int] = {
+    f: (BTH_TS | (BTH_RTX if f & RETX else 0) | (BTH_ACK_REQ if f & ACK_REQ else 0)) << U24_SHIFT
+    for f in _USUAL_FLAGS
+}
 _ZERO_CHECK = bytes(HDR_CHECK_LEN)
 
 _HEADER_LEN: dict[int, int] = {
@@ -238,6 +250,76 @@ def encode(pkt: Packet, integrity: Integrity) -> bytes:
     if kind is AcknowledgePacket:
         return plain.encode_plain(pkt, integrity)
     raise WireUsageError(f"not an MRC packet: {kind.__name__}")
+
+
+def encode_into(pkt: Packet, integrity: Integrity, out: bytearray | memoryview) -> int:
+    """:func:`encode` into the start of ``out`` (a send slot, say); returns the datagram's
+    length.  The usual write (no immediate, not trimmed, every field in range) is built in
+    place: its payload is copied once, into ``out``, and authenticated there; any other
+    packet is encoded and copied.  Raises what ``encode`` raises, and WireUsageError when
+    ``out`` is too small."""
+    if type(pkt) is DataPacket:
+        size = _usual_data_into(pkt, integrity, out)
+        if size >= 0:
+            return size
+    data = encode(pkt, integrity)
+    size = len(data)
+    if len(out) < size:
+        raise WireUsageError(f"a buffer of {len(out)} bytes cannot hold a {size}-byte datagram")
+    out[:size] = data
+    return size
+
+
+def _usual_data_into(pkt: DataPacket, integrity: Integrity, out: bytearray | memoryview) -> int:
+    """The usual write encoded into ``out``: its length, or -1 when it is not the usual kind
+    or ``out`` is too small (the caller takes the general path, whose checks name what is
+    wrong).  The same bytes as :func:`_encode_data`."""
+    flags = pkt.flags
+    payload = pkt.payload
+    if type(payload) is not bytes:
+        payload = byte_view(payload)
+    paylen = len(payload)
+    offset = pkt.offset
+    dma_len = pkt.dma_len
+    if dma_len == -1:
+        dma_len = offset + paylen  # the write ends with this packet
+    qpn = pkt.qpn
+    psn = pkt.psn
+    opcode = _USUAL_OPCODE.get(flags) if type(flags) is int and pkt.imm is None else None
+    end = DATA_HDR_LEN + paylen
+    total = end + integrity.trailer_len
+    if (
+        opcode is None
+        or type(offset) is not int
+        or offset < 0
+        or offset + paylen > dma_len
+        or (flags & FIRST and offset)
+        or (flags & LAST and offset + paylen != dma_len)
+        or type(qpn) is not int
+        or not 0 <= qpn <= PSN_MASK
+        or type(psn) is not int
+        or not 0 <= psn <= PSN_MASK
+        or len(out) < total
+    ):
+        return -1
+    ts_ns = pkt.ts_ns
+    tx_seq = pkt.tx_seq
+    port = pkt.port
+    ev = pkt.ev
+    packet = memoryview(out)[:total]
+    try:
+        _DATA.pack_into(
+            packet, 0, opcode, 0, BTH_PKEY, qpn, _USUAL_BTH8[flags] | psn,
+            pkt.rq_msn, pkt.msn, (ts_ns >> TS_UNIT_NS_SHIFT) & TS_MASK, FTYPE,
+            pkt.va, pkt.rkey, dma_len,
+            MRC_EXT_VERSION, integrity.tag_flag, port, 0, ev, tx_seq, ts_ns, offset, 0,
+        )  # fmt: skip
+    except (struct.error, TypeError) as exc:
+        raise field_error(pkt, exc) from None
+    _U32.pack_into(packet, _DATA_CHECK_AT, zlib.crc32(packet[:DATA_HDR_LEN]))
+    packet[DATA_HDR_LEN:end] = payload
+    integrity.seal_into(packet, DATA_HDR_LEN, end, tx_seq, port, ev)
+    return total
 
 
 def _encode_data(pkt: DataPacket, integrity: Integrity) -> bytes:
@@ -627,7 +709,7 @@ def _decode_data(view: memoryview, size: int, integrity: Integrity) -> DataPacke
             f"{paylen} payload bytes at offset {offset} of a {dma_len}-byte write "
             f"({Opcode(opcode).name})",
         )
-    payload = integrity.open(view[:hlen], view[hlen:end], view[end:], tx_seq, port, ev)
+    payload = integrity.open_at(view, hlen, end, tx_seq, port, ev)
     return DataPacket(
         qpn, psn, va, rkey, payload, ev, port, tx_seq, ts_ns, flags, imm, dma_len, msn, offset,
         rq_msn,

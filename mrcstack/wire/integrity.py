@@ -165,6 +165,32 @@ class Integrity(abc.ABC):
     ) -> bytes | memoryview:
         """Return the plaintext payload, or raise DecodeError (BAD_CHECKSUM / BAD_AUTH)."""
 
+    def seal_into(
+        self,
+        packet: bytearray | memoryview,
+        hlen: int,
+        end: int,
+        tx_seq: int,
+        plane: int = 0,
+        ev: int = 0,
+    ) -> None:
+        """:meth:`seal` a packet laid out in ``packet``: header ``[:hlen]``, payload
+        ``[hlen:end]``, room for the trailer after it; the payload as sent and the trailer
+        are written in place (a data packet is built in one buffer)."""
+        view = memoryview(packet)
+        payload = view[hlen:end]
+        body, trailer = self.seal(view[:hlen], payload, tx_seq, plane, ev)
+        if body is not payload:
+            view[hlen:end] = body
+        view[end:] = trailer
+
+    def open_at(
+        self, view: memoryview, hlen: int, end: int, tx_seq: int, plane: int = 0, ev: int = 0
+    ) -> bytes | memoryview:
+        """:meth:`open` a received datagram ``view``: header ``[:hlen]``, payload
+        ``[hlen:end]``, trailer ``[end:]``."""
+        return self.open(view[:hlen], view[hlen:end], view[end:], tx_seq, plane, ev)
+
 
 def _address(value: bytes | str) -> bytes:
     try:
@@ -384,6 +410,44 @@ class AeadIntegrity(Integrity):
             sealed = memoryview(self._aead.encrypt(nonce, payload, header))
             return sealed[:-AEAD_TAG_LEN], bytes(sealed[-AEAD_TAG_LEN:])
         return payload, self._aead.encrypt(nonce, b"", bytes(header) + payload)
+
+    def seal_into(
+        self,
+        packet: bytearray | memoryview,
+        hlen: int,
+        end: int,
+        tx_seq: int,
+        plane: int = 0,
+        ev: int = 0,
+    ) -> None:
+        # The header and payload are one buffer here: authenticated as they lie, with no
+        # copy joining them (the generic seal's), once per data packet sent.
+        sealed = self._sealed
+        if not sealed.check(tx_seq):
+            raise WireUsageError(f"tx_seq {tx_seq} already sealed or too old: GCM nonce reuse")
+        sealed.update(tx_seq)
+        nonce = self._seal_prefix + _NONCE_SEQ.pack(tx_seq)
+        view = memoryview(packet)
+        if self._encrypt:
+            view[hlen:] = self._aead.encrypt(nonce, view[hlen:end], view[:hlen])
+        else:
+            view[end:] = self._aead.encrypt(nonce, b"", view[:end])
+
+    def open_at(
+        self, view: memoryview, hlen: int, end: int, tx_seq: int, plane: int = 0, ev: int = 0
+    ) -> bytes | memoryview:
+        # As open, with the datagram's own contiguous bytes as the associated data (and, when
+        # encrypting, payload + tag as the ciphertext): no copy joining them.
+        if len(view) - end != AEAD_TAG_LEN or not 0 <= tx_seq <= U64_MAX:
+            raise DecodeError(DecodeReason.BAD_AUTH, "AES-GCM tag missing or malformed")
+        nonce = self._open_prefix + _NONCE_SEQ.pack(tx_seq)
+        try:
+            if self._encrypt:
+                return self._aead.decrypt(nonce, view[hlen:], view[:hlen])
+            self._aead.decrypt(nonce, view[end:], view[:end])
+        except InvalidTag:
+            raise DecodeError(DecodeReason.BAD_AUTH, "AES-GCM tag does not verify") from None
+        return view[hlen:end]
 
     def open(
         self,

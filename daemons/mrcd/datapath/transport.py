@@ -437,33 +437,34 @@ class Transport:
         if self._backlog:
             self._pending_flush.add(qpn)
             return False  # sockets are full: the writer callback resumes us
-        out = conn.datagrams_to_send(clock(), SEND_BATCH)
+        out = conn.packets_to_send(clock(), SEND_BATCH)
         tos = self._to
         remote = qp.remote
         route = qp.route
         batches = self._tx
         sockaddr = txbatch.Sockaddr
-        for d in out:
-            port = d.port
-            key = (remote, port, d.ev, route)
+        encode_into = conn.encode_into
+        for pkt, size in out:
+            port = pkt.port
+            key = (remote, port, pkt.ev, route)
             to = tos.get(key)
             if to is None:
                 to = self._resolve(key)
-            data = d.data
-            size = len(data)
             if type(to) is sockaddr:
                 batch = batches[port]
                 if size <= batch.slot:
-                    batch.slots[batch.count][:size] = data
-                    control = None if data[0] < FIRST_CONTROL_OPCODE else _CONTROL_MESSAGE
+                    # Encoded straight into the send slot: no datagram object, no copy.
+                    slot = batch.slots[batch.count]
+                    size = encode_into(pkt, slot)
+                    control = None if slot[0] < FIRST_CONTROL_OPCODE else _CONTROL_MESSAGE
                     if batch.add(size, to, control):
                         self._send_batch(port)
                     continue
                 self._send_batch(port)
-                self._send_one(port, data, to.address)
+                self._send_one(port, conn.encode(pkt), to.address)
             else:
                 self._send_batch(port)
-                self._send_one(port, data, to)  # type: ignore[arg-type]
+                self._send_one(port, conn.encode(pkt), to)  # type: ignore[arg-type]
         for plane, batch in enumerate(batches):
             if batch.count:
                 self._send_batch(plane)
