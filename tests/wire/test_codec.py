@@ -48,6 +48,7 @@ from mrcstack.wire import (
     crc32_header,
     decode,
     encode,
+    encode_into,
     encode_trimmed,
     encoded_length,
     header_length,
@@ -101,6 +102,40 @@ def test_data_length_is_headers_payload_trailer(mode: str, pkt: DataPacket) -> N
 def test_encoded_length_is_the_datagram_length(mode: str, pkt: Packet) -> None:
     tx, _ = make_pair(mode)
     assert encoded_length(pkt, tx.trailer_len) == len(encode(pkt, tx))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(pkt=any_packet, spare=st.integers(0, 40))
+@settings(max_examples=100, deadline=None)
+def test_encode_into_writes_the_bytes_encode_returns(mode: str, pkt: Packet, spare: int) -> None:
+    tx, _ = make_pair(mode)
+    tx2, _ = make_pair(mode)  # (a sender seals each tx_seq once: a second one)
+    wire = encode(pkt, tx)
+    out = bytearray(b"\xee") * (len(wire) + spare)
+    assert encode_into(pkt, tx2, memoryview(out)) == len(wire)
+    assert out[: len(wire)] == wire
+    assert out[len(wire) :] == b"\xee" * spare  # nothing written past the datagram
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_encode_into_a_buffer_too_small_is_refused(mode: str) -> None:
+    tx, _ = make_pair(mode)
+    pkt = data()
+    size = encoded_length(pkt, tx.trailer_len)
+    with pytest.raises(WireUsageError):
+        encode_into(pkt, tx, bytearray(size - 1))
+    with pytest.raises(WireUsageError):
+        encode_into(ack(), tx, bytearray(4))
+
+
+def test_encode_into_names_a_bad_field_as_encode_does() -> None:
+    tx, _ = make_pair("aead")
+    bad = data(psn=1 << 24)
+    with pytest.raises(WireUsageError, match="psn") as want:
+        encode(bad, tx)
+    with pytest.raises(WireUsageError) as got:
+        encode_into(bad, tx, bytearray(9000))
+    assert str(got.value) == str(want.value)
 
 
 def test_encoded_length_refuses_non_packets() -> None:
