@@ -40,7 +40,7 @@ from mrcstack.core.memory import MemoryTable
 from mrcstack.core.plainrx import Placement, widen
 from mrcstack.core.psn import unwrap
 from mrcstack.core.reasons import EvReason, RejectReason
-from mrcstack.core.receiver import SACK_BITS, Feedback, Receiver
+from mrcstack.core.receiver import SACK_BITS, Receiver
 from mrcstack.core.sender import Sender
 from mrcstack.core.tx import U64, Outgoing, new_record
 from mrcstack.errors import ConnectionFailedError, LocalError
@@ -97,6 +97,9 @@ _AETH_NAKS = {
 }
 #: A tx_seq no packet carries: a QP without the extension takes no port bitmap from ACKs.
 _NO_PORTS = 1 << 64
+#: An ACK's fields as ``Connection._ack`` takes them: port, cum_psn, msn, echo_ev, echo_psn,
+#: echo_ts_ns, sack_base, sack_bitmap, ecn, nack, dup, ooo_count, rcv_bytes.
+_AckFields = tuple[int, int, int, int, int, int, int, int, bool, int, bool, int, int]
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
 DEFAULT_BATCH = 1 << 16
 
@@ -169,10 +172,12 @@ class Connection:
         self.receiver.on_refused = self._refused
         self._draining = False  # failed by refusing a write: still takes what came before
         self._control: deque[Outgoing] = deque()
-        self._coalesce = config.ack_coalesce > 1  # else every data packet is ACKed at once
-        if not self._coalesce:
-            self.receiver.direct = self._ack  # no Feedback object per data packet
-        self._pending_acks: dict[int, Feedback] = {}  # port -> newest feedback not yet sent
+        # Every data packet's feedback comes as the fields of its ACK (no Feedback object
+        # per packet): ACKed at once, or coalesced when an ACK may stand for several.
+        self._direct = self._ack_or_coalesce if config.ack_coalesce > 1 else self._ack
+        self.receiver.direct = self._direct
+        # port -> the fields of the newest ACK not yet sent (``_ack``'s arguments)
+        self._pending_acks: dict[int, _AckFields] = {}
         self._pending_count = [0] * config.planes
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
         self._pending_span = [(0, 0)] * config.planes
@@ -472,12 +477,8 @@ class Connection:
             self._last_data_rx = now
             if ecn:
                 stats.ecn_received += 1
-            fb = self.receiver.on_data(pkt, ecn, port)
-            if fb is not None:  # (None too when the receiver ACKed through _ack itself)
-                if self._coalesce:
-                    self._ack_or_coalesce(fb, port)
-                else:
-                    self._feedback(fb, port)
+            # (its feedback goes to _ack or _ack_or_coalesce: the receiver's direct)
+            self.receiver.on_data(pkt, ecn, port)
             if self._next_probe is None:
                 self._schedule_probes(now)
         elif type(pkt) is AckPacket:
@@ -499,9 +500,12 @@ class Connection:
         elif type(pkt) is ReliabilityProbePacket:
             stats.reliability_probes += 1
             queued = len(self._control)
-            fb = self.receiver.state_feedback(pkt.ev, pkt.ts_ns, port)
-            if fb is not None:
-                self._feedback(fb, port)
+            receiver = self.receiver
+            receiver.direct = self._ack  # the answer to a probe never waits to coalesce
+            try:
+                receiver.state_feedback(pkt.ev, pkt.ts_ns, port)
+            finally:
+                receiver.direct = self._direct
             if len(self._control) > queued:  # the SACK answering it: SETH pr
                 self._control[-1][0].flags |= _PROBE_RESPONSE  # type: ignore[union-attr]
         elif type(pkt) is ProbeReplyPacket:
@@ -571,8 +575,28 @@ class Connection:
         rr[port] += 1
         return self.evs.reverse_ev(port, rr[port], self.cfg.reverse_evs_per_plane)
 
-    def _ack_or_coalesce(self, fb: Feedback, port: int) -> None:
-        """ACK now, or let the next ACK on this port stand for this one too.
+    def _ack_or_coalesce(
+        self,
+        port: int,
+        cum_psn: int,
+        msn: int,
+        echo_ev: int,
+        echo_psn: int,
+        echo_ts_ns: int,
+        sack_base: int,
+        sack_bitmap: int,
+        ecn: bool,
+        nack: int,
+        dup: bool,
+        ooo_count: int,
+        rcv_bytes: int,
+        seq: int,
+        base: int,
+        rcv_nxt: int,
+    ) -> None:
+        """ACK now, or let the next ACK on this port stand for this one too: the feedback
+        for data packet ``seq`` (whose SACK window starts at ``base``, the cumulative point
+        then ``rcv_nxt``) as the receiver hands it over.
 
         Coalescing is safe only while the newest ACK reports every packet of the group it
         stands for (in its cumulative PSN or its 64-bit SACK window): the sender reads a
@@ -581,24 +605,20 @@ class Connection:
         out first whenever the new one would not cover its group, and before a NACK, ECN
         echo or duplicate report, which never wait: they are signals about one packet.
         """
-        limit = self.cfg.ack_coalesce
-        if limit <= 1:
-            self._feedback(fb, port)
-            return
-        urgent = fb.nack_reason or fb.ecn or fb.dup
+        urgent = nack or ecn or dup
         pending = self._pending_acks.get(port)
         if pending is not None:
             low, high = self._pending_span[port]
-            nxt = fb.rcv_nxt
             if urgent or not (
-                high < nxt or (max(low, nxt) >= fb.base and high < fb.base + SACK_BITS)
+                high < rcv_nxt or (max(low, rcv_nxt) >= base and high < base + SACK_BITS)
             ):
                 self._send_pending(port, pending)
                 pending = None
+        fields = (port, cum_psn, msn, echo_ev, echo_psn, echo_ts_ns, sack_base, sack_bitmap,
+                  ecn, nack, dup, ooo_count, rcv_bytes)  # fmt: skip
         if urgent:
-            self._feedback(fb, port)
+            self._ack(*fields)
             return
-        seq = fb.seq
         if pending is None:
             count = 1
             self._pending_span[port] = (seq, seq)
@@ -606,39 +626,22 @@ class Connection:
             count = self._pending_count[port] + 1
             low, high = self._pending_span[port]
             self._pending_span[port] = (min(low, seq), max(high, seq))
-        if count >= limit:
-            self._send_pending(port, fb)
+        if count >= self.cfg.ack_coalesce:
+            self._send_pending(port, fields)
         else:
-            self._pending_acks[port] = fb
+            self._pending_acks[port] = fields
             self._pending_count[port] = count
 
-    def _send_pending(self, port: int, fb: Feedback) -> None:
+    def _send_pending(self, port: int, fields: _AckFields) -> None:
         self._pending_acks.pop(port, None)
         self._pending_count[port] = 0
-        self._feedback(fb, port)
+        self._ack(*fields)
 
     def _flush_acks(self) -> None:
-        for port, fb in self._pending_acks.items():
+        for port, fields in self._pending_acks.items():
             self._pending_count[port] = 0
-            self._feedback(fb, port)
+            self._ack(*fields)
         self._pending_acks.clear()
-
-    def _feedback(self, fb: Feedback, port: int) -> None:
-        self._ack(
-            port,
-            fb.cum_psn,
-            fb.msn,
-            fb.echo_ev,
-            fb.echo_psn,
-            fb.echo_ts_ns,
-            fb.sack_base,
-            fb.sack_bitmap,
-            fb.ecn,
-            fb.nack_reason,
-            fb.dup,
-            fb.ooo_count,
-            fb.rcv_bytes,
-        )
 
     def _ack(
         self,
@@ -655,9 +658,13 @@ class Connection:
         dup: bool,
         ooo_count: int,
         rcv_bytes: int,
+        seq: int = 0,
+        base: int = 0,
+        rcv_nxt: int = 0,
     ) -> None:
         """Queue the ACK (or NACK) for data that arrived on ``port``: its feedback's fields,
-        from a Feedback or, ACKing every packet at once, straight from the receiver."""
+        straight from the receiver or coalesced (``seq``, ``base`` and ``rcv_nxt`` are for
+        coalescing: unused here)."""
         rr = self._reverse_rr  # _reverse_slot, inline: once per data packet received
         rr[port] += 1
         slot = self.evs.reverse_ev(port, rr[port], self._reverse_evs)

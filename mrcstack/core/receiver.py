@@ -103,10 +103,11 @@ class Receiver:
         self.refused_reason = 0
         self.refusal: str | None = None
         self.on_refused: Callable[[str], None] | None = None  # told the refusal, once
-        # Set by a connection that ACKs every data packet at once: the feedback goes
-        # straight to it as the fields of its ACK (``direct(port, cum_psn, msn, echo_ev,
-        # echo_psn, echo_ts_ns, sack_base, sack_bitmap, ecn, nack_reason, dup, ooo_count,
-        # rcv_bytes)``), with no Feedback in between, and on_data returns None.
+        # Set by a connection: the feedback goes straight to it as the fields of its ACK
+        # and what coalescing reads (``direct(port, cum_psn, msn, echo_ev, echo_psn,
+        # echo_ts_ns, sack_base, sack_bitmap, ecn, nack_reason, dup, ooo_count, rcv_bytes,
+        # seq, base, rcv_nxt)``, as Feedback names them), with no Feedback in between (one
+        # per data packet), and on_data returns None.
         self.direct: Callable[..., None] | None = None
 
     def on_data(self, pkt: DataPacket, ecn: bool, port: int = 0) -> Feedback | None:
@@ -305,7 +306,7 @@ class Receiver:
         direct = self.direct
         if direct is not None:
             direct(port, cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,
-                   reason, dup, held, placed)  # fmt: skip
+                   reason, dup, held, placed, seq, base, nxt)  # fmt: skip
             return None
         return Feedback(cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,
                         reason, dup, seq, base, nxt, held, placed)  # fmt: skip
