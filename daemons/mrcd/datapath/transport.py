@@ -38,13 +38,12 @@ from mrcstack.core.events import Event
 from mrcstack.daemons.mrcd.datapath import rxbatch, txbatch
 from mrcstack.qpn import qpn_text
 from mrcstack.wire import (
+    BTH_LEN,
     FIRST_CONTROL_OPCODE,
     TCLASS_CONTROL,
     TCLASS_DATA,
-    DecodeError,
     EvFormat,
     Opcode,
-    peek_qpn,
 )
 
 #: setsockopt(IPPROTO_UDP, ...) values from <linux/udp.h>: zero UDP checksums on IPv6, which
@@ -124,7 +123,7 @@ class TransportStats:
 
 
 class _Qp:
-    __slots__ = ("conn", "fmt", "on_event", "plain", "remote", "route")
+    __slots__ = ("conn", "fmt", "on_event", "plain", "remote", "route", "to")
 
     def __init__(self, conn: Connection, remote: int, on_event: Callable[[Event], None]) -> None:
         self.conn = conn
@@ -133,6 +132,10 @@ class _Qp:
         self.route = (self.fmt, self.plain)
         self.remote = remote
         self.on_event = on_event
+        #: (port, EV) -> where its datagrams go: the transport's (peer, port, EV, route)
+        #: entry, under a key that is cheap to hash once per packet sent (the route's
+        #: EvFormat hashes in Python).
+        self.to: dict[tuple[int, int], txbatch.Sockaddr | RawRoute] = {}
 
 
 def send(sock: socket.socket, data: bytes, addr: Address) -> None:
@@ -348,11 +351,11 @@ class Transport:
                 for i in range(k):
                     start = i * slot
                     datagram = data[start : start + u32[length_at[i]]]
-                    try:
-                        qpn = peek_qpn(datagram)
-                    except DecodeError:
+                    # peek_qpn, inline (a view of bytes already): once per datagram.
+                    if len(datagram) < BTH_LEN:
                         stats.malformed += 1
                         continue
+                    qpn = int.from_bytes(datagram[5:8], "big")
                     qp = qps.get(qpn)
                     if qp is None:
                         if qpn == ENDPOINT_QPN:
@@ -438,18 +441,15 @@ class Transport:
             self._pending_flush.add(qpn)
             return False  # sockets are full: the writer callback resumes us
         out = conn.packets_to_send(clock(), SEND_BATCH)
-        tos = self._to
-        remote = qp.remote
-        route = qp.route
+        tos = qp.to
         batches = self._tx
         sockaddr = txbatch.Sockaddr
         encode_into = conn.encode_into
         for pkt, size in out:
             port = pkt.port
-            key = (remote, port, pkt.ev, route)
-            to = tos.get(key)
+            to = tos.get((port, pkt.ev))
             if to is None:
-                to = self._resolve(key)
+                to = tos[port, pkt.ev] = self._resolve((qp.remote, port, pkt.ev, qp.route))
             if type(to) is sockaddr:
                 batch = batches[port]
                 if size <= batch.slot:
