@@ -94,7 +94,12 @@ from mrcstack.wire.packets import (
     SkipHint,
     traffic_class,
 )
-from mrcstack.wire.plain import decode_plain, encode_plain, plain_header_length
+from mrcstack.wire.plain import (
+    decode_plain,
+    encode_plain,
+    plain_encoded_length,
+    plain_header_length,
+)
 
 __all__ = [
     "ACKNOWLEDGE_HDR_LEN",
@@ -179,6 +184,7 @@ __all__ = [
     "has_extension",
     "header_length",
     "peek_qpn",
+    "plain_encoded_length",
     "plain_header_length",
     "stev_flow_label",
     "stev_source_port",

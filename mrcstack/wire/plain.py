@@ -122,7 +122,13 @@ from mrcstack.wire.packets import (
 if TYPE_CHECKING:
     from mrcstack.wire.integrity import Integrity
 
-__all__ = ["decode_acknowledge", "decode_plain", "encode_plain", "plain_header_length"]
+__all__ = [
+    "decode_acknowledge",
+    "decode_plain",
+    "encode_plain",
+    "plain_encoded_length",
+    "plain_header_length",
+]
 
 _TS_WORD = FTYPE  # TSETH/ERTH/PETH word after the timestamp: TSR 0, reserved 0, ftype 1
 _VALID_FEEDBACK_FLAGS = ECN_ECHO | PROBE_RESPONSE | FB_RETX
@@ -160,6 +166,36 @@ def plain_header_length(opcode: int, tseth: bool = True) -> int:
         return _CONTROL_LEN[opcode]
     except (KeyError, TypeError):
         raise WireUsageError(f"unknown opcode {opcode!r}") from None
+
+
+#: Header bytes of the control packets of one fixed size, by packet type.
+_FIXED_LEN: dict[type, int] = {
+    ProbePacket: _CONTROL_LEN[Opcode.ENDPOINT_REQUEST],
+    PortStatusPacket: _CONTROL_LEN[Opcode.ENDPOINT_REQUEST],
+    ProbeReplyPacket: _CONTROL_LEN[Opcode.ENDPOINT_RESPONSE],
+    ReliabilityProbePacket: _CONTROL_LEN[Opcode.RELIABILITY_PROBE_REQ],
+    AcknowledgePacket: ACKNOWLEDGE_HDR_LEN,
+}
+
+
+def plain_encoded_length(pkt: Packet, trailer_len: int) -> int:
+    """``len(encode_plain(pkt, integrity))`` without encoding, for an integrity whose trailer
+    is ``trailer_len`` bytes (a trimmed write has none)."""
+    kind = type(pkt)
+    if kind is DataPacket:
+        data: DataPacket = pkt  # type: ignore[assignment]
+        hlen = plain_header_length(write_opcode(data.flags, data.imm), data.ts_ns >= 0)
+        if data.flags & TRIMMED:
+            return hlen
+        return hlen + len(byte_view(data.payload)) + trailer_len
+    if kind is AckPacket:
+        ack: AckPacket = pkt  # type: ignore[assignment]
+        op = Opcode.RELIABILITY_NACK if ack.nack_reason else Opcode.RELIABILITY_SACK
+        return _CONTROL_LEN[op] + trailer_len
+    try:
+        return _FIXED_LEN[kind] + trailer_len
+    except KeyError:
+        raise WireUsageError(f"not an MRC packet: {kind.__name__}") from None
 
 
 def _crc_only(integrity: Integrity) -> None:

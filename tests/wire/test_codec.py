@@ -30,6 +30,7 @@ from mrcstack.wire import (
     SACK_HDR_LEN,
     TS_UNIT_NS_SHIFT,
     XFETH_LEN,
+    AckPacket,
     BthFlags,
     CrcIntegrity,
     DataFlags,
@@ -49,10 +50,12 @@ from mrcstack.wire import (
     decode,
     encode,
     encode_into,
+    encode_plain,
     encode_trimmed,
     encoded_length,
     header_length,
     peek_qpn,
+    plain_encoded_length,
     trim,
     trimmed_length,
     write_opcode,
@@ -64,6 +67,7 @@ from tests.support.wire import (
     PROBE_REPLY,
     XETH_FLAGS_FROM_END,
     ack,
+    acknowledge_packets,
     any_packet,
     data,
     data_packets,
@@ -102,6 +106,21 @@ def test_data_length_is_headers_payload_trailer(mode: str, pkt: DataPacket) -> N
 def test_encoded_length_is_the_datagram_length(mode: str, pkt: Packet) -> None:
     tx, _ = make_pair(mode)
     assert encoded_length(pkt, tx.trailer_len) == len(encode(pkt, tx))
+
+
+@given(pkt=any_packet | acknowledge_packets, no_ts=st.booleans(), trimmed=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_plain_encoded_length_is_the_datagram_length(
+    pkt: Packet, no_ts: bool, trimmed: bool
+) -> None:
+    """Without the extension too, for writes with and without TSETH, trimmed or not."""
+    if type(pkt) is DataPacket:
+        pkt = dataclasses.replace(pkt, ts_ns=-1) if no_ts else pkt
+        pkt = trim(pkt, lasthop=False) if trimmed else pkt
+    elif type(pkt) is AckPacket:  # (DUPLICATE needs the extension's XFETH)
+        pkt = dataclasses.replace(pkt, flags=pkt.flags & ~FeedbackFlags.DUPLICATE)
+    crc = CrcIntegrity()
+    assert plain_encoded_length(pkt, crc.trailer_len) == len(encode_plain(pkt, crc))
 
 
 @pytest.mark.parametrize("mode", MODES)
