@@ -61,6 +61,7 @@ from mrcstack.wire import (
     IcrcPath,
     Integrity,
     NackReason,
+    Opcode,
     Packet,
     PortStatusPacket,
     ProbePacket,
@@ -76,6 +77,8 @@ from mrcstack.wire import (
     encode_plain,
     encoded_length,
     has_extension,
+    plain_encoded_length,
+    plain_header_length,
 )
 
 # Plain ints: IntFlag arithmetic costs a method call per packet.
@@ -162,7 +165,17 @@ class Connection:
             self.replay = None
         self._encode = encode_plain if self.plain else encode
         self.probe_ids = probe_ids if probe_ids is not None else ProbeIds(rng)
-        self._trailer_len = self.integrity.trailer_len
+        self._trailer_len = trailer = self.integrity.trailer_len
+        # Control packets' datagram lengths as this QP's layout has them (an endpoint packet
+        # is sealed the host's way), and an ACK's, worked out once: one goes per data packet.
+        self._endpoint_trailer_len = self.endpoint_integrity.trailer_len
+        self._length = plain_encoded_length if self.plain else encoded_length
+        if self.plain:
+            self._sack_len = plain_header_length(Opcode.RELIABILITY_SACK) + trailer
+            self._nack_len = plain_header_length(Opcode.RELIABILITY_NACK) + trailer
+        else:
+            self._sack_len = SACK_HDR_LEN + trailer
+            self._nack_len = NACK_HDR_LEN + trailer
         self.sender = Sender(
             config, self.evs, self.cc, self.stats, self._emit, trailer_len=self._trailer_len
         )
@@ -699,7 +712,7 @@ class Connection:
         ack.cc_type = 0
         ack.scid = self._scid
         # _queue, inline: one per data packet received.
-        size = (NACK_HDR_LEN if nack else SACK_HDR_LEN) + self._trailer_len
+        size = self._nack_len if nack else self._sack_len
         self._control.append((ack, size))
         stats = self.stats
         stats.packets_sent[out_port] += 1
@@ -725,7 +738,8 @@ class Connection:
     def _queue(self, pkt: Packet, slot: EvSlot) -> None:
         """Queue a control packet (it is encoded, if at all, when it is handed out)."""
         port = slot.entry.port
-        size = encoded_length(pkt, self._trailer_len)
+        endpoint = pkt.qpn == ENDPOINT_QPN
+        size = self._length(pkt, self._endpoint_trailer_len if endpoint else self._trailer_len)
         self._control.append((pkt, size))
         self.stats.packets_sent[port] += 1
         self.stats.bytes_sent[port] += size

@@ -29,8 +29,10 @@ from mrcstack.wire.packets import (
     DataPacket,
     FeedbackFlags,
     NackReason,
+    Opcode,
     SkipHint,
 )
+from mrcstack.wire.plain import plain_header_length
 
 # Plain ints: IntFlag arithmetic costs a method call per packet.
 _RETX = int(DataFlags.RETX)
@@ -113,9 +115,15 @@ class Sender:
         self.posted = 0  # work requests posted: the next one's message sequence number
         self.recovery = STRATEGIES[config.mode](config, evs, cc, stats, self)
         # What a data packet's datagram adds to its payload (``trailer_len``: the ICRC or
-        # the AEAD tag), with and without an immediate.
-        self._overhead = DATA_HDR_LEN + trailer_len
-        self._imm_overhead = DATA_IMM_HDR_LEN + trailer_len
+        # the AEAD tag), with and without an immediate: once per QP, as its layout decides
+        # (without the extension a write is the specification's headers, with TSETH).
+        if config.extensions:
+            header, imm_header = DATA_HDR_LEN, DATA_IMM_HDR_LEN
+        else:
+            header = plain_header_length(Opcode.RDMA_WRITE_MIDDLE)
+            imm_header = plain_header_length(Opcode.RDMA_WRITE_LAST_IMM)
+        self._overhead = header + trailer_len
+        self._imm_overhead = imm_header + trailer_len
         self._remote_qpn = config.remote_qpn
         # Bound once: called once per packet sent and once per packet acknowledged.
         self._track = self.recovery.track

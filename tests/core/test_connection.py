@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mrcstack.core.cc import CCParams
+from mrcstack.core.connection import Datagram
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -28,6 +30,7 @@ from mrcstack.wire import (
     WRITE_OPCODES,
     AckPacket,
     DataPacket,
+    Opcode,
     ReliabilityProbePacket,
     decode,
     encode,
@@ -549,9 +552,7 @@ def test_encode_into_sends_what_datagrams_to_send_would(
         conn = nets[1].conns[side]
         for pkt, size in conn.packets_to_send(0.0):
             n = conn.encode_into(pkt, slot)
-            # The length packets_to_send gave (for a QP without the extension it counts the
-            # extension's headers too: an upper bound, which is what a slot check needs).
-            assert n == size if extensions else n <= size
+            assert n == size  # the length packets_to_send gave
             got.append((bytes(slot[:n]), pkt.port))
         assert got == want and want
         for i, net in enumerate(nets):
@@ -560,3 +561,54 @@ def test_encode_into_sends_what_datagrams_to_send_would(
     for net in nets:  # the write completed on both
         done = [e for e in iter(net.conns[0].next_event, None) if isinstance(e, SendCompleted)]
         assert [(e.wr_id, e.status) for e in done] == [(1, WcStatus.SUCCESS)]
+
+
+@pytest.mark.parametrize(
+    ("key", "encrypt", "extensions"),
+    [(None, False, True), (bytes(16), True, True), (None, False, False)],
+)
+def test_bytes_sent_and_received_count_the_datagrams(
+    key: bytes | None, encrypt: bool, extensions: bool
+) -> None:
+    """Each end's byte counters add up the datagrams it hands out and takes in (those not
+    rejected), with or without the extension: writes with and without an immediate,
+    retransmissions, SACKs, NACKs (trims), EV probes and their answers."""
+    faults = LinkFaults(loss=0.05, trim=0.05, delay=20e-6)
+    net = PairNet(3, faults, key=key, encrypt=encrypt, extensions=extensions, probe_interval=5e-5)
+    sent = [0, 0]
+    kinds: set[int] = set()
+
+    def on_send(side: int, d: Datagram, now: float) -> None:
+        sent[side] += len(d.data)
+        kinds.add(d.data[0])
+
+    net.on_send = on_send
+    taken = [0, 0]
+    for side, conn in enumerate(net.conns):
+        receive = conn.receive_datagram
+
+        def counted(data: bytes, *, _receive: Any = receive, _side: int = side, **kw: Any) -> None:
+            stats = net.conns[_side].stats
+            rejected = sum(stats.rejected.values())
+            _receive(data, **kw)
+            if sum(stats.rejected.values()) == rejected:
+                taken[_side] += len(data)
+
+        conn.receive_datagram = counted  # type: ignore[method-assign]
+    _, va, rkey = region(net, 1, 4 * 8192)
+    for i in range(4):
+        payload = bytes(range(256)) * 30 + b"x" * i
+        imm = i if i % 2 else None
+        net.conns[0].post_write(i, payload, va + i * 8192, rkey, imm=imm, now=0.0)
+    net.run(0.05, stop=lambda: len(sends(net)) == 4)
+    net.run(net.now + 1e-3)  # the last ACKs and probes
+    net.kick()  # what is queued is handed out (counted once queued)
+    assert [e.status for e in sends(net)] == [WcStatus.SUCCESS] * 4
+    assert {
+        Opcode.RDMA_WRITE_LAST_IMM,
+        Opcode.RELIABILITY_SACK,
+        Opcode.RELIABILITY_NACK,
+        Opcode.ENDPOINT_REQUEST,
+    } <= kinds
+    assert [sum(c.stats.bytes_sent) for c in net.conns] == sent
+    assert [sum(c.stats.bytes_received) for c in net.conns] == taken
