@@ -566,6 +566,7 @@ def test_encode_into_sends_what_datagrams_to_send_would(
 @pytest.mark.parametrize(
     ("key", "encrypt", "extensions"),
     [(None, False, True), (bytes(16), True, True), (None, False, False)],
+    ids=["crc", "aes-gcm", "plain"],
 )
 def test_bytes_sent_and_received_count_the_datagrams(
     key: bytes | None, encrypt: bool, extensions: bool
