@@ -331,3 +331,57 @@ async def test_ce_marks_are_counted_and_echoed_end_to_end() -> None:
         assert pair.conns[0].stats.ecn_received == 0  # the ACKs were not marked
     finally:
         pair.close()
+
+
+class _TimerOnly:
+    """Just what the transport's timer asks of a connection: a deadline, and what ran."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline: float | None = deadline
+        self.fired: list[float] = []
+        self.cfg = ConnectionConfig(local_qpn=1, remote_qpn=3, planes=1, evs=(EvEntry(0, 0),))
+        self.plain = False
+        self.probe_ids = None
+
+    def get_timer(self) -> float | None:
+        return self.deadline
+
+    def handle_timer(self, now: float) -> None:
+        assert self.deadline is not None and self.deadline <= now
+        self.fired.append(now)
+        self.deadline = None
+
+    def next_event(self) -> None:
+        return None
+
+    def packets_to_send(self, now: float, limit: int) -> list[object]:
+        return []
+
+
+def test_a_later_deadline_keeps_the_armed_timer_which_rearms_for_it() -> None:
+    """An ACK moving the deadline on does not cancel and re-create the loop's timer: the
+    armed one fires first and arms the later deadline, which runs the connection's timer
+    no earlier than it is due; an earlier deadline re-arms at once."""
+    loop = uvloop.new_event_loop()
+    try:
+        t = Transport(loop, [], lambda *_: ("::1", 1))
+        conn = _TimerOnly(clock() + 0.02)
+        t.add(1, conn, 0, lambda _: None)  # type: ignore[arg-type]
+        t._arm_timer()
+        first = t._timer
+        assert first is not None
+        conn.deadline = clock() + 0.05
+        t._arm_timer()
+        assert t._timer is first  # kept
+        due = conn.deadline
+        loop.run_until_complete(asyncio.sleep(0.2))
+        assert len(conn.fired) == 1 and conn.fired[0] >= due
+        conn.deadline = clock() + 1.0
+        t._arm_timer()
+        late = t._timer
+        conn.deadline = clock() + 0.01
+        t._arm_timer()
+        assert t._timer is not late and late is not None and late.cancelled()
+        t.close()
+    finally:
+        loop.close()

@@ -591,7 +591,13 @@ class Transport:
             t = qp.conn.get_timer()
             if t is not None and (deadline is None or t < deadline):
                 deadline = t
-        if deadline == self._timer_at:
+        armed = self._timer_at
+        if deadline == armed:
+            return
+        if deadline is not None and armed is not None and armed <= deadline:
+            # A later deadline (an ACK moved the RTO or the tail probe on, as most do): the
+            # armed timer fires first and re-arms, instead of a cancel and a new timer per
+            # flush (a few microseconds in the loop each time).
             return
         if self._timer is not None:
             self._timer.cancel()
