@@ -240,11 +240,6 @@ class Transport:
         self._addr_cache: dict[tuple[int, int, int, tuple[EvFormat, bool]], Address | RawRoute] = {}
         self._rx = rxbatch.BatchReceiver(READ_TURN)
         self._tx = [txbatch.BatchSender(SEND_TURN) for _ in sockets]
-        #: Where each (peer, plane, EV, route) sends: a sockaddr_in6 made once (uSID) or a
-        #: raw route.
-        self._to: dict[
-            tuple[int, int, int, tuple[EvFormat, bool]], txbatch.Sockaddr | RawRoute
-        ] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._backlog: deque[tuple[int, bytes, Address | RawRoute]] = deque()
@@ -478,15 +473,13 @@ class Transport:
     def _resolve(
         self, key: tuple[int, int, int, tuple[EvFormat, bool]]
     ) -> txbatch.Sockaddr | RawRoute:
-        """Where datagrams of (peer, plane, EV, route) go, resolved once."""
+        """Where datagrams of (peer, plane, EV, route) go: a sockaddr_in6 made once (uSID)
+        or a raw route (each QP keeps it by plane and EV)."""
         addr = self._addr_cache.get(key)
         if addr is None:
             remote, plane, ev, route = key
             addr = self._addr_cache[key] = self.resolver(remote, plane, ev, *route)
-        to: txbatch.Sockaddr | RawRoute
-        to = txbatch.Sockaddr(addr) if isinstance(addr, tuple) else addr
-        self._to[key] = to
-        return to
+        return txbatch.Sockaddr(addr) if isinstance(addr, tuple) else addr
 
     def _send_batch(self, plane: int) -> None:
         """Hand plane ``plane``'s batched datagrams to its socket; what the socket has no
