@@ -557,6 +557,18 @@ def has_extension(data: BytesLike) -> bool:
     return next_of(data[BTH_LEN], data[BTH_LEN + 1]) == NEXT_EXT
 
 
+def flags_aead_tag(data: BytesLike) -> bool:
+    """Whether a control packet with mrcstack's extension (:func:`has_extension`) flags an
+    AES-GCM tag as its trailer, not the ICRC: which integrity to open it with, without
+    trying both.  False for anything too short to say (its decode then says why)."""
+    opcode = data[0] if len(data) else -1
+    hlen = _HEADER_LEN.get(opcode)
+    if hlen is None or opcode in WRITE_OPCODES or len(data) < hlen:
+        return False
+    ext_len = XETH_LEN if opcode in XETH_OPCODES else XFETH_LEN
+    return bool(data[hlen - ext_len + 1] & _TAG)
+
+
 def decode(data: BytesLike, integrity: Integrity) -> Packet:
     """Parse and verify one datagram of a QP that negotiated mrcstack's extension; raises
     DecodeError and nothing else on bad input.

@@ -132,3 +132,44 @@ def test_port_status_updates_over_the_fabric() -> None:
     assert p.send_port_status(2, 0b0011, [1], t1s=4, plain=True) == 2
     update = decode_plain(sent[-1], crc)
     assert type(update) is PortStatusPacket and update.port_state == 0b0011
+
+
+def test_a_probe_sealed_with_another_key_is_refused_unanswered() -> None:
+    """Its extension flags an AES-GCM tag: opened with the pair's key only (not retried as
+    a CRC packet), refused with the decode's reason, and not answered."""
+    key = os.urandom(32)
+    sent: list[bytes] = []
+    p = responder(sent, key)
+    forged = encode(ProbePacket(2, 0x101, 1, 9, 77, 0, 5), AeadIntegrity(os.urandom(32), 1, 4))
+    p.on_datagram(memoryview(forged), H0, 1)
+    assert sent == []
+    assert sum(p.rejected.values()) == 1
+    assert not set(p.rejected) & set(probes.REASONS)  # a decode reason, not the prober's
+
+
+def test_who_sent_it_and_the_way_back_are_worked_out_once_per_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host_of and resolve are pure and slow (address parsing): asked once per source and
+    per path, in tables that a flood of spoofed sources cannot grow past MAX_SOURCES."""
+    monkeypatch.setattr(probes, "MAX_SOURCES", 8)
+    asked: list[str] = []
+    sent: list[bytes] = []
+    p = Prober(
+        asyncio.new_event_loop(),
+        resolve=lambda host, plane, ev: asked.append("resolve") or ("::1", 2000 + ev),
+        host_of=lambda source, plane: asked.append("host_of") or 2,
+        send=lambda plane, data, dst: sent.append(data) is None,
+        port_bits=lambda: BITS,
+    )
+    crc = CrcIntegrity()
+    for i in range(30):
+        p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, i, 5, 0, i), crc)), H2, 1)
+    assert asked == ["host_of", "resolve"] and len(sent) == 30
+    assert {decode(d, crc).probe_id for d in sent} == set(range(30))  # type: ignore[union-attr]
+    asked.clear()
+    for i in range(20):  # 20 sources, 20 EVs
+        probe = ProbePacket(2, 0x120 + i, 1, 100 + i, 5, 0, i)
+        p.on_datagram(memoryview(encode(probe, crc)), ("::1", 3000 + i), 1)
+    assert asked.count("host_of") == 20 and asked.count("resolve") == 20
+    assert len(p._hosts) <= 8 and len(p._dsts) <= 8

@@ -18,7 +18,14 @@ from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceive
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
 from mrcstack.daemons.mrcd.datapath.rxbatch import IPV6_FLOWINFO, BatchReceiver
-from mrcstack.daemons.mrcd.datapath.transport import READ_TURN, Transport, clock, open_plane_socket
+from mrcstack.daemons.mrcd.datapath.transport import (
+    READ_TURN,
+    TCLASS_CONTROL,
+    UDP_NO_CHECK6_RX,
+    Transport,
+    clock,
+    open_plane_socket,
+)
 
 PLANES = 2
 MTU = 8192
@@ -385,3 +392,52 @@ def test_a_later_deadline_keeps_the_armed_timer_which_rearms_for_it() -> None:
         t.close()
     finally:
         loop.close()
+
+
+async def test_answers_made_while_draining_leave_in_the_batch_with_their_class() -> None:
+    """A connectionless datagram sent while the sockets are drained (the answer to a probe)
+    waits in its plane's batch and leaves when the drain ends, in the control class; one
+    sent outside a drain leaves at once."""
+    loop = asyncio.get_running_loop()
+    socks = [open_plane_socket(("::1", 0)) for _ in range(PLANES)]
+    peer = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    peer.bind(("::1", 0))
+    peer.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)  # the plane sockets send none
+    peer.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+    peer.settimeout(5)
+    to = ("::1", peer.getsockname()[1])
+    held: list[int] = []
+    transport: Transport
+
+    def answer(data: memoryview, source: object, plane: int, flow: int) -> None:
+        assert transport.send_raw(plane, bytes([0xFF]) + bytes(data[1:]), to)
+        held.append(transport._tx[plane].count)  # queued, not yet sent
+
+    transport = Transport(loop, socks, lambda *route: to, connectionless=answer)
+    try:
+        probe = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1])  # a BTH for QP 2
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            for i in range(40):
+                s.sendto(probe + bytes([i]) * 20, ("::1", socks[i % PLANES].getsockname()[1]))
+        got = []
+        while len(got) < 40:
+            data, anc, _, _ = await loop.run_in_executor(
+                None, peer.recvmsg, 256, socket.CMSG_SPACE(4)
+            )
+            tclass = [int.from_bytes(c[2], "little") for c in anc if c[1] == socket.IPV6_TCLASS]
+            got.append((data, tclass))
+        assert sorted(d for d, _ in got) == sorted(
+            bytes([0xFF]) + probe[1:] + bytes([i]) * 20 for i in range(40)
+        )
+        assert {tuple(t) for _, t in got} == {(TCLASS_CONTROL,)}
+        assert len(held) == 40 and all(n >= 1 for n in held)
+        assert transport.stats.datagrams_out == 40
+        assert all(b.count == 0 for b in transport._tx)
+        assert transport.send_raw(0, b"\xff outside a drain", to)  # sent at once
+        assert all(b.count == 0 for b in transport._tx)
+        assert (await loop.run_in_executor(None, peer.recv, 256)) == b"\xff outside a drain"
+    finally:
+        transport.close()
+        peer.close()
+        for s in socks:
+            s.close()

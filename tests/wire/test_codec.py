@@ -53,6 +53,8 @@ from mrcstack.wire import (
     encode_plain,
     encode_trimmed,
     encoded_length,
+    flags_aead_tag,
+    has_extension,
     header_length,
     peek_qpn,
     plain_encoded_length,
@@ -432,6 +434,26 @@ def test_peek_qpn() -> None:
     with pytest.raises(DecodeError) as info:
         peek_qpn(b"\xca" * 11)
     assert info.value.reason is DecodeReason.TRUNCATED
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(pkt=any_packet)
+@settings(max_examples=100, deadline=None)
+def test_flags_aead_tag_says_which_integrity_opens_a_control_packet(mode: str, pkt: Packet) -> None:
+    """Read from the extension's flags: True exactly for a control packet sealed with
+    AES-GCM; a write never says (its QP's negotiation does)."""
+    tx, _ = make_pair(mode)
+    wire = encode(pkt, tx)
+    expected = has_extension(wire) and mode != "crc"
+    assert flags_aead_tag(wire) is expected
+    assert flags_aead_tag(memoryview(wire)) is expected
+    if not has_extension(wire):
+        assert type(pkt) is DataPacket
+
+
+@pytest.mark.parametrize("short", [b"", b"\x0a", bytes(PROBE_HDR_LEN - 1)])
+def test_flags_aead_tag_on_too_little_is_false(short: bytes) -> None:
+    assert flags_aead_tag(short) is False
 
 
 # --- decode: no copy, input kinds ----------------------------------------------------------

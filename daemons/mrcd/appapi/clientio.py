@@ -40,6 +40,10 @@ class ClientIO:
         self.on_close: Callable[[str], None] = lambda reason: None
         self.fds: list[int] = []
         self.rbuf = bytearray()
+        # Received into one buffer made once: a fresh RECV_SIZE bytes object per read would
+        # cost an mmap, an mremap and a munmap each time (it is past malloc's mmap threshold).
+        self._recv_buf = bytearray(RECV_SIZE)
+        self._recv_view = memoryview(self._recv_buf)
         self.wbuf = bytearray()
         self.closed = False
         sock.setblocking(False)
@@ -59,7 +63,9 @@ class ClientIO:
         cmsg = socket.CMSG_SPACE(wire.MAX_FDS * 4)
         for _ in range(READS_PER_CALLBACK):
             try:
-                data, anc, flags, _ = self.sock.recvmsg(RECV_SIZE, cmsg, socket.MSG_CMSG_CLOEXEC)
+                n, anc, flags, _ = self.sock.recvmsg_into(
+                    (self._recv_buf,), cmsg, socket.MSG_CMSG_CLOEXEC
+                )
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -73,10 +79,10 @@ class ClientIO:
             if flags & socket.MSG_CTRUNC or len(self.fds) > MAX_PENDING_FDS:
                 self.close("protocol error: too many file descriptors")
                 return
-            if not data:
+            if not n:
                 self.close("client closed the connection")
                 return
-            self.rbuf += data
+            self.rbuf += self._recv_view[:n]
             try:
                 frames = wire.split_frames(self.rbuf)
             except ValueError as exc:
@@ -86,7 +92,7 @@ class ClientIO:
                 self.on_frame(kind, body)
                 if self.closed:
                     return
-            if len(data) < RECV_SIZE:
+            if n < RECV_SIZE:
                 return
 
     def take_fds(self, n: int) -> list[int] | None:

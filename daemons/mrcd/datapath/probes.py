@@ -46,6 +46,7 @@ from mrcstack.wire import (
     encode,
     encode_plain,
     ev_from_outer,
+    flags_aead_tag,
     has_extension,
 )
 
@@ -108,6 +109,10 @@ class Prober:
         self._keys: dict[int, AeadIntegrity] = {}
         self._crcs: dict[tuple[int | None, int | None], CrcIntegrity] = {}  # (host, port) ->
         self._buckets: dict[Address, tuple[float, float]] = {}  # source -> (tokens, when)
+        # host_of and resolve are pure functions of the configuration, and slow (address
+        # parsing): what they said, kept per (source, plane) and per (host, plane, EV).
+        self._hosts: dict[tuple[Address, int], int | None] = {}
+        self._dsts: dict[tuple[int, int, int], Address] = {}
 
     def set_keys(self, local: int, keys: dict[int, bytes]) -> None:
         """The probe key for each peer host we have one for (``local``: our host index)."""
@@ -180,24 +185,26 @@ class Prober:
     def on_datagram(self, data: memoryview, source: Address, plane: int, flow: int = 0) -> None:
         """A datagram for QP 2 that is not a QP's (the transport's hook; ``flow``: its traffic
         class and flow label).  Never raises."""
-        host = self.host_of(source, plane)
+        key = (source, plane)
+        try:
+            host = self._hosts[key]
+        except KeyError:
+            if len(self._hosts) >= MAX_SOURCES:
+                self._hosts.clear()  # (spoofed sources cannot grow it)
+            host = self._hosts[key] = self.host_of(source, plane)
         ext = has_extension(data)
-        aead = self._keys.get(host) if host is not None and ext else None
-        authenticated = False
+        # Sealed with the pair's key only if its extension flags an AES-GCM tag (a QP's
+        # probes carry the ICRC): opened with the one integrity that can pass.
+        aead = self._keys.get(host) if host is not None and ext and flags_aead_tag(data) else None
+        authenticated = aead is not None
         crc = self._crc(host, source[1])
         try:
             if not ext:
                 pkt = decode_plain(
                     data, crc, ev=ev_from_outer(source[1], flow), port=plane, tclass=flow >> 20
                 )
-            elif aead is not None:
-                try:
-                    pkt = decode(data, aead)
-                    authenticated = True
-                except DecodeError:
-                    pkt = decode(data, crc)  # not sealed: a CRC-only probe, or garbage
             else:
-                pkt = decode(data, crc)
+                pkt = decode(data, aead if aead is not None else crc)
         except DecodeError as exc:
             self._reject(exc.reason.value)
             return
@@ -275,11 +282,16 @@ class Prober:
         if not self._allow(source):
             self._reject(PROBE_RATE_LIMITED)
             return
-        try:
-            dst = self.resolve(host, plane, pkt.ev)
-        except ValueError:
-            self._reject(PROBE_SOURCE)  # an EV that is no path from here to the prober
-            return
+        dst = self._dsts.get((host, plane, pkt.ev))
+        if dst is None:
+            try:
+                dst = self.resolve(host, plane, pkt.ev)
+            except ValueError:
+                self._reject(PROBE_SOURCE)  # an EV that is no path from here to the prober
+                return
+            if len(self._dsts) >= MAX_SOURCES:
+                self._dsts.clear()
+            self._dsts[host, plane, pkt.ev] = dst
         self._seq += 1
         bits = 0  # the port bitmap is for hosts that prove who they are
         if authenticated:

@@ -61,6 +61,9 @@ SEND_BATCH = 256
 #: Datagrams per ``sendmmsg`` call on one plane socket (``txbatch.py``).
 SEND_TURN = 64
 SOCKET_BUFFER = 8 << 20
+#: Destinations of connectionless datagrams kept as ready sockaddrs (probers' paths to us);
+#: past this the table starts over.
+RAW_DESTINATIONS = 4096
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 #: The core's clock (seconds); the node reads the same one.
@@ -248,6 +251,7 @@ class Transport:
         self._flush_scheduled = False
         self._closed = False
         self._draining = False
+        self._raw_to: dict[Address, txbatch.Sockaddr] = {}  # send_raw's destinations
         for plane, sock in enumerate(sockets):
             loop.add_reader(sock.fileno(), self._on_readable, plane)
 
@@ -312,6 +316,7 @@ class Transport:
             self._draining = False
         if self._pending_flush:
             self._flush_pending()
+        self._send_batches()
 
     def _drain(self) -> None:
         rx = self._rx
@@ -519,6 +524,12 @@ class Transport:
             self._watch_writable(plane, backlog[-1][2])
         batch.count = 0
 
+    def _send_batches(self) -> None:
+        """Send what the batches still hold (datagrams of :meth:`send_raw` in a drain)."""
+        for plane, batch in enumerate(self._tx):
+            if batch.count:
+                self._send_batch(plane)
+
     def _send_one(self, plane: int, data: bytes, addr: Address | RawRoute) -> None:
         """One datagram outside the batches (a raw route, a jumbo datagram)."""
         stats = self.stats
@@ -620,9 +631,28 @@ class Transport:
                 qp.conn.handle_timer(now)
                 self._pending_flush.add(qpn)
         self._flush_pending()
+        self._send_batches()
 
     def send_raw(self, plane: int, data: bytes, addr: Address) -> bool:
-        """Send one datagram outside any connection (probes); False if the port refused."""
+        """Send one datagram outside any connection (probes); False if the port refused.
+
+        One sent while the sockets are drained (the answer to a probe that just arrived)
+        joins its plane's batch and leaves when the drain ends, with the acknowledgements
+        made meanwhile: on its own, a ``sendmsg`` costs several times the system time of a
+        batched datagram.  Its errors are then the batch's (counted, the datagram lost)."""
+        if self._draining and len(data) <= txbatch.SLOT:
+            to = self._raw_to.get(addr)
+            if to is None:
+                if len(self._raw_to) >= RAW_DESTINATIONS:
+                    self._raw_to.clear()
+                to = self._raw_to[addr] = txbatch.Sockaddr(addr)
+            batch = self._tx[plane]
+            size = len(data)
+            batch.slots[batch.count][:size] = data
+            control = None if data[0] < FIRST_CONTROL_OPCODE else _CONTROL_MESSAGE
+            if batch.add(size, to, control):
+                self._send_batch(plane)
+            return True
         try:
             send(self.sockets[plane], data, addr)
         except OSError:
