@@ -181,14 +181,13 @@ class Connection:
         )
         # Packets in flight, their loss and the timers that decide it (the sender's).
         self.recovery = self.sender.recovery
-        self.receiver = Receiver(config, memory, self.stats, self._emit)
+        # Every data packet's feedback comes as the fields of its ACK: ACKed at once, or
+        # coalesced when an ACK may stand for several.
+        feedback = self._ack_or_coalesce if config.ack_coalesce > 1 else self._ack
+        self.receiver = Receiver(config, memory, self.stats, self._emit, feedback)
         self.receiver.on_refused = self._refused
         self._draining = False  # failed by refusing a write: still takes what came before
         self._control: deque[Outgoing] = deque()
-        # Every data packet's feedback comes as the fields of its ACK (no Feedback object
-        # per packet): ACKed at once, or coalesced when an ACK may stand for several.
-        self._direct = self._ack_or_coalesce if config.ack_coalesce > 1 else self._ack
-        self.receiver.direct = self._direct
         # port -> the fields of the newest ACK not yet sent (``_ack``'s arguments)
         self._pending_acks: dict[int, _AckFields] = {}
         self._pending_count = [0] * config.planes
@@ -513,12 +512,8 @@ class Connection:
         elif type(pkt) is ReliabilityProbePacket:
             stats.reliability_probes += 1
             queued = len(self._control)
-            receiver = self.receiver
-            receiver.direct = self._ack  # the answer to a probe never waits to coalesce
-            try:
-                receiver.state_feedback(pkt.ev, pkt.ts_ns, port)
-            finally:
-                receiver.direct = self._direct
+            # (the answer to a probe never waits to coalesce)
+            self.receiver.state_feedback(pkt.ev, pkt.ts_ns, port, self._ack)
             if len(self._control) > queued:  # the SACK answering it: SETH pr
                 self._control[-1][0].flags |= _PROBE_RESPONSE  # type: ignore[union-attr]
         elif type(pkt) is ProbeReplyPacket:

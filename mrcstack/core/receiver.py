@@ -16,7 +16,6 @@ and after a refusal the QP places only what came before the refused write
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, WriteImmReceived
@@ -42,31 +41,6 @@ _UNIT_SHIFT = 8  # ...and count 256-byte units (rounded up), section 7.5.5.4 as 
 _UNIT = 1 << _UNIT_SHIFT
 
 
-@dataclass(slots=True)
-class Feedback:
-    """The ACK or NACK to send for one data packet (the connection encodes it).
-
-    Not frozen: one is built per data packet, and a frozen dataclass pays a
-    ``object.__setattr__`` call per field.  Nothing changes it after it is built.
-    """
-
-    cum_psn: int
-    msn: int
-    echo_ev: int
-    echo_psn: int
-    echo_ts_ns: int
-    sack_base: int
-    sack_bitmap: int
-    ecn: bool
-    nack_reason: int
-    dup: bool = False  # the packet had already arrived
-    seq: int = 0  # the echoed packet's unwrapped PSN (coalescing checks coverage with it)
-    base: int = 0  # the unwrapped PSN of bit 0 of the SACK bitmap
-    rcv_nxt: int = 0  # everything below this is acknowledged cumulatively
-    ooo_count: int = 0  # packets held beyond rcv_nxt (saturating, for CC_STATE)
-    rcv_bytes: int = 0  # payload bytes placed in 256-byte units, mod 2**24 (CC_STATE)
-
-
 class Receiver:
     def __init__(
         self,
@@ -74,6 +48,7 @@ class Receiver:
         memory: MemoryTable,
         stats: ConnectionStats,
         emit: Callable[[Event], None],
+        feedback: Callable[..., None],
     ) -> None:
         self.cfg = config
         self.memory = memory
@@ -103,16 +78,15 @@ class Receiver:
         self.refused_reason = 0
         self.refusal: str | None = None
         self.on_refused: Callable[[str], None] | None = None  # told the refusal, once
-        # Set by a connection: the feedback goes straight to it as the fields of its ACK
-        # and what coalescing reads (``direct(port, cum_psn, msn, echo_ev, echo_psn,
-        # echo_ts_ns, sack_base, sack_bitmap, ecn, nack_reason, dup, ooo_count, rcv_bytes,
-        # seq, base, rcv_nxt)``, as Feedback names them), with no Feedback in between (one
-        # per data packet), and on_data returns None.
-        self.direct: Callable[..., None] | None = None
+        # Where each packet's feedback goes, as the fields of its ACK and what coalescing
+        # reads: ``feedback(port, cum_psn, msn, echo_ev, echo_psn, echo_ts_ns, sack_base,
+        # sack_bitmap, ecn, nack_reason, dup, ooo_count, rcv_bytes, seq, base, rcv_nxt)``
+        # (fields, not an object: this runs per data packet).
+        self.feedback = feedback
 
-    def on_data(self, pkt: DataPacket, ecn: bool, port: int = 0) -> Feedback | None:
-        """Place a data packet that arrived on NIC ``port``; the feedback to send for it
-        (None: none, or it went to :attr:`direct`)."""
+    def on_data(self, pkt: DataPacket, ecn: bool, port: int = 0) -> None:
+        """Place a data packet that arrived on NIC ``port``, and hand the feedback to send
+        for it (if any) to :attr:`feedback`."""
         nxt = self.rcv_nxt
         delta = (pkt.psn - nxt) & PSN_MASK  # unwrap(), inline: this runs per packet
         if delta >= HALF:
@@ -123,40 +97,43 @@ class Receiver:
         if flags & _TRIMMED:
             self.stats.trims_received += 1
             if delta < 0 or seq in ooo:
-                if delta < -OLD_DUPLICATE:
-                    return None
-                return self._feedback(pkt, seq, ecn, 0, port)  # already have it: a plain ACK
+                if delta >= -OLD_DUPLICATE:
+                    self._feedback(pkt, seq, ecn, 0, port)  # already have it: a plain ACK
+                return
             reason = NackReason.TRIMMED_LASTHOP if flags & _TRIM_LASTHOP else NackReason.TRIMMED
-            return self._feedback(pkt, seq, ecn, reason, port)
+            self._feedback(pkt, seq, ecn, reason, port)
+            return
         if delta < 0 or seq in ooo:
             self.stats.duplicates += 1
-            if delta < -OLD_DUPLICATE:
-                return None
-            return self._feedback(pkt, seq, ecn, 0, port, dup=True)
+            if delta >= -OLD_DUPLICATE:
+                self._feedback(pkt, seq, ecn, 0, port, dup=True)
+            return
         refused_at = self.refused_at
         if refused_at is not None and seq >= refused_at:
             self.stats.count(self.stats.rejected, RejectReason.REFUSED)
-            return self._feedback(pkt, seq, ecn, self.refused_reason, port)
+            self._feedback(pkt, seq, ecn, self.refused_reason, port)
+            return
         if delta >= self.cfg.max_window:
             self.stats.count(self.stats.rejected, RejectReason.PSN_WINDOW)
             why = f"PSN {pkt.psn} is {delta} packets ahead of a window of {self.cfg.max_window}"
             self._refuse(pkt, seq, NackReason.PSN_OOR_WINDOW, why)
-            if delta >= OLD_DUPLICATE:
-                return None  # SETH cannot name a PSN that far from the cumulative one
-            return self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW, port)
+            if delta < OLD_DUPLICATE:  # (SETH cannot name a PSN further from the cumulative)
+                self._feedback(pkt, seq, ecn, NackReason.PSN_OOR_WINDOW, port)
+            return
         if self.roce and delta:
-            if self.nak_sent_at == nxt:
-                return None
-            self.nak_sent_at = nxt
-            # As an IBTA sequence-error NAK: the PSN it names is the one expected next.
-            return self._build(pkt.ev, nxt & PSN_MASK, pkt.ts_ns, nxt, ecn, NackReason.SEQ_ERROR,
-                               False, port)  # fmt: skip
+            if self.nak_sent_at != nxt:
+                self.nak_sent_at = nxt
+                # As an IBTA sequence-error NAK: the PSN it names is the one expected next.
+                self._build(pkt.ev, nxt & PSN_MASK, pkt.ts_ns, nxt, ecn, NackReason.SEQ_ERROR,
+                            False, port, self.feedback)  # fmt: skip
+            return
         payload = pkt.payload
         size = len(payload)
         offset = pkt.offset
         first = seq - offset // self.mtu  # the write's first packet
         if first >= self.checked and first not in self.spans and not self._check_write(pkt, first):
-            return self._feedback(pkt, seq, ecn, self.refused_reason, port)
+            self._feedback(pkt, seq, ecn, self.refused_reason, port)
+            return
         try:
             if first > self.checked:  # an earlier write is not checked yet: this one waits
                 self.memory.check_range(pkt.rkey, pkt.va, size)
@@ -167,7 +144,8 @@ class Receiver:
         except AccessError as exc:  # (a region deregistered while its write arrives)
             self.stats.count(self.stats.rejected, RejectReason.RKEY)
             self._refuse(pkt, first, NackReason.REMOTE_ACCESS, f"{exc} at offset {offset}")
-            return self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS, port)
+            self._feedback(pkt, seq, ecn, NackReason.REMOTE_ACCESS, port)
+            return
         if flags & _LAST:
             self.imms[seq] = -1 if pkt.imm is None else pkt.imm
         if delta:
@@ -175,7 +153,7 @@ class Receiver:
             self.ooo_bits |= 1 << delta
         else:
             self._advance(seq + 1, size)
-        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, 0, False, port)
+        self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, 0, False, port, self.feedback)
 
     def _check_write(self, pkt: DataPacket, first: int) -> bool:
         """The first packet seen of the write that starts at ``first``: check the whole
@@ -266,17 +244,17 @@ class Receiver:
         self.rcv_nxt = seq
         self.nak_sent_at = None
 
-    def state_feedback(self, ev: int, ts_ns: int, port: int = 0) -> Feedback | None:
-        """The SACK answering a reliability probe (from ``port``): the cumulative and
-        selective state now, echoing the probe's EV and timestamp (its PSN echo is the
-        cumulative PSN).  None when it went to :attr:`direct`."""
+    def state_feedback(self, ev: int, ts_ns: int, port: int, to: Callable[..., None]) -> None:
+        """The SACK answering a reliability probe (from ``port``), handed to ``to`` (as
+        :attr:`feedback` takes it): the cumulative and selective state now, echoing the
+        probe's EV and timestamp (its PSN echo is the cumulative PSN)."""
         cum = self.rcv_nxt - 1
-        return self._build(ev, cum & PSN_MASK, ts_ns, cum, False, 0, False, port)
+        self._build(ev, cum & PSN_MASK, ts_ns, cum, False, 0, False, port, to)
 
     def _feedback(
         self, pkt: DataPacket, seq: int, ecn: bool, reason: int, port: int, dup: bool = False
-    ) -> Feedback | None:
-        return self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, reason, dup, port)
+    ) -> None:
+        self._build(pkt.ev, pkt.psn, pkt.ts_ns, seq, ecn, reason, dup, port, self.feedback)
 
     def _build(
         self,
@@ -288,7 +266,8 @@ class Receiver:
         reason: int,
         dup: bool,
         port: int,
-    ) -> Feedback | None:
+        to: Callable[..., None],
+    ) -> None:
         """Feedback echoing packet ``seq`` (``ev``, ``psn``, ``ts_ns``): the cumulative PSN
         and the 64-bit SACK window that ends at ``seq`` (or starts at the cumulative point)."""
         nxt = self.rcv_nxt
@@ -303,10 +282,5 @@ class Receiver:
         if held > _OOO_MAX:
             held = _OOO_MAX
         placed = ((self.stats.data_bytes_placed + _UNIT - 1) >> _UNIT_SHIFT) & _BYTES_MASK
-        direct = self.direct
-        if direct is not None:
-            direct(port, cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,
-                   reason, dup, held, placed, seq, base, nxt)  # fmt: skip
-            return None
-        return Feedback(cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn,
-                        reason, dup, seq, base, nxt, held, placed)  # fmt: skip
+        to(port, cum, self.msn, ev, psn, ts_ns, base & PSN_MASK, sack_bitmap, ecn, reason, dup,
+           held, placed, seq, base, nxt)  # fmt: skip
