@@ -441,3 +441,39 @@ async def test_answers_made_while_draining_leave_in_the_batch_with_their_class()
         peer.close()
         for s in socks:
             s.close()
+
+
+async def test_one_read_of_every_socket_per_loop_turn() -> None:
+    """The loop calls the reader once per readable socket: the first call of a turn reads
+    them all, the others return at once, and the next turn reads what came meanwhile."""
+    loop = asyncio.get_running_loop()
+    socks = [open_plane_socket(("::1", 0)) for _ in range(PLANES)]
+    seen: list[int] = []
+    transport = Transport(
+        loop, socks, lambda *route: ("::1", 9), connectionless=lambda d, s, p, f: seen.append(p)
+    )
+    probe = bytes([0x0B, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(20)  # for QP 2
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+
+            def send(plane: int) -> None:
+                s.sendto(probe, ("::1", socks[plane].getsockname()[1]))
+
+            send(0)
+            send(1)
+            time.sleep(0.05)
+            transport._on_readable(0)  # as the loop calls it, for plane 0's socket
+            assert sorted(seen) == [0, 1] and transport.stats.datagrams_in == 2
+            send(1)
+            time.sleep(0.05)
+            transport._on_readable(1)  # the same turn: plane 1's socket, read already
+            assert transport.stats.datagrams_in == 2
+            for _ in range(100):  # the next turns read it
+                await asyncio.sleep(0.01)
+                if transport.stats.datagrams_in == 3:
+                    break
+            assert transport.stats.datagrams_in == 3 and sorted(seen) == [0, 1, 1]
+    finally:
+        transport.close()
+        for sock in socks:
+            sock.close()

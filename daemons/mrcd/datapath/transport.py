@@ -251,6 +251,7 @@ class Transport:
         self._flush_scheduled = False
         self._closed = False
         self._draining = False
+        self._drained_this_turn = False
         self._raw_to: dict[Address, txbatch.Sockaddr] = {}  # send_raw's destinations
         for plane, sock in enumerate(sockets):
             loop.add_reader(sock.fileno(), self._on_readable, plane)
@@ -306,9 +307,16 @@ class Transport:
         to the core in about the order they arrived whatever plane they came on; reading
         one socket dry before the next would make a loss detector that compares send times
         see a plane's waiting acks as losses.
+
+        The loop calls this once per readable socket in one poll; the first call reads
+        them all, so the others of the same loop turn return at once (what arrived since
+        is read in the next turn, the sockets still readable) instead of each reading
+        every socket again, mostly to find it empty.
         """
-        if self._draining:
+        if self._draining or self._drained_this_turn:
             return
+        self._drained_this_turn = True
+        self.loop.call_soon(self._next_turn)  # (runs after this poll's callbacks)
         self._draining = True
         try:
             self._drain()
@@ -317,6 +325,9 @@ class Transport:
         if self._pending_flush:
             self._flush_pending()
         self._send_batches()
+
+    def _next_turn(self) -> None:
+        self._drained_this_turn = False
 
     def _drain(self) -> None:
         rx = self._rx
