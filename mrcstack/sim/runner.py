@@ -90,6 +90,7 @@ from mrcstack.wire import (
     encode,
     encoded_length,
     peek_qpn,
+    probe_id,
     trim,
 )
 
@@ -620,7 +621,7 @@ class _Simulation:
             endpoint: _Endpoint | None
             if qpn == ENDPOINT_QPN:  # the host's endpoint: a probe, or an answer to ours
                 if (msg[0] if wire else type(msg)) in _REPLIES:
-                    owner = ids.owner(int.from_bytes(msg[10:12]) if wire else msg.probe_id)
+                    owner = ids.owner(probe_id(msg) if wire else msg.probe_id)
                     endpoint = table.get(owner) if owner is not None else None
                 else:
                     endpoint = to_peer.get(net.delivered_src)

@@ -37,6 +37,8 @@ from mrcstack.wire.layout import (
     BTH,
     BTH_ACK_REQ,
     BTH_PKEY,
+    BTH_PROBE_ID_BYTES,
+    BTH_QPN_BYTES,
     BTH_RTX,
     BTH_TS,
     BYTE1_RESERVED,
@@ -136,6 +138,8 @@ __all__ = [
     "AETH_LEN",
     "BTH_LEN",
     "BTH_PKEY",
+    "BTH_PROBE_ID_BYTES",
+    "BTH_QPN_BYTES",
     "CC_STATE_LEN",
     "DATA_HDR_LEN",
     "DATA_IMM_HDR_LEN",
@@ -545,7 +549,13 @@ def peek_qpn(data: BytesLike) -> int:
         raise DecodeError(DecodeReason.BAD_FIELD, f"not a byte buffer: {exc}") from None
     if len(view) < BTH_LEN:
         raise DecodeError(DecodeReason.TRUNCATED, f"{len(view)} bytes is shorter than a BTH")
-    return int.from_bytes(view[5:8], "big")
+    return int.from_bytes(view[BTH_QPN_BYTES], "big")
+
+
+def probe_id(data: BytesLike) -> int:
+    """The probe id of an endpoint datagram (QP 2): the low 16 bits of its BTH PSN (the
+    caller has checked that it holds a BTH)."""
+    return int.from_bytes(data[BTH_PROBE_ID_BYTES], "big")
 
 
 def has_extension(data: BytesLike) -> bool:

@@ -17,6 +17,7 @@ from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire import (
     BTH_LEN,
     BTH_PKEY,
+    BTH_QPN_BYTES,
     CRC_TRAILER_LEN,
     DATA_HDR_LEN,
     DATA_IMM_HDR_LEN,
@@ -58,6 +59,7 @@ from mrcstack.wire import (
     header_length,
     peek_qpn,
     plain_encoded_length,
+    probe_id,
     trim,
     trimmed_length,
     write_opcode,
@@ -434,6 +436,14 @@ def test_peek_qpn() -> None:
     with pytest.raises(DecodeError) as info:
         peek_qpn(b"\xca" * 11)
     assert info.value.reason is DecodeReason.TRUNCATED
+
+
+def test_probe_id_is_read_where_decode_finds_it() -> None:
+    crc = CrcIntegrity()
+    for pkt in (PROBE, PROBE_REPLY):
+        wire = encode(pkt, crc)
+        assert probe_id(wire) == probe_id(memoryview(wire)) == decode(wire, crc).probe_id  # type: ignore[union-attr]
+        assert int.from_bytes(wire[BTH_QPN_BYTES], "big") == peek_qpn(wire) == pkt.qpn
 
 
 @pytest.mark.parametrize("mode", MODES)

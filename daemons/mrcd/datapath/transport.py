@@ -39,11 +39,13 @@ from mrcstack.daemons.mrcd.datapath import rxbatch, txbatch
 from mrcstack.qpn import qpn_text
 from mrcstack.wire import (
     BTH_LEN,
+    BTH_QPN_BYTES,
     FIRST_CONTROL_OPCODE,
     TCLASS_CONTROL,
     TCLASS_DATA,
     EvFormat,
     Opcode,
+    probe_id,
 )
 
 #: setsockopt(IPPROTO_UDP, ...) values from <linux/udp.h>: zero UDP checksums on IPv6, which
@@ -174,11 +176,6 @@ def open_raw_socket(device: str | None = None) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def probe_id(datagram: bytes | memoryview) -> int:
-    """The probe id of an endpoint datagram (QP 2): the low 16 bits of its BTH PSN."""
-    return int.from_bytes(datagram[10:12], "big")
 
 
 def open_plane_socket(
@@ -366,7 +363,7 @@ class Transport:
                     if len(datagram) < BTH_LEN:
                         stats.malformed += 1
                         continue
-                    qpn = int.from_bytes(datagram[5:8], "big")
+                    qpn = int.from_bytes(datagram[BTH_QPN_BYTES], "big")
                     qp = qps.get(qpn)
                     if qp is None:
                         if qpn == ENDPOINT_QPN:

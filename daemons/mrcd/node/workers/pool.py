@@ -38,7 +38,6 @@ from mrcstack.daemons.mrcd.datapath.transport import (
     Transport,
     TransportStats,
     open_plane_socket,
-    probe_id,
     send,
 )
 from mrcstack.daemons.mrcd.node.workers import messages as m
@@ -48,7 +47,7 @@ from mrcstack.daemons.mrcd.node.workers.remote import RemoteConnection
 from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds, probe_owner
 from mrcstack.errors import LocalError
 from mrcstack.qpn import qpn_text
-from mrcstack.wire import EvFormat, Opcode
+from mrcstack.wire import EvFormat, Opcode, probe_id
 
 log = logging.getLogger("mrcd")
 
