@@ -648,7 +648,7 @@ class Transport:
         joins its plane's batch and leaves when the drain ends, with the acknowledgements
         made meanwhile: on its own, a ``sendmsg`` costs several times the system time of a
         batched datagram.  Its errors are then the batch's (counted, the datagram lost)."""
-        if self._draining and len(data) <= txbatch.SLOT:
+        if self._draining and 0 < len(data) <= txbatch.SLOT:
             to = self._raw_to.get(addr)
             if to is None:
                 if len(self._raw_to) >= RAW_DESTINATIONS:
