@@ -17,6 +17,7 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
+from mrcstack.daemons.mrcd.datapath import transport as transport_module
 from mrcstack.daemons.mrcd.datapath.rxbatch import IPV6_FLOWINFO, BatchReceiver
 from mrcstack.daemons.mrcd.datapath.transport import (
     READ_TURN,
@@ -443,35 +444,38 @@ async def test_answers_made_while_draining_leave_in_the_batch_with_their_class()
             s.close()
 
 
-async def test_one_read_of_every_socket_per_loop_turn() -> None:
-    """The loop calls the reader once per readable socket: the first call of a turn reads
-    them all, the others return at once, and the next turn reads what came meanwhile."""
+async def test_one_read_of_every_socket_per_loop_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop calls the reader once per readable socket, back to back: the first call
+    reads them all, a call right after it returns at once, and a later one reads what
+    came meanwhile (the clock is a fake one, so "right after" is exact)."""
+    now = [100.0]
+    monkeypatch.setattr(transport_module, "clock", lambda: now[0])
     loop = asyncio.get_running_loop()
     socks = [open_plane_socket(("::1", 0)) for _ in range(PLANES)]
     seen: list[int] = []
     transport = Transport(
         loop, socks, lambda *route: ("::1", 9), connectionless=lambda d, s, p, f: seen.append(p)
     )
+    for sock in socks:
+        loop.remove_reader(sock.fileno())  # only the calls below read
     probe = bytes([0x0B, 0, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 1]) + bytes(20)  # for QP 2
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
 
             def send(plane: int) -> None:
                 s.sendto(probe, ("::1", socks[plane].getsockname()[1]))
+                time.sleep(0.05)  # (delivered)
 
             send(0)
             send(1)
-            time.sleep(0.05)
             transport._on_readable(0)  # as the loop calls it, for plane 0's socket
             assert sorted(seen) == [0, 1] and transport.stats.datagrams_in == 2
             send(1)
-            time.sleep(0.05)
-            transport._on_readable(1)  # the same turn: plane 1's socket, read already
+            now[0] += transport_module.SAME_TURN / 2
+            transport._on_readable(1)  # the same poll: plane 1's socket, read already
             assert transport.stats.datagrams_in == 2
-            for _ in range(100):  # the next turns read it
-                await asyncio.sleep(0.01)
-                if transport.stats.datagrams_in == 3:
-                    break
+            now[0] += transport_module.SAME_TURN
+            transport._on_readable(1)  # a later turn
             assert transport.stats.datagrams_in == 3 and sorted(seen) == [0, 1, 1]
     finally:
         transport.close()

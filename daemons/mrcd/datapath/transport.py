@@ -57,6 +57,8 @@ UDP_NO_CHECK6_RX = 102
 #: loop (fairness), in turns of READ_TURN per socket.
 DRAIN_LIMIT = 256
 READ_TURN = 16
+#: A readable callback this soon (seconds) after a drain ended is one of the same poll's.
+SAME_TURN = 20e-6
 #: Datagrams one flush hands to the sockets before yielding (a 1 GiB write must not starve
 #: the receive path).
 SEND_BATCH = 256
@@ -248,7 +250,7 @@ class Transport:
         self._flush_scheduled = False
         self._closed = False
         self._draining = False
-        self._drained_this_turn = False
+        self._drained_at = -1.0  # when the last drain from a readable callback ended
         self._raw_to: dict[Address, txbatch.Sockaddr] = {}  # send_raw's destinations
         for plane, sock in enumerate(sockets):
             loop.add_reader(sock.fileno(), self._on_readable, plane)
@@ -305,15 +307,14 @@ class Transport:
         one socket dry before the next would make a loss detector that compares send times
         see a plane's waiting acks as losses.
 
-        The loop calls this once per readable socket in one poll; the first call reads
-        them all, so the others of the same loop turn return at once (what arrived since
-        is read in the next turn, the sockets still readable) instead of each reading
-        every socket again, mostly to find it empty.
+        The loop calls this once per readable socket in one poll, back to back; the first
+        call reads them all, so a call within SAME_TURN of the end of a drain returns at
+        once (what arrived since is read in the next turn, the sockets still readable)
+        instead of reading every socket again, mostly to find it empty.  (A callback
+        scheduled to mark the turn's end would cost the loop an extra turn per drain.)
         """
-        if self._draining or self._drained_this_turn:
+        if self._draining or clock() - self._drained_at < SAME_TURN:
             return
-        self._drained_this_turn = True
-        self.loop.call_soon(self._next_turn)  # (runs after this poll's callbacks)
         self._draining = True
         try:
             self._drain()
@@ -322,9 +323,7 @@ class Transport:
         if self._pending_flush:
             self._flush_pending()
         self._send_batches()
-
-    def _next_turn(self) -> None:
-        self._drained_this_turn = False
+        self._drained_at = clock()
 
     def _drain(self) -> None:
         rx = self._rx
