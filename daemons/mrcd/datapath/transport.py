@@ -395,7 +395,7 @@ class Transport:
         """A datagram for QP 2: the answer to one of a QP's probes goes to that QP, anything
         else to the node's prober."""
         flow = rx.flowinfo(i)
-        if len(datagram) >= 12 and datagram[0] == _ENDPOINT_RESPONSE:
+        if len(datagram) >= BTH_LEN and datagram[0] == _ENDPOINT_RESPONSE:
             owner = self.probe_ids.owner(probe_id(datagram))
             qp = self._qps.get(owner) if owner is not None else None
             if qp is not None:
@@ -472,9 +472,7 @@ class Transport:
             else:
                 self._send_batch(port)
                 self._send_one(port, conn.encode(pkt), to)  # type: ignore[arg-type]
-        for plane, batch in enumerate(batches):
-            if batch.count:
-                self._send_batch(plane)
+        self._send_batches()
         while (event := conn.next_event()) is not None:
             qp.on_event(event)
         if len(out) >= SEND_BATCH:
@@ -532,7 +530,7 @@ class Transport:
         batch.count = 0
 
     def _send_batches(self) -> None:
-        """Send what the batches still hold (datagrams of :meth:`send_raw` in a drain)."""
+        """Send what the batches hold (a flush's datagrams, :meth:`send_raw`'s in a drain)."""
         for plane, batch in enumerate(self._tx):
             if batch.count:
                 self._send_batch(plane)

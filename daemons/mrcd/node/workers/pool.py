@@ -47,7 +47,7 @@ from mrcstack.daemons.mrcd.node.workers.remote import RemoteConnection
 from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds, probe_owner
 from mrcstack.errors import LocalError
 from mrcstack.qpn import qpn_text
-from mrcstack.wire import EvFormat, Opcode, probe_id
+from mrcstack.wire import BTH_LEN, EvFormat, Opcode, probe_id
 
 log = logging.getLogger("mrcd")
 
@@ -371,7 +371,7 @@ class WorkerPool:
         """An endpoint datagram its receiver did not own: a worker's probe answer goes to
         that worker, everything else to the daemon's prober."""
         data = msg.data
-        if len(data) >= 12 and data[0] == _ENDPOINT_RESPONSE:
+        if len(data) >= BTH_LEN and data[0] == _ENDPOINT_RESPONSE:
             owner = probe_owner(probe_id(data), self.count)
             if owner < self.count:
                 flow = msg.flow
