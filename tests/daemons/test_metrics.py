@@ -24,6 +24,7 @@ from mrcstack.daemons.mrcd.control.auth import Credentials
 from mrcstack.daemons.mrcd.control.client import ControlClient
 from mrcstack.daemons.mrcd.control.records import ControlError
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
+from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth
 from mrcstack.daemons.mrcd.node.snapshot import (
     DEFAULT_BOUNDS,
     Buckets,
@@ -48,7 +49,7 @@ from tests.support.apiharness import Daemons, wait_for
 
 ROOT = REPO
 PROMTOOL = shutil.which("promtool")
-LABELS = {"plane", "reason", "state", "host", "version", "le", "worker"}  # bounded sets only
+LABELS = {"plane", "reason", "state", "host", "version", "le", "worker", "auth"}  # bounded sets
 
 
 def populated(planes: int = 4) -> NodeSnapshot:
@@ -94,6 +95,7 @@ def populated(planes: int = 4) -> NodeSnapshot:
         write_completion=wct.snapshot(),
         control_auth_failures=1,
         control_rejections={"timeout": 4, "eof": 2},
+        probe_answers={"sealed": 40, "icrc": 650},
         workers=2,
         worker_qps=(1, 1),
     )
@@ -199,6 +201,14 @@ def test_exposition_names_labels_and_values() -> None:
     assert got[("mrc_rejected_packets_total", (("reason", "bad_auth"),))] == 4
     assert got[("mrc_rejected_packets_total", (("reason", "rkey"),))] == 3
     assert got[("mrc_send_errors_total", ())] == 2
+    assert got[("mrc_probe_answers_total", (("auth", "icrc"),))] == 650
+    assert got[("mrc_probe_answers_total", (("auth", "icrc_no_key"),))] == 0  # known: always
+    assert {lab[0][1] for (n, lab) in got if n == "mrc_probe_answers_total"} == {
+        a.value for a in ProbeAuth
+    }
+    rejected = {lab[0][1] for (n, lab) in got if n == "mrc_rejected_packets_total"}
+    assert {"probe_rate", "probe_source"} <= rejected  # refused probes, shown as 0
+    assert not {"probe_unauthenticated", "probe_no_key"} & rejected  # answered: not refused
     assert got[("mrc_control_auth_failures_total", ())] == 1
     assert got[("mrc_control_rejections_total", (("reason", "timeout"),))] == 4
     assert got[("mrc_control_rejections_total", (("reason", "busy"),))] == 0  # known: always

@@ -334,21 +334,28 @@ async def test_port_status_update_takes_a_peers_plane_out_and_back(pair: list[No
 
 async def test_probes_are_authenticated_and_rate_limited(pair: list[Node]) -> None:
     """A probe sealed with the pair's key is answered with the port bitmap; a CRC-only one
-    from the same host without it; a burst past the per-source rate is refused; every
-    refusal is counted by reason in /metrics."""
+    from the same host without it (both counted as answers, by how they were authenticated,
+    not as rejections); a burst past the per-source rate is refused; every refusal is
+    counted by reason in /metrics."""
     a, b = pair
     dst = b.data_address(b.host, 1)
     before = dict(b.snapshot().traffic.rejections)
+    answered_before = dict(b.snapshot().probe_answers)
 
     def rejected() -> dict[str, int]:
         after = b.snapshot().traffic.rejections
         return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
+    def answered() -> dict[str, int]:
+        after = b.snapshot().probe_answers
+        return {k: v - answered_before[k] for k, v in after.items() if v != answered_before[k]}
+
     assert await a.probe(3, 1, 0x101, timeout=2.0) > 0  # sealed with h0-h3's key
-    assert rejected() == {}
+    assert answered() == {"sealed": 1} and rejected() == {}
     crc_only = encode(ProbePacket(PROBE_QPN, 0x101, 1, 1 << 40, 5), a.prober._crc(b.host))
     assert a._send_raw(1, crc_only, dst)  # from h0's own plane-1 socket
-    await wait_until(lambda: rejected().get("probe_unauthenticated", 0) == 1)
+    await wait_until(lambda: answered() == {"sealed": 1, "icrc": 1})
+    assert rejected() == {}
     burst = 2 * int(probes.PROBE_BURST)
     for i in range(burst):
         sealed = a.prober._seal(ProbePacket(PROBE_QPN, 0x101, 1, (1 << 41) + i, 7), 3)
@@ -357,6 +364,11 @@ async def test_probes_are_authenticated_and_rate_limited(pair: list[Node]) -> No
     await asyncio.sleep(0.2)
     refused = rejected()["probe_rate"]
     assert 0 < refused <= burst - probes.PROBE_BURST + 1
+    assert rejected() == {"probe_rate": refused}
+    assert answered()["sealed"] > probes.PROBE_BURST // 2  # the burst's first, answered
     text = generate_latest(make_registry(b.snapshot)).decode()
     assert f'mrc_rejected_packets_total{{reason="probe_rate"}} {float(refused)}' in text
-    assert 'mrc_rejected_packets_total{reason="probe_unauthenticated"} 1.0' in text
+    icrc = float(answered_before["icrc"] + 1)
+    assert f'mrc_probe_answers_total{{auth="icrc"}} {icrc}' in text
+    assert 'mrc_probe_answers_total{auth="icrc_no_key"}' in text  # shown before it happens
+    assert "probe_unauthenticated" not in text

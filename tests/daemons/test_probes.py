@@ -10,7 +10,7 @@ import pytest
 
 from mrcstack.daemons.mrcd.control.auth import Credentials
 from mrcstack.daemons.mrcd.datapath import probes
-from mrcstack.daemons.mrcd.datapath.probes import Prober
+from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth, Prober
 from mrcstack.wire import (
     AeadIntegrity,
     CrcIntegrity,
@@ -54,7 +54,8 @@ def test_sealed_probes_get_the_bitmap_crc_ones_do_not() -> None:
     reply = decode(sent[-1], CrcIntegrity())
     assert type(reply) is ProbeReplyPacket and reply.port_state == 0  # withheld
     assert reply.probe_id == 6
-    assert p.rejected == {probes.PROBE_UNAUTHENTICATED: 1}
+    assert p.answers == {ProbeAuth.SEALED: 1, ProbeAuth.ICRC: 1, ProbeAuth.ICRC_NO_KEY: 0}
+    assert p.rejected == {}  # both answered: nothing refused
 
 
 def test_a_host_without_a_key_is_answered_without_the_bitmap() -> None:
@@ -70,7 +71,33 @@ def test_a_host_without_a_key_is_answered_without_the_bitmap() -> None:
     reply = decode_plain(sent[-1], CrcIntegrity())
     assert type(reply) is ProbeReplyPacket and reply.probe_id == 7
     assert reply.echo_ts_ns == 5 << 10  # the 16-bit timestamp, echoed
-    assert p.rejected == {probes.PROBE_NO_KEY: 2}
+    assert p.answers[ProbeAuth.ICRC_NO_KEY] == 2 and p.rejected == {}
+
+
+def test_every_answer_counts_by_authentication_and_none_as_a_rejection() -> None:
+    """A sealed probe, a CRC-only one from a host we share a key with (as a QP's own EV
+    probes come) and one from a host we share no key with: each answered and counted under
+    its own label; a refused one (no host on that plane) under the rejections only."""
+    key = os.urandom(32)
+    sent: list[bytes] = []
+    p = responder(sent, key)
+    h0, crc = AeadIntegrity(key, 1, 4), CrcIntegrity()
+    for integrity, source, auth in (
+        (h0, H0, ProbeAuth.SEALED),
+        (crc, H0, ProbeAuth.ICRC),
+        (crc, H2, ProbeAuth.ICRC_NO_KEY),
+    ):
+        before = dict(p.answers)
+        probe = ProbePacket(2, 0x101, 1, 20 + len(sent), 5, 0, len(sent))
+        p.on_datagram(memoryview(encode(probe, integrity)), source, 1)
+        assert {a: n - before[a] for a, n in p.answers.items()} == {
+            a: int(a is auth) for a in ProbeAuth
+        }
+        assert p.rejected == {}
+    assert len(sent) == 3
+    p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, 30, 5), crc)), ("::1", 9), 1)
+    assert p.rejected == {probes.PROBE_SOURCE: 1} and sum(p.answers.values()) == 3
+    assert len(sent) == 3
 
 
 def test_each_source_has_a_rate(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,7 +111,7 @@ def test_each_source_has_a_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(n):
         p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, 100 + i, 5), h0)), H0, 1)
     refused = p.rejected.get(probes.PROBE_RATE_LIMITED, 0)
-    assert refused == 20 and len(sent) == n - refused
+    assert refused == 20 and len(sent) == n - refused == p.answers[ProbeAuth.SEALED]
 
 
 def test_both_ends_derive_the_same_probe_key() -> None:
@@ -125,7 +152,8 @@ def test_port_status_updates_over_the_fabric() -> None:
     assert applied == [(0, 0b1110), (0, 0b1111)]  # once each, the stale one dropped
     forged = PortStatusPacket(2, 0, 0x100, 1, 999, 99)
     p.on_datagram(memoryview(encode(forged, CrcIntegrity())), H0, 1)
-    assert applied[-1] == (0, 0b1111) and p.rejected == {probes.PROBE_UNAUTHENTICATED: 1}
+    assert applied[-1] == (0, 0b1111)
+    assert p.rejected == {probes.PORT_STATUS_UNAUTHENTICATED: 1}  # refused: not applied
     # A peer without mrcstack (no key, no extension): applied as it comes.
     p.on_datagram(memoryview(encode_plain(PortStatusPacket(2, 0b0110, 0, 1, 0, 5), crc)), H2, 1)
     assert applied[-1] == (2, 0b0110)

@@ -10,14 +10,15 @@ answer to one of our QPs' probes to that QP, by its probe id, and the rest to th
 A peer that runs mrcd sends and gets them with mrcstack's extension (its XETH/XFETH): sealed
 with the key the control channel's credentials give the pair of hosts
 (:meth:`Credentials.probe_key`) when there is one, the answer then carrying our port bitmap;
-otherwise with the ICRC, the answer without the bitmap (counted as ``probe_unauthenticated``
-for a host we share a key with).  A peer without mrcstack (no key, no extension) gets the
-specification's encoding, with the ICRC.  Each source may send ``PROBE_RATE`` probes a second
-(bursts of ``PROBE_BURST``).  Everything refused is counted by reason: the decode reason,
+otherwise with the ICRC, the answer without the bitmap (a QP's own EV probes are these).  A
+peer without mrcstack (no key, no extension) gets the specification's encoding, with the
+ICRC.  Every answer is counted in :attr:`Prober.answers` by how its probe was authenticated
+(:class:`ProbeAuth`).  Each source may send ``PROBE_RATE`` probes a second (bursts of
+``PROBE_BURST``).  Everything refused is counted by reason: the decode reason,
 ``probe_source`` (no host's NIC on that plane), ``probe_rate`` (over its rate),
 ``probe_unexpected`` (a well-formed packet that is neither a probe nor an answer nor a port
-status update).  ``probe_no_key`` counts answers to hosts we share no key with: answered,
-without the bitmap.
+status update), ``port_status_unauthenticated`` (a port status update not sealed by a host
+we share a key with: not applied).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from enum import StrEnum
 
 from mrcstack import addrplan
 from mrcstack.core.endpoint import ProbeIds
@@ -53,10 +55,19 @@ from mrcstack.wire import (
 #: Rejection reasons of this module besides the decode reasons (bounded: a fixed set).
 PROBE_SOURCE = "probe_source"
 PROBE_UNEXPECTED = "probe_unexpected"
-PROBE_NO_KEY = "probe_no_key"
 PROBE_RATE_LIMITED = "probe_rate"
-PROBE_UNAUTHENTICATED = "probe_unauthenticated"  # answered, but without the port bitmap
-REASONS = (PROBE_SOURCE, PROBE_UNEXPECTED, PROBE_NO_KEY, PROBE_RATE_LIMITED, PROBE_UNAUTHENTICATED)
+PORT_STATUS_UNAUTHENTICATED = "port_status_unauthenticated"
+REASONS = (PROBE_SOURCE, PROBE_UNEXPECTED, PROBE_RATE_LIMITED, PORT_STATUS_UNAUTHENTICATED)
+
+
+class ProbeAuth(StrEnum):
+    """How an answered probe proved where it came from (``mrc_probe_answers_total{auth}``)."""
+
+    SEALED = "sealed"  # with the pair's key: answered with our port bitmap
+    ICRC = "icrc"  # the ICRC only, from a host we share a key with (a QP's own EV probes)
+    ICRC_NO_KEY = "icrc_no_key"  # the ICRC, from a host we share no key with
+
+
 #: Probes a second one source may send (token bucket), and the burst it may save up: a QP's
 #: own EV probes (a few per path that went bad, every RTT) come here too.
 PROBE_RATE = 2000.0
@@ -104,6 +115,8 @@ class Prober:
         self.probe_ids = ProbeIds()
         #: Datagrams for QP 2 rejected, by reason (the node adds them to its rejections).
         self.rejected: dict[str, int] = {}
+        #: Probes answered, by how they were authenticated (every one, so always present).
+        self.answers: dict[ProbeAuth, int] = dict.fromkeys(ProbeAuth, 0)
         self._waiting: dict[int, tuple[asyncio.Future[float], bool]] = {}  # probe id -> ...
         self._seq = 0  # tx_seq of every probe and reply this daemon seals (never reused)
         self._keys: dict[int, AeadIntegrity] = {}
@@ -231,7 +244,7 @@ class Prober:
             self._reject(PROBE_SOURCE)
             return
         if host in self._keys and not authenticated:
-            self._reject(PROBE_UNAUTHENTICATED)
+            self._reject(PORT_STATUS_UNAUTHENTICATED)
             return
         if ext:
             if pkt.ts_ns <= self._port_ts.get(host, -1):
@@ -294,22 +307,22 @@ class Prober:
             self._dsts[host, plane, pkt.ev] = dst
         self._seq += 1
         bits = 0  # the port bitmap is for hosts that prove who they are
+        integrity: Integrity
         if authenticated:
             bits = self.port_bits()
-        elif host not in self._keys:
-            self._reject(PROBE_NO_KEY)
-        elif ext:
-            self._reject(PROBE_UNAUTHENTICATED)
+            integrity = self._keys[host]
+            auth = ProbeAuth.SEALED
+        else:
+            integrity = self._crc(host)
+            auth = ProbeAuth.ICRC if host in self._keys else ProbeAuth.ICRC_NO_KEY
         reply = ProbeReplyPacket(
             PROBE_QPN, pkt.ev, plane, self._seq, pkt.probe_id, pkt.ts_ns, bits
         )  # fmt: skip
-        integrity: Integrity = self._crc(host)
-        if authenticated:
-            integrity = self._keys[host]
         try:
             data = encode(reply, integrity) if ext else encode_plain(reply, integrity)
         except WireUsageError:
             return  # cannot happen with a fresh tx_seq; never let a probe crash the daemon
+        self.answers[auth] += 1
         self.send(plane, data, dst)
 
     def _reject(self, reason: str) -> None:

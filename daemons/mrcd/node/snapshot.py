@@ -155,6 +155,8 @@ class NodeSnapshot:
     control_rejections: Mapping[str, int] = field(default_factory=_empty)
     #: Peers' QPs failed early because the peer was found gone, by signal (peers.SIGNALS).
     peer_failures: Mapping[str, int] = field(default_factory=_empty)
+    #: EV probes answered, by how they were authenticated (probes.ProbeAuth values).
+    probe_answers: Mapping[str, int] = field(default_factory=_empty)
     #: The longest retry budget of a live QP: the latest a silent peer fails a QP.
     retry_budget: float = 0.0
     workers: int = 1  # data-path processes
@@ -350,6 +352,7 @@ def scrape(node: Scraped) -> NodeSnapshot:
         control_auth_failures=sum(node.control_stats.auth_failures.values()),
         control_rejections=MappingProxyType(dict(node.control_stats.rejected)),
         peer_failures=MappingProxyType(dict(node.peers.failures)),
+        probe_answers=MappingProxyType({a.value: n for a, n in node.prober.answers.items()}),
         retry_budget=node.retry_budget(),
         workers=node.cfg.workers,
         worker_restarts=0 if pool is None else pool.restarts,

@@ -38,6 +38,7 @@ from mrcstack.daemons.mrcd.agent.linkprobes import REASONS as LINK_PROBE_REASONS
 from mrcstack.daemons.mrcd.control.server import REJECT_REASONS as CONTROL_REJECT_REASONS
 from mrcstack.daemons.mrcd.control.server import bound_address
 from mrcstack.daemons.mrcd.datapath.probes import REASONS as PROBE_REASONS
+from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth
 from mrcstack.daemons.mrcd.node.peers import SIGNALS as PEER_SIGNALS
 from mrcstack.daemons.mrcd.node.snapshot import HistogramSnapshot, NodeSnapshot
 from mrcstack.wire import DecodeReason
@@ -57,6 +58,7 @@ REJECT_REASONS = (
     "wrong_worker",  # a data-path worker got another's QP's datagram (dropped)
     *PROBE_REASONS,  # QPN 0: refused EV probes (daemons/mrcd/datapath/probes.py)
 )
+PROBE_AUTHS = tuple(a.value for a in ProbeAuth)
 EV_STATES = tuple(s.value for s in EvState)
 #: At most this many distinct reasons per family; more fold into "other" (bounded labels).
 MAX_REASONS = 32
@@ -208,6 +210,17 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
         for reason, n in _bounded(known, table):
             fam.add_metric([reason], n)
         yield fam
+    answers = CounterMetricFamily(
+        "mrc_probe_answers",
+        "EV probes answered, by how the probe was authenticated: sealed (with the key of "
+        "the pair of hosts; the answer carries our port bitmap), icrc (the ICRC only, from "
+        "a host we share a key with: its QPs' own EV probes), icrc_no_key (the ICRC, from a "
+        "host we share no key with). Refused probes count in mrc_rejected_packets_total.",
+        labels=["auth"],
+    )
+    for auth, n in _bounded(PROBE_AUTHS, s.probe_answers):
+        answers.add_metric([auth], n)
+    yield answers
     for name, doc, value in (
         (
             "mrc_spurious_retransmissions",
