@@ -78,6 +78,7 @@ def test_the_dashboard_shows_what_operators_need() -> None:
         "rate(mrc_ev_state_changes_total",  # demotions
         "sum by (reason) (increase(mrc_peer_failures_total",  # dead peers
         "sum by (reason) (rate(mrc_rejected_packets_total",
+        "sum by (auth) (rate(mrc_probe_answers_total",  # answered, apart from the rejected
         "sum by (reason) (rate(mrc_control_rejections_total",
     ):
         assert needle in exprs, needle
