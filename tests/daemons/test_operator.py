@@ -2,8 +2,8 @@
 default AES-GCM packet authentication): one QPN followed by one string through
 ``mrc-write-bw``, ``mrcctl``, mrcd's log and tshark; every tshark line of the docs run as
 written; ``mrcctl probe -c`` across a downed link; ``testbed status --plane`` while traffic
-flows; and every query of the shipped Grafana dashboard answered by a live Prometheus
-scraping the daemons."""
+flows; a transfer's own EV probes counted as answers, not rejections; and every query of
+the shipped Grafana dashboard answered by a live Prometheus scraping the daemons."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.support import REPO
 from tests.support.dissector import LUA, TSHARK
 from tests.support.docs import commands
 from tests.support.monitoring import dashboard_queries
+from tests.support.programs import by_label
 from tests.support.testbeds import Bed, Testbeds
 from tests.support.tools import WAIT, tool
 
@@ -232,6 +233,23 @@ def test_status_of_a_plane_fits_a_terminal_and_its_rates_move(bed: Bed, tmp_path
     planes = [x.split() for x in summary.splitlines() if x[:2] in ("0 ", "1 ", "2 ", "3 ")]
     assert len(planes) == 4 and all(p[4] == "0" for p in planes), summary  # no idle drops
     assert (tmp_path / "load.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_transfers_own_probes_are_answers_not_rejections(bed: Bed) -> None:
+    """The receiving QP probes the paths its ACKs take, with the ICRC (hundreds a second
+    under load), and the sending host answers them: counted in mrc_probe_answers_total by
+    how they were authenticated, none in mrc_rejected_packets_total."""
+    names = ("mrc_probe_answers_total", "mrc_rejected_packets_total")
+    before = [by_label(bed, SRC, name) for name in names]
+    with traffic(bed, 2, 7105):
+        pass
+    answered, rejected = (
+        {k: v - was.get(k, 0.0) for k, v in by_label(bed, SRC, name).items()}
+        for name, was in zip(names, before, strict=True)
+    )
+    print(f"\nh0 during 2 s of mrc-write-bw: answered {answered}, rejected {rejected}")
+    assert answered["icrc"] >= 10, answered
+    assert {k: v for k, v in rejected.items() if k.startswith("probe_") and v} == {}, rejected
 
 
 def wait_nonempty(prom: PrometheusServer, expr: str, timeout: float = 30.0) -> int:
