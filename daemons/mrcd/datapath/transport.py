@@ -312,6 +312,11 @@ class Transport:
         once (what arrived since is read in the next turn, the sockets still readable)
         instead of reading every socket again, mostly to find it empty.  (A callback
         scheduled to mark the turn's end would cost the loop an extra turn per drain.)
+        A later poll within SAME_TURN returns at once too, and the loop polls again until
+        it has passed: at low rates a few empty turns, under load a short wait that lets
+        the next read take a fuller batch.  Skipping each plane's call only once per drain
+        (reading at the next poll) did away with those turns (5 times fewer polls on the
+        shaped testbed) but measured no less CPU there, and less goodput unshaped.
         """
         if self._draining or clock() - self._drained_at < SAME_TURN:
             return
