@@ -162,6 +162,36 @@ def test_port_status_updates_over_the_fabric() -> None:
     assert type(update) is PortStatusPacket and update.port_state == 0b0011
 
 
+def test_a_workers_prober_answers_crc_probes_and_relays_the_rest_as_they_came() -> None:
+    """A data-path worker's prober (``relay`` set) answers the EV probes with the ICRC,
+    from a host we share a key with or not, in either encoding, and counts them; a sealed
+    probe (its answer carries the daemon's port bitmap), a port status update and an
+    answer go to the relay untouched, unanswered and uncounted."""
+    key = os.urandom(32)
+    sent: list[bytes] = []
+    relayed: list[tuple[bytes, tuple[str, int], int, int]] = []
+    p = responder(sent, key)
+    p.relay = lambda data, source, plane, flow: relayed.append((bytes(data), source, plane, flow))
+    crc, h0 = CrcIntegrity(), AeadIntegrity(key, 1, 4)
+    p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, 1, 77, 0, 5), crc)), H0, 1)
+    p.on_datagram(memoryview(encode(ProbePacket(2, 0x101, 1, 2, 78, 0, 6), crc)), H2, 1)
+    p.on_datagram(memoryview(encode_plain(ProbePacket(2, 0x101, 1, 3, 79, 0, 7), crc)), H2, 1)
+    assert [decode(d, crc).probe_id for d in sent[:2]] == [5, 6]  # type: ignore[union-attr]
+    assert decode_plain(sent[2], crc).probe_id == 7  # type: ignore[union-attr]
+    assert p.answers == {ProbeAuth.SEALED: 0, ProbeAuth.ICRC: 1, ProbeAuth.ICRC_NO_KEY: 2}
+    assert relayed == []
+    others = [
+        encode(ProbePacket(2, 0x101, 1, 4, 80, 0, 8), h0),  # sealed
+        encode(PortStatusPacket(2, 0b0110, 0x100, 1, 5, 9), crc),
+        encode_plain(PortStatusPacket(2, 0b0110, 0, 1, 0, 5), crc),
+        encode(ProbeReplyPacket(2, 0x101, 1, 6, 9, 81, 0), crc),
+    ]
+    for i, data in enumerate(others):
+        p.on_datagram(memoryview(data), H0, 1, i)
+    assert relayed == [(data, H0, 1, i) for i, data in enumerate(others)]
+    assert len(sent) == 3 and p.answers[ProbeAuth.SEALED] == 0 and p.rejected == {}
+
+
 def test_a_probe_sealed_with_another_key_is_refused_unanswered() -> None:
     """Its extension flags an AES-GCM tag: opened with the pair's key only (not retried as
     a CRC packet), refused with the decode's reason, and not answered."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mrcstack.api import AsyncEventType, QpState, WcStatus, WriteWr
+from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth
 from mrcstack.daemons.mrcd.datapath.transport import Transport, open_plane_socket
 from mrcstack.daemons.mrcd.node.workers import pool as pool_module
 from mrcstack.daemons.mrcd.node.workers.pool import WorkerPool
@@ -79,6 +80,13 @@ def test_qps_spread_over_the_workers_and_every_write_lands(daemons: Daemons) -> 
     assert snap.traffic.rejections["wrong_worker"] == 0
     assert snap.traffic.rejections["unknown_qpn"] == 0
     assert pool(daemons, 3).stats.datagrams_in > 0
+    # The receiving QPs probe the paths of their ACKs (with the ICRC): host 0's workers
+    # answer those themselves; its daemon's prober answers none of them.
+    daemons.run(wait_for(lambda: sum(pool(daemons, 0).probe_counts("answers").values()) > 0, WAIT))
+    own = daemons.nodes[0].prober.answers
+    assert own[ProbeAuth.ICRC] == own[ProbeAuth.ICRC_NO_KEY] == 0, own
+    answers = daemons.nodes[0].snapshot().probe_answers
+    assert answers["icrc"] + answers["icrc_no_key"] > 0, answers
 
 
 def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> None:

@@ -19,6 +19,10 @@ ICRC.  Every answer is counted in :attr:`Prober.answers` by how its probe was au
 ``probe_unexpected`` (a well-formed packet that is neither a probe nor an answer nor a port
 status update), ``port_status_unauthenticated`` (a port status update not sealed by a host
 we share a key with: not applied).
+
+With data-path workers, each worker has a prober of its own that answers the EV probes with
+the ICRC it receives (the bulk: a QP's) and relays everything else to the daemon's
+(:attr:`Prober.relay`); the daemon adds the workers' counts to its own.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ Sender = Callable[[int, bytes, Address], bool]
 PortStatusHook = Callable[[int, int], None]
 #: host -> each plane's ICRC endpoints with that host (none: the unspecified address).
 IcrcPaths = Callable[[int], tuple[IcrcPath, ...]]
+#: (datagram, source, plane, flow): where a worker's prober hands what it does not answer.
+Relay = Callable[[memoryview, Address, int, int], None]
 #: EVs (T1 indices) per plane a port-status update is sent on: two paths, in case one fails.
 PORT_STATUS_PATHS = 2
 
@@ -102,8 +108,12 @@ class Prober:
         port_bits: Callable[[], int],
         on_port_status: PortStatusHook | None = None,
         icrc_paths: IcrcPaths | None = None,
+        relay: Relay | None = None,
     ) -> None:
         self.loop = loop
+        #: A data-path worker's prober answers only EV probes with the ICRC and hands
+        #: everything else here as it came (the daemon's prober does the rest).
+        self.relay = relay
         self.on_port_status = on_port_status
         self._port_ts: dict[int, int] = {}  # host -> timestamp of its newest update applied
         self.resolve = resolve
@@ -208,7 +218,11 @@ class Prober:
         ext = has_extension(data)
         # Sealed with the pair's key only if its extension flags an AES-GCM tag (a QP's
         # probes carry the ICRC): opened with the one integrity that can pass.
-        aead = self._keys.get(host) if host is not None and ext and flags_aead_tag(data) else None
+        sealed = ext and flags_aead_tag(data)
+        if sealed and self.relay is not None:
+            self.relay(data, source, plane, flow)
+            return
+        aead = self._keys.get(host) if host is not None and sealed else None
         authenticated = aead is not None
         crc = self._crc(host, source[1])
         try:
@@ -223,6 +237,8 @@ class Prober:
             return
         if type(pkt) is ProbePacket:
             self._answer(pkt, source, plane, host, authenticated, ext)
+        elif self.relay is not None:
+            self.relay(data, source, plane, flow)
         elif type(pkt) is PortStatusPacket:
             self._port_status(pkt, host, authenticated, ext)
         elif type(pkt) is ProbeReplyPacket:

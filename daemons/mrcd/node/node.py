@@ -183,6 +183,8 @@ class Node:
                 and (key := creds.probe_key(self.fabric.host_name(peer))) is not None
             }
             self.prober.set_keys(self.host, keys)
+            if isinstance(self.transport, WorkerPool):
+                self.transport.set_keys(self.host, keys)
             if start_control:
                 server = ControlServer(cfg.host_name, cfg.auth, self, cfg.control_address)
                 try:

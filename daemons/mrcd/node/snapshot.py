@@ -334,6 +334,11 @@ def scrape(node: Scraped) -> NodeSnapshot:
     totals.add_reasons("rejections", node.prober.rejected)
     connections = sum(1 for qp in node.qps.values() if qp.state is QpState.RTS)
     pool = node.transport if isinstance(node.transport, WorkerPool) else None
+    answers = {a.value: n for a, n in node.prober.answers.items()}
+    if pool is not None:  # the workers answer the probes with the ICRC themselves
+        totals.add_reasons("rejections", pool.probe_counts("rejected"))
+        for auth, n in pool.probe_counts("answers").items():
+            answers[auth] = answers.get(auth, 0) + n
     return NodeSnapshot(
         host=node.cfg.host_name,
         version=__version__,
@@ -352,7 +357,7 @@ def scrape(node: Scraped) -> NodeSnapshot:
         control_auth_failures=sum(node.control_stats.auth_failures.values()),
         control_rejections=MappingProxyType(dict(node.control_stats.rejected)),
         peer_failures=MappingProxyType(dict(node.peers.failures)),
-        probe_answers=MappingProxyType({a.value: n for a, n in node.prober.answers.items()}),
+        probe_answers=MappingProxyType(answers),
         retry_budget=node.retry_budget(),
         workers=node.cfg.workers,
         worker_restarts=0 if pool is None else pool.restarts,

@@ -122,6 +122,16 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Keys:
+    """The probe key the daemon shares with each peer host (``local``: our host index):
+    the worker answers the EV probes that carry the ICRC itself, counted by whether their
+    host is one we share a key with; sealed ones it hands to the daemon."""
+
+    local: int
+    keys: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     pass
 
@@ -164,6 +174,8 @@ class Status:
     wrong_worker: int
     rtt_counts: tuple[int, ...]  # RTT samples since the last Status, per histogram bucket
     rtt_sum: float
+    probe_answers: tuple[tuple[str, int], ...] = ()  # EV probes this worker answered, by auth
+    probe_rejected: tuple[tuple[str, int], ...] = ()  # and refused, by reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,5 +189,7 @@ class Connectionless:
     flow: int
 
 
-ToWorker = OpenQp | Prepare | CloseQp | AddRegion | DropRegion | Post | Call | Endpoint | Stop
+ToWorker = (
+    OpenQp | Prepare | CloseQp | AddRegion | DropRegion | Post | Call | Endpoint | Keys | Stop
+)
 FromWorker = Ready | Events | Status | Connectionless

@@ -106,6 +106,8 @@ class WorkerPool:
         self.restarts = 0
         #: Counters of workers that died (added to the live ones: counters never go down).
         self._retired = TransportStats()
+        self._retired_probes: dict[str, dict[str, int]] = {"answers": {}, "rejected": {}}
+        self._keys: m.Keys | None = None  # what every worker, restarted ones too, is sent
         #: context -> rkey -> (its memfd, kept open for workers to come, the region).
         self._regions: dict[int, dict[int, tuple[int, m.AddRegion]]] = {}
         self._on_event: dict[int, Callable[[Event], None]] = {}
@@ -161,6 +163,8 @@ class WorkerPool:
         )
         worker = _Worker(index, proc, channel, ready=self.loop.create_future())
         box.append(worker)
+        if self._keys is not None:
+            channel.send(self._keys)
         self.loop.add_reader(proc.sentinel, self._lost, worker)
         log.info("event=worker_started worker=%d pid=%s", index, proc.pid)
         return worker
@@ -209,6 +213,8 @@ class WorkerPool:
             for name in _COUNTERS:
                 setattr(self._retired, name,
                         getattr(self._retired, name) + getattr(worker.status, name))  # fmt: skip
+            _add(self._retired_probes["answers"], worker.status.probe_answers)
+            _add(self._retired_probes["rejected"], worker.status.probe_rejected)
             worker.status = None
 
     def close(self) -> None:
@@ -330,6 +336,23 @@ class WorkerPool:
             worker.contexts.discard(ctx)
 
     # Probes -------------------------------------------------------------------------------
+    def set_keys(self, local: int, keys: dict[int, bytes]) -> None:
+        """The probe keys (as :meth:`Prober.set_keys`), for the workers' probers: every
+        worker gets them, a restarted one too."""
+        self._keys = m.Keys(local, tuple(keys.items()))
+        for worker in self.workers:
+            if not worker.gone:
+                worker.channel.send(self._keys)
+
+    def probe_counts(self, which: str) -> dict[str, int]:
+        """The workers' probers' counts (``which``: ``"answers"`` by authentication or
+        ``"rejected"`` by reason), summed, with those of workers that died."""
+        total = dict(self._retired_probes[which])
+        for worker in self.workers:
+            if worker.status is not None:
+                _add(total, getattr(worker.status, f"probe_{which}"))
+        return total
+
     def send_raw(self, plane: int, data: bytes, addr: Address) -> bool:
         """Send one datagram outside any connection (probes) on worker 0's socket."""
         try:
@@ -389,6 +412,11 @@ class WorkerPool:
                 for name in _COUNTERS:
                     setattr(total, name, getattr(total, name) + getattr(worker.status, name))
         return total
+
+
+def _add(total: dict[str, int], counts: tuple[tuple[str, int], ...]) -> None:
+    for key, n in counts:
+        total[key] = total.get(key, 0) + n
 
 
 #: What carries a node's QPs: its own transport, or its data-path workers.

@@ -8,6 +8,13 @@ the posts and the node's calls; back go the events, one batch per loop turn, a
 :class:`~.messages.Status` every :data:`~.messages.STATUS_INTERVAL`, and the endpoint
 datagrams that belong to someone else.
 
+The EV probes that carry the ICRC (the QPs' own, which a receiving QP sends a few hundred
+times a second under load) the worker that receives them answers itself, with a
+:class:`~mrcstack.daemons.mrcd.datapath.probes.Prober` of its own: relayed, each cost the
+daemon's process a message, a decode and a ``sendto``, and every worker's probes met in that
+one process.  Sealed probes (answered with the port bitmap, which the daemon keeps, under
+sequence numbers it alone draws), answers and port status updates still go to the daemon.
+
 A separate process, not a thread: the sans-IO core is pure Python and holds the GIL all the
 time it runs, so only processes put a second core to work.  ``multiprocessing`` starts it
 (``spawn``: the daemon runs an event loop and must not fork) and hands it the sockets; after
@@ -38,17 +45,20 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event, SendCompleted, WcStatus
 from mrcstack.core.memory import Access, MemoryRegion, MemoryTable
 from mrcstack.daemons import lifecycle
+from mrcstack.daemons.mrcd.datapath.probes import Prober
 from mrcstack.daemons.mrcd.datapath.transport import Address, Transport, open_raw_socket
 from mrcstack.daemons.mrcd.node.addresses import Addresses
 from mrcstack.daemons.mrcd.node.workers import messages as m
 from mrcstack.daemons.mrcd.node.workers.channel import Channel
 from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds
 from mrcstack.errors import LocalError
+from mrcstack.wire import BTH_LEN, Opcode
 
 log = logging.getLogger("mrcd")
 
 #: Events per message (one SEQPACKET packet each).
 EVENT_BATCH = 1024
+_ENDPOINT_REQUEST = int(Opcode.ENDPOINT_REQUEST)
 
 
 def main(start: m.Start, sockets: list[socket.socket], chan: socket.socket) -> None:
@@ -79,6 +89,7 @@ class Worker:
         self.events: list[tuple[int, Event]] = []
         self.done = asyncio.Event()
         self.transport: Transport | None = None
+        self.prober: Prober | None = None
         self.channel: Channel[m.ToWorker, m.FromWorker] | None = None
         self.handlers: dict[type, Callable[[Any, list[int]], None]] = {
             m.OpenQp: self._open,
@@ -89,6 +100,7 @@ class Worker:
             m.Post: self._post,
             m.Call: self._call,
             m.Endpoint: self._endpoint,
+            m.Keys: self._keys,
             m.Stop: self._stop,
         }
 
@@ -100,6 +112,15 @@ class Worker:
         transport.shard, transport.shards = self.index, self.workers
         transport.probe_ids = ShardedProbeIds(self.index, self.workers + 1, random.Random())
         self.transport = transport
+        self.prober = Prober(
+            loop,
+            self.addresses.resolve,
+            self.addresses.host_of,
+            transport.send_raw,
+            lambda: 0,  # (it answers no sealed probe: no port bitmap)
+            icrc_paths=self.addresses.icrc_paths,
+            relay=self._to_daemon,
+        )
         self.channel = Channel(loop, self.chan_socket, self._on_message, self.done.set)
         self.channel.send(m.Ready(os.getpid()))
         status = loop.call_later(m.STATUS_INTERVAL, self._status)
@@ -193,6 +214,10 @@ class Worker:
         assert self.transport is not None
         self.transport.deliver_endpoint(msg.data, msg.plane, msg.ev)
 
+    def _keys(self, msg: m.Keys, _fds: list[int]) -> None:
+        assert self.prober is not None
+        self.prober.set_keys(msg.local, dict(msg.keys))
+
     def _stop(self, _msg: m.Stop, _fds: list[int]) -> None:
         self.done.set()
 
@@ -209,6 +234,15 @@ class Worker:
             self.channel.send(m.Events(tuple(events[i : i + EVENT_BATCH])))
 
     def _connectionless(self, data: memoryview, source: Address, plane: int, flow: int) -> None:
+        """An endpoint datagram for none of our QPs: an EV probe with the ICRC is answered
+        here, the rest goes to the daemon."""
+        assert self.prober is not None
+        if len(data) > BTH_LEN and data[0] == _ENDPOINT_REQUEST:
+            self.prober.on_datagram(data, source, plane, flow)
+        else:
+            self._to_daemon(data, source, plane, flow)
+
+    def _to_daemon(self, data: memoryview, source: Address, plane: int, flow: int) -> None:
         assert self.channel is not None
         self.channel.send(m.Connectionless(bytes(data), source, plane, flow))
 
@@ -219,8 +253,8 @@ class Worker:
             self.rtt_sum += seconds
 
     def _status(self) -> None:
-        transport, channel = self.transport, self.channel
-        assert transport is not None and channel is not None
+        transport, channel, prober = self.transport, self.channel, self.prober
+        assert transport is not None and channel is not None and prober is not None
         self._status_timer = asyncio.get_running_loop().call_later(m.STATUS_INTERVAL, self._status)
         st = transport.stats
         channel.send(
@@ -246,6 +280,8 @@ class Worker:
                 wrong_worker=st.wrong_worker,
                 rtt_counts=tuple(self.rtt_counts),
                 rtt_sum=self.rtt_sum,
+                probe_answers=tuple((a.value, n) for a, n in prober.answers.items()),
+                probe_rejected=tuple(prober.rejected.items()),
             )
         )
         self.rtt_counts = [0] * len(self.rtt_counts)
