@@ -1,5 +1,6 @@
 """The reuseport steering program on loopback sockets (no root needed): every datagram
-reaches the socket of the worker that owns its destination QP."""
+reaches the socket of the worker that owns its destination QP, and every answer to an EV
+probe that of the worker whose probe it answers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import time
 
 import pytest
 
-from mrcstack.daemons.mrcd.datapath.steer import attach, program, worker_of
+from mrcstack.daemons.mrcd.datapath.steer import attach, program, worker_for, worker_of
+from mrcstack.daemons.mrcd.node.workers.shards import probe_owner
 
 
 def _group(workers: int) -> list[socket.socket]:
@@ -69,7 +71,38 @@ def test_every_datagram_reaches_the_worker_of_its_qp(workers: int) -> None:
             s.close()
 
 
-def test_the_program_is_four_instructions_and_workers_are_bounded() -> None:
-    assert len(program(4)) == 4 * 8
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_an_answer_to_a_probe_reaches_the_worker_that_sent_the_probe(workers: int) -> None:
+    """ENDPOINT_RESPONSE datagrams (all to QP 2) go by their probe id: to its owner, the
+    daemon's to worker 0; an ENDPOINT_REQUEST (a probe) by its QP like any other."""
+    ids = [0, 1, 2, 3, 0xFFFF, *random.Random(workers).sample(range(1 << 16), 100)]
+    answers = [
+        bytes([0xD9, 0x40, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0]) + i.to_bytes(2, "big") + bytes(72)
+        for i in ids
+    ]
+    probe = bytes([0xD8, 0x40, 0xFF, 0xFF, 0, 0, 0, 2, 0, 0, 0, 7]) + bytes(48)
+    short = bytes([0xD9, 0x40, 0xFF, 0xFF, 0, 0, 0, 2, 0, 1])  # no probe id: worker 0
+    socks = _group(workers)
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as tx:
+            for d in (*answers, probe, short):
+                tx.sendto(d, socks[0].getsockname()[:2])
+        time.sleep(0.05)
+        got = [_drain(s) for s in socks]
+        for index, datagrams in enumerate(got):
+            for d in datagrams:
+                assert worker_for(d, workers) == index, (index, d[:12].hex())
+        assert sum(len(g) for g in got) == len(answers) + 2
+        for d, ident in zip(answers, ids, strict=True):
+            owner = probe_owner(ident, workers)
+            assert d in got[owner if owner < workers else 0]
+        assert probe in got[2 % workers] and short in got[0]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_the_program_is_eleven_instructions_and_workers_are_bounded() -> None:
+    assert len(program(4)) == 11 * 8
     with pytest.raises(ValueError, match="workers"):
         program(0)
