@@ -507,17 +507,23 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
 
 @contextmanager
 def _pythonpath(tree: Path | None) -> Iterator[None]:
-    """Processes started meanwhile import mrcstack from ``tree`` (None: this tree)."""
-    saved = os.environ.get("PYTHONPATH")
+    """Processes started meanwhile import mrcstack from ``tree`` (None: this tree).
+
+    ``PYTHONSAFEPATH`` too: ``python -m`` (how the daemons start) otherwise puts the current
+    directory first on ``sys.path``, and a bench run from the repository's root would
+    import this tree's mrcstack on both sides."""
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONSAFEPATH")}
     if tree is not None:
         os.environ["PYTHONPATH"] = str(tree)
+        os.environ["PYTHONSAFEPATH"] = "1"
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run() -> dict[str, float]:
