@@ -34,6 +34,10 @@ AUTH_MODES = ("psk", "keypair")
 DATA_MODES = ("srv6", "loopback")
 #: Seconds SIGTERM gives pending writes to complete before the rest fail (WR_FLUSH_ERR).
 DRAIN_TIMEOUT = 2.0
+#: How long a coalesced ACK may wait for more data on its port (seconds; the loop's timers
+#: round it up to a whole millisecond when nothing else sends it first), and the most.
+ACK_DELAY = 0.0005
+MAX_ACK_DELAY = 0.005
 #: Data-path worker processes at most (one per core is the most that helps).
 MAX_WORKERS = 64
 MAX_DRAIN_TIMEOUT = 3600.0
@@ -99,6 +103,7 @@ class MrcdConfig:
     web_listen_address: str = DEFAULT_WEB
     log_level: str = "info"
     ack_coalesce: int = 16
+    ack_delay: float = ACK_DELAY
     encrypt: bool = False
     # Authenticate every packet of a QP with its AES-GCM key (mrcstack's extension to OCP
     # MRC 1.0, agreed per QP: used only if both ends want it); false: the plain RoCEv2 ICRC.
@@ -181,6 +186,7 @@ _KEYS = {
     "web_listen_address",
     "log_level",
     "ack_coalesce",
+    "ack_delay",
     "encrypt",
     "packet_auth",
     "extensions",
@@ -272,6 +278,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
     if not 1 <= port <= 65535 - 16 * fabric.hosts:
         raise MrcdConfigError(f"mrcd.data_port: out of range: {port}")
     drain = _seconds(table, "drain_timeout", DRAIN_TIMEOUT, MAX_DRAIN_TIMEOUT)
+    ack_delay = _seconds(table, "ack_delay", ACK_DELAY, MAX_ACK_DELAY)
     workers = _check_workers(_int(table, "workers", 1))
     interfaces = _interfaces(table.get("interfaces"), fabric.planes)
     peers_table = _table(table, "peers")
@@ -290,6 +297,7 @@ def _from_table(table: Mapping[str, object], fabric: Fabric) -> MrcdConfig:
         web_listen_address=web,
         log_level=level,
         ack_coalesce=coalesce,
+        ack_delay=ack_delay,
         encrypt=_bool(table, "encrypt", False),
         packet_auth=_bool(table, "packet_auth", True),
         extensions=_bool(table, "extensions", True),

@@ -67,6 +67,11 @@ class ConnectionConfig:
     # 8 bits), so 32,640 at most.
     max_window: int = MAX_WINDOW
     ack_coalesce: int = 1  # data packets one ACK may stand for (until the next transmit)
+    #: Seconds a coalesced ACK may wait, past the transmit that would have sent it, for
+    #: more data on its port (0: it leaves with that transmit).  A write's last packet,
+    #: and one the peer flags ACK_REQ (this end flags the packet after which its window
+    #: is full, when this is above 0), is acknowledged at once.  Well under ``timeout``.
+    ack_delay: float = 0.0
 
     def retry_budget(self, base: float | None = None) -> float:
         """Seconds without progress before the connection fails: with ``L = linear_cnt``,
@@ -142,6 +147,11 @@ class ConnectionConfig:
             1 <= self.ack_coalesce <= 64,
             "ack_coalesce",
             f"must be in 1..64 (the SACK bitmap covers 64), got {self.ack_coalesce}",
+        )
+        _check(
+            _finite(self.ack_delay) and 0 <= self.ack_delay <= self.timeout / 4,
+            "ack_delay",
+            f"must be in 0..timeout/4 ({self.timeout / 4:g} s), got {self.ack_delay}",
         )
         _check(
             1 <= self.max_window <= MAX_WINDOW,

@@ -85,6 +85,7 @@ from mrcstack.wire import (
 _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
 _DUPLICATE = int(FeedbackFlags.DUPLICATE)
 _TRIMMED = int(DataFlags.TRIMMED)
+_ACK_NOW = int(DataFlags.LAST | DataFlags.ACK_REQ)
 _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _SKIP_NONE = int(SkipHint.NONE)
 _PROBE_RESPONSE = int(FeedbackFlags.PROBE_RESPONSE)
@@ -193,6 +194,11 @@ class Connection:
         self._pending_count = [0] * config.planes
         # Per port: the lowest and highest seq of the packets a pending ACK stands for.
         self._pending_span = [(0, 0)] * config.planes
+        # ack_delay: pending ACKs wait until _ack_due (set at the first transmit that
+        # holds them back), unless a packet that wants its ACK now came (_ack_now).
+        self._ack_delay = config.ack_delay
+        self._ack_due: float | None = None
+        self._ack_now = False
         self._tx_seq = 0
         # tx_seq of the packet whose port bitmap was applied last (a QP without the
         # extension learns the peer's ports from its PORT_STATUS_UPDATEs only).
@@ -489,6 +495,8 @@ class Connection:
             self._last_data_rx = now
             if ecn:
                 stats.ecn_received += 1
+            if pkt.flags & _ACK_NOW:  # a write's last packet, or one flagged ACK_REQ
+                self._ack_now = True
             # (its feedback goes to _ack or _ack_or_coalesce: the receiver's direct)
             self.receiver.on_data(pkt, ecn, port)
             if self._next_probe is None:
@@ -650,6 +658,7 @@ class Connection:
             self._pending_count[port] = 0
             self._ack(*fields)
         self._pending_acks.clear()
+        self._ack_due = None
 
     def _ack(
         self,
@@ -790,7 +799,15 @@ class Connection:
         which the receiver drops without reading its payload."""
         out: list[Outgoing] = []
         if self._pending_acks:
-            self._flush_acks()
+            if not self._ack_delay or self._ack_now:
+                self._flush_acks()
+            elif self._ack_due is None:
+                self._ack_due = now + self._ack_delay
+            elif now >= self._ack_due:
+                self._flush_acks()
+        elif self._ack_due is not None:  # (sent meanwhile, each for its own reason)
+            self._ack_due = None
+        self._ack_now = False
         recovery = self.recovery
         if recovery.rack_due:
             recovery.run_rack(now)
@@ -822,6 +839,9 @@ class Connection:
         if self.failed is not None:
             return None
         deadline = self.recovery.next_deadline()
+        due = self._ack_due
+        if due is not None and (deadline is None or due < deadline):
+            deadline = due
         probe = self._next_probe
         if probe is not None and (deadline is None or probe < deadline):
             return probe

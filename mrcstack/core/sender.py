@@ -38,6 +38,7 @@ from mrcstack.wire.plain import plain_header_length
 _RETX = int(DataFlags.RETX)
 _LAST = int(DataFlags.LAST)
 _FIRST = int(DataFlags.FIRST)
+_ACK_REQ = int(DataFlags.ACK_REQ)
 _SKIP_ONCE = int(SkipHint.SKIP_ONCE)
 _ALWAYS_SKIP = int(SkipHint.ALWAYS_SKIP)
 _ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
@@ -97,6 +98,10 @@ class Sender:
         self.stats = stats
         self.emit = emit
         self.mtu = config.mtu_payload
+        # A peer that delays its ACKs (as this end does, with ack_delay) acknowledges a
+        # packet flagged ACK_REQ at once: the one after which the window is full, so the
+        # sender does not wait out the delay before it may send again.
+        self._ack_req = _ACK_REQ if config.ack_delay > 0 else 0
         self.wrs: deque[WorkRequest] = deque()
         self.send_wr_index = 0  # index in wrs of the WR holding next_seq
         self.next_seq = config.local_psn
@@ -169,7 +174,7 @@ class Sender:
                 retx.popleft()
                 continue
             if rec.in_flight + tx.size > cwnd and rec.in_flight > 0:
-                return out
+                return self._window_full(out)
             retx.popleft()
             rto = rec.rto(max(tx.timeouts, rounds))
             sent = self._send(tx.seq, tx.wr, tx.size, now, ts_ns, rto, tx.ev, tx)
@@ -198,7 +203,7 @@ class Sender:
                 if size > mtu:
                     size = mtu
                 if rec.in_flight + size > cwnd and rec.in_flight > 0:
-                    break
+                    return self._window_full(out)
                 sent = send(seq, wr, size, now, ts_ns, rto, None, None)
                 if sent is None:
                     break
@@ -208,6 +213,14 @@ class Sender:
                 self.next_seq = seq
                 if seq == wr.first + wr.npkts:
                     self.send_wr_index += 1
+            if seq < self.end_seq and seq == end:  # the window's edge (max_window)
+                return self._window_full(out)
+        return out
+
+    def _window_full(self, out: list[Outgoing]) -> list[Outgoing]:
+        """``out`` ends where the window is full: its last packet asks for an ACK now."""
+        if out and self._ack_req:
+            out[-1][0].flags |= self._ack_req  # type: ignore[union-attr]
         return out
 
     def _send(

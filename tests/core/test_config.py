@@ -67,6 +67,9 @@ def config(**kw: object) -> ConnectionConfig:
         ("planes", 17),
         ("profile_id", -1),
         ("ack_coalesce", 65),
+        ("ack_delay", -1e-6),
+        ("ack_delay", float("nan")),
+        ("ack_delay", 100e-6),  # over a quarter of the default 200 us timeout
         ("mode", "tcp"),
         ("evs", ()),
         ("evs", (EvEntry(1, 0), EvEntry(1, 1))),

@@ -29,6 +29,7 @@ from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     WRITE_OPCODES,
     AckPacket,
+    DataFlags,
     DataPacket,
     Opcode,
     ReliabilityProbePacket,
@@ -443,6 +444,72 @@ def test_ack_coalescing_cuts_acks_in_receive_batches(coalesce: int) -> None:
         assert acks == 64  # one per data packet
     else:
         assert acks <= 64 // coalesce + 2 * 2  # plus at most one partial ACK per plane per batch
+
+
+def test_a_delayed_ack_waits_for_more_data_but_not_past_a_writes_end() -> None:
+    """With ``ack_delay`` a receive batch's coalesced ACK stays pending past the transmit
+    that would have sent it, with the connection's timer at its deadline, and leaves then;
+    a write's last packet is acknowledged at once, with the pending ones."""
+    delay = 200e-6
+    net = PairNet(5, LinkFaults(), planes=2, per_plane=2, ack_coalesce=16, ack_delay=delay,
+                  timeout=1e-3)  # fmt: skip
+    _, va, rkey = region(net, 1, 8 * 256)
+    sender, receiver = net.conns
+    sender.post_write(1, bytes(8 * 256), va, rkey, now=0.0)
+    data = [d for d in sender.datagrams_to_send(0.0) if d.data[0] in DATA]
+    assert len(data) == 8
+    for d in data[:3]:
+        receiver.receive_datagram(d.data, now=1e-5, port=d.port)
+    assert receiver.datagrams_to_send(1e-5) == []  # held back
+    assert receiver.get_timer() == pytest.approx(1e-5 + delay)
+    receiver.receive_datagram(data[3].data, now=5e-5, port=data[3].port)
+    assert receiver.datagrams_to_send(5e-5) == []  # the same group: the deadline stands
+    acks = receiver.datagrams_to_send(1e-5 + delay)
+    assert acks and all(type(decode(a.data, sender.integrity)) is AckPacket for a in acks)
+    assert receiver.datagrams_to_send(2e-5 + delay) == []
+    for d in data[4:7]:
+        receiver.receive_datagram(d.data, now=3e-4, port=d.port)
+    assert receiver.datagrams_to_send(3e-4) == []
+    receiver.receive_datagram(data[7].data, now=3.1e-4, port=data[7].port)  # LAST
+    last = [decode(a.data, sender.integrity) for a in receiver.datagrams_to_send(3.1e-4)]
+    assert last and max(a.cum_psn for a in last) == (receiver.cfg.remote_psn + 7) & 0xFFFFFF  # type: ignore[union-attr]
+    assert receiver.get_timer() != pytest.approx(3e-4 + delay)  # nothing left waiting
+
+
+def test_a_sender_whose_window_is_full_asks_for_an_ack_now() -> None:
+    """With ``ack_delay``, the packet after which the congestion window is full carries
+    ACK_REQ (the peer acknowledges it at once); without, no packet does."""
+    for delay, flagged in ((0.0, 0), (100e-6, 1)):
+        net = PairNet(6, LinkFaults(), ack_delay=delay, timeout=1e-3,
+                      cc_params=CCParams(max_cwnd=4 * 256))  # fmt: skip
+        _, va, rkey = region(net, 1, 16 * 256)
+        net.conns[0].post_write(1, bytes(16 * 256), va, rkey, now=0.0)
+        sent = [p for p, _ in net.conns[0].packets_to_send(0.0) if type(p) is DataPacket]
+        assert len(sent) == 4  # the window
+        asks = [p.flags & DataFlags.ACK_REQ != 0 for p in sent]
+        assert asks == [False] * 3 + [bool(flagged)]
+
+
+def test_delayed_acks_lose_nothing_and_resend_nothing() -> None:
+    """Writes of every size, with and without loss: every byte lands and every write
+    completes; without loss, no retransmission of any kind (no tail probe or timeout
+    waits out a delayed ACK)."""
+    sizes = [1, 255, 256, 3000, 20_000, 70_000]
+    for seed, loss in ((1, 0.0), (2, 0.0), (3, 0.05), (4, 0.05)):
+        net = PairNet(seed, LinkFaults(loss=loss), ack_coalesce=16, ack_delay=250e-6,
+                      timeout=1e-3)  # fmt: skip
+        backing, va, rkey = region(net, 1, sum(sizes))
+        payload = net.rng.randbytes(sum(sizes))
+        offset = 0
+        for i, size in enumerate(sizes):
+            net.conns[0].post_write(i, payload[offset : offset + size], va + offset, rkey, now=0.0)
+            offset += size
+        net.run(30.0, stop=lambda net=net: len(sends(net)) == len(sizes))  # type: ignore[misc]
+        assert [s.wr_id for s in sends(net)] == list(range(len(sizes)))
+        assert bytes(backing[GUARD : GUARD + sum(sizes)]) == payload
+        if loss == 0.0:
+            resent = net.conns[0].stats.retransmissions
+            assert {k: v for k, v in resent.items() if v} == {}, resent
 
 
 def test_duplicate_reports_widen_the_reordering_window() -> None:

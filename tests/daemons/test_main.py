@@ -80,6 +80,10 @@ t1_per_plane = 2
         ("[mrcd]\nhost = 0\nlog_level = 'loud'\n", "mrcd.log_level"),
         ("[mrcd]\nhost = 0\ndrain_timeout = -1\n", "mrcd.drain_timeout: must be a number"),
         ("[mrcd]\nhost = 0\ndrain_timeout = '2s'\n", "mrcd.drain_timeout: must be a number"),
+        (
+            "[mrcd]\nhost = 0\nack_delay = 0.01\n",
+            "mrcd.ack_delay: must be a number of seconds in 0..0.005",
+        ),
         ("[mrcd]\nhost = 0\ninterfaces = ['ens1f0']\n", "mrcd.interfaces: 1 names for 4 planes"),
         ("[mrcd]\nhost = 0\ninterfaces = 'ens1f0'\n", "mrcd.interfaces: must be a list"),
         ("[mrcd]\nhost = 0\npacket_auth = 1\n", "mrcd.packet_auth: must be true or false"),

@@ -152,6 +152,8 @@ class ConnectionSetup:
             linear_cnt=attrs.linear_cnt,
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.node.cfg.ack_coalesce,
+            # (at most a quarter of the QP's minimum RTO: a delayed ACK must never look lost)
+            ack_delay=min(self.node.cfg.ack_delay, attrs.timeout / 4),
             icrc_paths=self.addresses.icrc_paths(remote_host),
             extensions=extensions,
         )
