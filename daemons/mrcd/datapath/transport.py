@@ -316,7 +316,7 @@ class Transport:
         it has passed: at low rates a few empty turns, under load a short wait that lets
         the next read take a fuller batch.  Skipping each plane's call only once per drain
         (reading at the next poll) did away with those turns (5 times fewer polls on the
-        shaped testbed) but measured no less CPU there, and less goodput unshaped.
+        shaped testbed) but measured neither less CPU nor more goodput, shaped or not.
         """
         if self._draining or clock() - self._drained_at < SAME_TURN:
             return
