@@ -280,7 +280,11 @@ def _usual_data_into(pkt: DataPacket, integrity: Integrity, out: bytearray | mem
     wrong).  The same bytes as :func:`_encode_data`."""
     flags = pkt.flags
     payload = pkt.payload
-    if type(payload) is not bytes:
+    # A slice of a posted buffer (the usual payload) is a flat byte view already: its
+    # length is its bytes, with no new view made to check it (once per data packet).
+    if type(payload) is not bytes and (
+        type(payload) is not memoryview or payload.format != "B" or payload.ndim != 1
+    ):
         payload = byte_view(payload)
     paylen = len(payload)
     offset = pkt.offset

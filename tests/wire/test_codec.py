@@ -141,6 +141,25 @@ def test_encode_into_writes_the_bytes_encode_returns(mode: str, pkt: Packet, spa
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_encode_into_counts_any_payload_view_in_bytes(mode: str) -> None:
+    """A payload given as a view of another shape (2-D bytes, 32-bit items) or a slice of
+    a buffer encodes to the same datagram as the same bytes: its length is in bytes."""
+    raw = bytes(range(256)) * 4
+    views = [
+        memoryview(bytearray(raw))[100:612],
+        memoryview(bytearray(raw[:512])).cast("B", (16, 32)),
+        memoryview(bytearray(raw[:512])).cast("I"),
+    ]
+    for view in views:
+        tx, _ = make_pair(mode)
+        tx2, _ = make_pair(mode)
+        want = encode(data(payload=bytes(view.tobytes())), tx)
+        out = bytearray(len(want) + 8)
+        assert encode_into(data(payload=view), tx2, out) == len(want)
+        assert out[: len(want)] == want
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_encode_into_a_buffer_too_small_is_refused(mode: str) -> None:
     tx, _ = make_pair(mode)
     pkt = data()
