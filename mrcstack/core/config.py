@@ -69,8 +69,8 @@ class ConnectionConfig:
     ack_coalesce: int = 1  # data packets one ACK may stand for (until the next transmit)
     #: Seconds a coalesced ACK may wait, past the transmit that would have sent it, for
     #: more data on its port (0: it leaves with that transmit).  A write's last packet,
-    #: and one the peer flags ACK_REQ (this end flags the packet after which its window
-    #: is full, when this is above 0), is acknowledged at once.  Well under ``timeout``.
+    #: and one the peer flags ACK_REQ (as this end flags the packet after which its
+    #: window is full), is acknowledged at once.  Well under ``timeout``.
     ack_delay: float = 0.0
 
     def retry_budget(self, base: float | None = None) -> float:

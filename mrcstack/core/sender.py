@@ -98,10 +98,6 @@ class Sender:
         self.stats = stats
         self.emit = emit
         self.mtu = config.mtu_payload
-        # A peer that delays its ACKs (as this end does, with ack_delay) acknowledges a
-        # packet flagged ACK_REQ at once: the one after which the window is full, so the
-        # sender does not wait out the delay before it may send again.
-        self._ack_req = _ACK_REQ if config.ack_delay > 0 else 0
         self.wrs: deque[WorkRequest] = deque()
         self.send_wr_index = 0  # index in wrs of the WR holding next_seq
         self.next_seq = config.local_psn
@@ -218,9 +214,11 @@ class Sender:
         return out
 
     def _window_full(self, out: list[Outgoing]) -> list[Outgoing]:
-        """``out`` ends where the window is full: its last packet asks for an ACK now."""
-        if out and self._ack_req:
-            out[-1][0].flags |= self._ack_req  # type: ignore[union-attr]
+        """``out`` ends where the window is full: its last packet asks for an ACK now (a
+        peer that delays its ACKs, ``ack_delay``, sends that one at once, so the sender
+        does not wait out the delay before it may send again)."""
+        if out:
+            out[-1][0].flags |= _ACK_REQ  # type: ignore[union-attr]
         return out
 
     def _send(

@@ -477,17 +477,22 @@ def test_a_delayed_ack_waits_for_more_data_but_not_past_a_writes_end() -> None:
 
 
 def test_a_sender_whose_window_is_full_asks_for_an_ack_now() -> None:
-    """With ``ack_delay``, the packet after which the congestion window is full carries
-    ACK_REQ (the peer acknowledges it at once); without, no packet does."""
-    for delay, flagged in ((0.0, 0), (100e-6, 1)):
+    """The packet after which the congestion window is full carries ACK_REQ (a peer with
+    ``ack_delay`` acknowledges it at once), whatever this end's own ``ack_delay``; the
+    others do not, and neither does a packet sent with room to spare."""
+    for delay in (0.0, 100e-6):
         net = PairNet(6, LinkFaults(), ack_delay=delay, timeout=1e-3,
                       cc_params=CCParams(max_cwnd=4 * 256))  # fmt: skip
         _, va, rkey = region(net, 1, 16 * 256)
         net.conns[0].post_write(1, bytes(16 * 256), va, rkey, now=0.0)
         sent = [p for p, _ in net.conns[0].packets_to_send(0.0) if type(p) is DataPacket]
         assert len(sent) == 4  # the window
-        asks = [p.flags & DataFlags.ACK_REQ != 0 for p in sent]
-        assert asks == [False] * 3 + [bool(flagged)]
+        assert [p.flags & DataFlags.ACK_REQ != 0 for p in sent] == [False] * 3 + [True]
+    net = PairNet(6, LinkFaults(), cc_params=CCParams(max_cwnd=64 * 256))
+    _, va, rkey = region(net, 1, 3 * 256)
+    net.conns[0].post_write(1, bytes(3 * 256), va, rkey, now=0.0)
+    sent = [p for p, _ in net.conns[0].packets_to_send(0.0) if type(p) is DataPacket]
+    assert len(sent) == 3 and not any(p.flags & DataFlags.ACK_REQ for p in sent)
 
 
 def test_delayed_acks_lose_nothing_and_resend_nothing() -> None:
