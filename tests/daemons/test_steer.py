@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from mrcstack.daemons.mrcd.datapath.steer import attach, program, worker_for, worker_of
-from mrcstack.daemons.mrcd.node.workers.shards import probe_owner
+from mrcstack.daemons.mrcd.datapath.steer import attach, probe_owner, program, worker_for, worker_of
 
 
 def _group(workers: int) -> list[socket.socket]:

@@ -16,10 +16,11 @@ import pytest
 
 from mrcstack.api import AsyncEventType, QpState, WcStatus, WriteWr
 from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth
+from mrcstack.daemons.mrcd.datapath.steer import probe_owner
 from mrcstack.daemons.mrcd.datapath.transport import Transport, open_plane_socket
 from mrcstack.daemons.mrcd.node.workers import pool as pool_module
 from mrcstack.daemons.mrcd.node.workers.pool import WorkerPool
-from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds, probe_owner
+from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds
 from mrcstack.errors import LocalError
 from tests.support import workers as dying
 from tests.support.apiharness import WAIT, Daemons, End, connect, drain, wait_for

@@ -26,6 +26,8 @@ import ctypes
 import socket
 import struct
 
+from mrcstack.wire import BTH_PROBE_ID_BYTES, Opcode, probe_id
+
 #: ``SO_ATTACH_REUSEPORT_CBPF`` (asm-generic/socket.h); Python's socket module lacks it.
 SO_ATTACH_REUSEPORT_CBPF = 51
 #: Classic BPF opcodes (linux/filter.h).
@@ -41,8 +43,8 @@ _RET_A = 0x16  # return A
 _INSN = struct.Struct("=HBBI")  # code, jt, jf, k: struct sock_filter
 _QPN_WORD = 4  # BTH bytes 4-7: a reserved byte, then the 24-bit destination QP
 _QPN_MASK = 0xFFFFFF
-_PROBE_ID_HALF = 10  # BTH bytes 10-11 of an endpoint datagram: its probe id
-_ENDPOINT_RESPONSE = 0xD9  # (Opcode.ENDPOINT_RESPONSE)
+_PROBE_ID_HALF = BTH_PROBE_ID_BYTES.start  # an endpoint datagram's probe id, 16 bits
+_ENDPOINT_RESPONSE = int(Opcode.ENDPOINT_RESPONSE)
 
 
 def worker_of(qpn: int, workers: int) -> int:
@@ -50,12 +52,18 @@ def worker_of(qpn: int, workers: int) -> int:
     return (qpn & _QPN_MASK) % workers
 
 
+def probe_owner(ident: int, workers: int) -> int:
+    """Who sent probe ``ident``: a worker's index, or ``workers`` for the daemon's prober
+    (each draws its ids from its own residue modulo ``workers + 1``)."""
+    return ident % (workers + 1)
+
+
 def worker_for(datagram: bytes | memoryview, workers: int) -> int:
     """The worker the kernel program hands ``datagram`` (a UDP payload) to."""
     if len(datagram) and datagram[0] == _ENDPOINT_RESPONSE:
-        if len(datagram) < _PROBE_ID_HALF + 2:
+        if len(datagram) < BTH_PROBE_ID_BYTES.stop:
             return 0
-        owner = int.from_bytes(datagram[_PROBE_ID_HALF : _PROBE_ID_HALF + 2], "big") % (workers + 1)
+        owner = probe_owner(probe_id(datagram), workers)
         return 0 if owner >= workers else owner
     if len(datagram) < _QPN_WORD + 4:
         return 0

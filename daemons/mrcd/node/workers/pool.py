@@ -44,7 +44,7 @@ from mrcstack.daemons.mrcd.node.workers import messages as m
 from mrcstack.daemons.mrcd.node.workers import process
 from mrcstack.daemons.mrcd.node.workers.channel import Channel, pair
 from mrcstack.daemons.mrcd.node.workers.remote import RemoteConnection
-from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds, probe_owner
+from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds
 from mrcstack.errors import LocalError
 from mrcstack.qpn import qpn_text
 from mrcstack.wire import BTH_LEN, EvFormat, Opcode, probe_id
@@ -395,7 +395,7 @@ class WorkerPool:
         that worker, everything else to the daemon's prober."""
         data = msg.data
         if len(data) >= BTH_LEN and data[0] == _ENDPOINT_RESPONSE:
-            owner = probe_owner(probe_id(data), self.count)
+            owner = steer.probe_owner(probe_id(data), self.count)
             if owner < self.count:
                 flow = msg.flow
                 ev = msg.source[1] << 16 | flow & 0xFFFF

@@ -4,7 +4,8 @@ A QP belongs to worker ``qpn % workers`` (:func:`.datapath.steer.worker_of`, wha
 kernel's reuseport program computes).  Probe ids, which say whose an endpoint answer is,
 are shared out the same way: the daemon's prober and each worker draw from their own
 residue modulo ``workers + 1`` (:class:`ShardedProbeIds`), so whoever receives an answer
-knows its owner from the id alone (:func:`probe_owner`).
+knows its owner from the id alone (:func:`.datapath.steer.probe_owner`, which the
+kernel's reuseport program computes too, to hand an answer to its worker).
 """
 
 from __future__ import annotations
@@ -13,11 +14,6 @@ import random
 
 from mrcstack.core.endpoint import MAX_OUTSTANDING, ProbeIds
 from mrcstack.wire.packets import PROBE_ID_MASK
-
-
-def probe_owner(ident: int, workers: int) -> int:
-    """Who sent probe ``ident``: a worker's index, or ``workers`` for the daemon's prober."""
-    return ident % (workers + 1)
 
 
 class ShardedProbeIds(ProbeIds):
