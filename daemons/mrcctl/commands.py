@@ -282,11 +282,12 @@ def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
             _ms(q.get("max_rto")),
             _ms(q.get("rto")),
             _ms(q.get("retry_budget")),
+            _ms(q.get("ack_delay")),
             q["failure"] or "",
         )
         for q in qps
     ]
     header = ("qpn", "state", "worker", "peer", "peer_qpn", "writes", "timeout_ms", "retries",
-              "max_rto_ms", "rto_ms", "budget_ms", "failure")  # fmt: skip
+              "max_rto_ms", "rto_ms", "budget_ms", "ack_delay_ms", "failure")  # fmt: skip
     show(args, qps if args.qpn is None else qps[0], table(rows, header) if rows else "no QPs")
     return 0

@@ -60,3 +60,54 @@ def test_another_version_is_refused_with_a_reason(
         a.qp.connect(3, 7, timeout=10)
     assert "speaks mrcstack extension version" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def ack_delays(daemons: Daemons, a: End, b: End) -> tuple[object, object]:
+    """Each QP's ACK delay as ``mrcctl qp show`` reports it (h0's, h3's)."""
+
+    def read(host: int, qpn: int) -> object:
+        (info,) = daemons.nodes[host].table.qp_info(qpn)
+        return info["ack_delay"]
+
+    return daemons.on_loop(lambda: (read(0, a.qp.qpn), read(3, b.qp.qpn)))
+
+
+def test_between_mrcds_acks_are_delayed(daemons: Daemons) -> None:
+    """Both ends say their senders flag a full window: each delays its ACKs as configured."""
+    a, b = connect(daemons, SIZE)
+    configured = daemons.nodes[0].cfg.ack_delay
+    assert configured > 0 and ack_delays(daemons, a, b) == (configured, configured)
+    verified_write(a, b)
+
+
+@pytest.mark.parametrize("old", [0, 3])
+def test_acks_to_an_mrcd_that_does_not_flag_a_full_window_are_not_delayed(
+    daemons: Daemons, monkeypatch: pytest.MonkeyPatch, old: int
+) -> None:
+    """An mrcd from before the window-full ACK_REQ says nothing of it (the field is absent
+    from its CONNECT, or from its ACCEPT): ACKs to it go at once, else each of its windows
+    would wait out the delay; its own ACKs to us may still wait."""
+    monkeypatch.setattr(
+        node_connect.ConnectionSetup, "window_ack_req", property(lambda self: self.host != old)
+    )
+    a, b = connect(daemons, SIZE)
+    configured = daemons.nodes[0].cfg.ack_delay
+    expected = (configured, 0.0) if old == 0 else (0.0, configured)
+    assert ack_delays(daemons, a, b) == expected
+    a.qp.post_recv(range(4))
+    verified_write(a, b)
+    verified_write(b, a)
+
+
+def test_a_qp_set_up_out_of_band_never_delays_its_acks(daemons: Daemons) -> None:
+    """Nothing tells such a QP whether its peer flags a full window (it may be a NIC that
+    speaks only OCP MRC 1.0): its ACKs go at once, even between two mrcds."""
+    a, b = end(daemons, 0, SIZE), end(daemons, 3, SIZE)
+    a.qp.post_recv(range(4))
+    b.qp.post_recv(range(4))
+    a_psn, b_psn = a.qp.query().psn, b.qp.query().psn
+    a.qp.connect_manual(3, b.qp.qpn, b_psn, extensions=True)
+    b.qp.connect_manual(0, a.qp.qpn, a_psn, extensions=True)
+    assert ack_delays(daemons, a, b) == (0.0, 0.0)
+    verified_write(a, b)
+    verified_write(b, a)

@@ -101,6 +101,9 @@ class ConnectRequest:
     #: The version of mrcstack's extension headers the sender offers (0: none, it speaks
     #: OCP MRC 1.0 alone); -1 when absent (an mrcd from before this was negotiated).
     extensions: int = -1
+    #: The sender flags ACK_REQ on the packet after which its window is full, so this end
+    #: may delay its ACKs (``ack_delay``); absent means no (an mrcd from before that).
+    window_ack_req: bool = False
 
     def derive_qp_key(self, dst_host: int, dst_qpn: int) -> bytes:
         return derive_qp_key(self.session_secret, self.src_host, self.src_qpn, dst_host, dst_qpn)
@@ -114,6 +117,7 @@ class Accept:
     instance: str = ""  # the accepting mrcd's instance
     packet_auth: bool = True  # both ends agreed on AES-GCM packets (else the plain ICRC)
     extensions: int = -1  # the extension version agreed (0: none; -1: absent, an old mrcd)
+    window_ack_req: bool = False  # as ConnectRequest's: the accepting end's sender flags it
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +289,7 @@ class Session:
         timeout: float = REQUEST_TIMEOUT,
         packet_auth: bool = True,
         extensions: int = 0,
+        window_ack_req: bool = False,
     ) -> Accept:
         """CONNECT: the peer's ACCEPT, or :class:`ConnectRejectedError`.  ``instance`` is
         ours; the ACCEPT carries the peer's, which a later session must show again."""
@@ -301,6 +306,7 @@ class Session:
                 **({"instance": instance} if instance else {}),
                 "packet_auth": packet_auth,
                 "extensions": extensions,
+                **({"window_ack_req": True} if window_ack_req else {}),  # (absent: no)
             },
             timeout,
         )
@@ -316,6 +322,7 @@ class Session:
                 field_instance(reply),
                 field_bool(reply, "packet_auth", default=True),
                 field_extensions(reply),
+                field_bool(reply, "window_ack_req", default=False),
             )
         except BadRequestError as exc:
             raise ControlError("bad_message", f"{self.peer_host}: {exc}") from None

@@ -439,6 +439,7 @@ class ControlServer:
             instance=field_instance(msg),
             packet_auth=field_bool(msg, "packet_auth", default=True),
             extensions=field_extensions(msg),
+            window_ack_req=field_bool(msg, "window_ack_req", default=False),
         )
         if src_host != peer_index:
             return {"type": "REJECT", "reason": f"src_host {src_host} is not {keys.peer_host}"}
@@ -457,4 +458,5 @@ class ControlServer:
             **({"instance": result.instance} if result.instance else {}),
             "packet_auth": result.packet_auth,
             **({"extensions": result.extensions} if result.extensions >= 0 else {}),
+            **({"window_ack_req": True} if result.window_ack_req else {}),
         }

@@ -111,6 +111,13 @@ class ConnectionSetup:
         """The extension version this mrcd offers its peers (0: it has them off)."""
         return MRC_EXT_VERSION if self.node.cfg.extensions else 0
 
+    @property
+    def window_ack_req(self) -> bool:
+        """Whether this mrcd's senders flag ACK_REQ on the packet after which their window
+        is full (every one of this version does), told to each peer at connection setup:
+        a peer delays its ACKs only for a sender that flags it."""
+        return True
+
     def ready(
         self,
         qpn: int,
@@ -119,9 +126,13 @@ class ConnectionSetup:
         remote_psn: int,
         key: bytes | None,
         extensions: bool = True,
+        window_ack_req: bool = False,
     ) -> None:
         """Both ends agreed: build the connection and put it on the wire (RESET -> RTS);
-        ``extensions``: with mrcstack's extension headers (else OCP MRC 1.0's alone)."""
+        ``extensions``: with mrcstack's extension headers (else OCP MRC 1.0's alone);
+        ``window_ack_req``: the peer said its sender flags ACK_REQ on the packet after
+        which its window is full, so our ACKs may wait ``ack_delay`` for more data (a peer
+        that does not flag it would wait that long for every window's ACK)."""
         qp = self.table.qp(qpn)
         if qp.state is not QpState.RESET:
             raise LocalError(f"QP {qpn_text(qpn)} is {qp.state.value}, not reset")
@@ -153,7 +164,7 @@ class ConnectionSetup:
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.node.cfg.ack_coalesce,
             # (at most a quarter of the QP's minimum RTO: a delayed ACK must never look lost)
-            ack_delay=min(self.node.cfg.ack_delay, attrs.timeout / 4),
+            ack_delay=min(self.node.cfg.ack_delay, attrs.timeout / 4) if window_ack_req else 0.0,
             icrc_paths=self.addresses.icrc_paths(remote_host),
             extensions=extensions,
         )
@@ -207,7 +218,8 @@ class ConnectionSetup:
         host (its NIC addresses are the address plan's), QPN and first PSN, and optionally
         the AES-GCM key, exchanged by the application.  For a peer without mrcd the QP runs
         without mrcstack's extension (the default); two mrcds set up this way may turn it
-        on, on both ends."""
+        on, on both ends.  Its ACKs are never delayed: nothing says the peer flags a full
+        window."""
         if not 0 <= remote_qpn < 1 << 24 or remote_qpn in (0, 2):
             raise LocalError(
                 f"remote QPN {qpn_text(remote_qpn)} is not a QP's (24 bits, not 0 or 2)"
@@ -254,6 +266,7 @@ class ConnectionSetup:
                 timeout=max(deadline - loop.time(), MIN_REQUEST_TIME),
                 packet_auth=self.node.cfg.packet_auth,
                 extensions=self.offered,
+                window_ack_req=self.window_ack_req,
             )
         except ConnectRejectedError as exc:
             raise LocalError(f"{peer} rejected the connection: {exc}") from None
@@ -270,7 +283,9 @@ class ConnectionSetup:
         key = None
         if agreed and accept.packet_auth and self.node.cfg.packet_auth:
             key = session.derive_qp_key(self.host, qpn, remote_host, accept.dst_qpn)
-        self.ready(qpn, remote_host, accept.dst_qpn, accept.dst_psn, key, agreed)
+        self.ready(
+            qpn, remote_host, accept.dst_qpn, accept.dst_psn, key, agreed, accept.window_ack_req
+        )
         qp.peer_instance = accept.instance
         return accept.private_data
 
@@ -299,7 +314,10 @@ class ConnectionSetup:
         auth = agreed and req.packet_auth and self.node.cfg.packet_auth
         try:
             key = req.derive_qp_key(self.host, accepted.qpn) if auth else None
-            self.ready(accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key, agreed)
+            self.ready(
+                accepted.qpn, req.src_host, req.src_qpn, req.src_psn, key, agreed,
+                req.window_ack_req,
+            )  # fmt: skip
         except LocalError as exc:
             accepted.connected.set_result(str(exc))
             return Reject(str(exc))
@@ -312,6 +330,7 @@ class ConnectionSetup:
             self.node.instance,
             packet_auth=auth,
             extensions=self.offered if agreed else 0,
+            window_ack_req=self.window_ack_req,
         )
 
     def accept(self, request_id: int, qpn: int, private_data: bytes) -> Accepted:

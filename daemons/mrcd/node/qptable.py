@@ -273,6 +273,7 @@ class QpTable:
             if conn is not None:
                 doc.update(
                     max_rto=conn.cfg.max_rto,
+                    ack_delay=conn.cfg.ack_delay,  # (0 unless the peer flags a full window)
                     rto=conn.recovery.rto(),
                     srtt=conn.recovery.srtt,
                     retry_budget=conn.retry_budget(),
