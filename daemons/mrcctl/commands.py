@@ -257,6 +257,14 @@ def _ms(value: object) -> str:
     return "-" if not isinstance(value, int | float) else f"{value * 1e3:.3g}"
 
 
+def _window(q: dict[str, object]) -> str:
+    """Bytes in flight and the congestion window, in KiB ("-" before the QP connects)."""
+    cwnd, in_flight = q.get("cwnd"), q.get("in_flight")
+    if not isinstance(cwnd, int) or not isinstance(in_flight, int):
+        return "-"
+    return f"{in_flight >> 10}/{cwnd >> 10}"
+
+
 def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
     if args.action == "connect":
         r = ctl.connect_qp(
@@ -283,11 +291,13 @@ def run_qp(args: argparse.Namespace, ctl: Controller) -> int:
             _ms(q.get("rto")),
             _ms(q.get("retry_budget")),
             _ms(q.get("ack_delay")),
+            _window(q),
             q["failure"] or "",
         )
         for q in qps
     ]
     header = ("qpn", "state", "worker", "peer", "peer_qpn", "writes", "timeout_ms", "retries",
-              "max_rto_ms", "rto_ms", "budget_ms", "ack_delay_ms", "failure")  # fmt: skip
+              "max_rto_ms", "rto_ms", "budget_ms", "ack_delay_ms", "inflight/cwnd_kib",
+              "failure")  # fmt: skip
     show(args, qps if args.qpn is None else qps[0], table(rows, header) if rows else "no QPs")
     return 0

@@ -349,6 +349,11 @@ class Connection:
     def next_event(self) -> Event | None:
         return self.events.popleft() if self.events else None
 
+    def window(self) -> tuple[int, int]:
+        """The congestion window and the bytes in flight (sent, not acknowledged, not
+        declared lost), for an operator's view of the QP."""
+        return self.cc.cwnd, self.recovery.in_flight
+
     @property
     def idle(self) -> bool:
         """Nothing posted is pending (every write completed or failed)."""

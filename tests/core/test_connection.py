@@ -495,6 +495,24 @@ def test_a_sender_whose_window_is_full_asks_for_an_ack_now() -> None:
     assert len(sent) == 3 and not any(p.flags & DataFlags.ACK_REQ for p in sent)
 
 
+def test_window_reports_the_congestion_window_and_the_bytes_in_flight() -> None:
+    """What ``mrcctl qp show`` shows: a window's packets in flight once sent, none once
+    every write completed; the congestion window as the sender's CC holds it."""
+    mtu = 256
+    net = PairNet(7, LinkFaults(), mtu=mtu, cc_params=CCParams(max_cwnd=4 * mtu))
+    conn = net.conns[0]
+    assert conn.window() == (4 * mtu, 0)
+    _, va, rkey = region(net, 1, 16 * mtu)
+    conn.post_write(1, bytes(16 * mtu), va, rkey, now=0.0)
+    sent = [p for p, _ in conn.packets_to_send(0.0) if type(p) is DataPacket]
+    cwnd, in_flight = conn.window()
+    assert cwnd == conn.cc.cwnd and in_flight == sum(tx.size for tx in conn.recovery.txs.values())
+    assert len(sent) == 4 and 4 * mtu <= in_flight <= cwnd + mtu
+    net.kick()
+    net.run(1.0, stop=lambda: len(sends(net)) == 1)
+    assert [s.wr_id for s in sends(net)] == [1] and conn.window()[1] == 0
+
+
 def test_delayed_acks_lose_nothing_resend_nothing_and_stall_no_window() -> None:
     """Writes of every size through a window of 4 packets, with and without loss: every
     byte lands and every write completes; without loss, no retransmission of any kind, the

@@ -274,8 +274,11 @@ def test_mrcctl_qp_show_reports_each_qps_retry_budget(daemons: Daemons) -> None:
     base, lin, exp = shown["rto"], shown["linear_cnt"], shown["exp_cnt"]
     expected = base * (lin + 1) + sum(min(shown["max_rto"], base * 2**k) for k in range(1, exp + 1))
     assert shown["retry_budget"] == pytest.approx(expected)
+    cwnd = daemons.on_loop(lambda: daemons.nodes[0].qp(a.qp.qpn).conn.cc.cwnd)  # type: ignore[union-attr]
+    assert (shown["cwnd"], shown["in_flight"]) == (cwnd, 0)  # (nothing sent yet)
     human = mrcctl(daemons, "qp", "show")
     assert human.returncode == 0 and "budget_ms" in human.stdout
+    assert "inflight/cwnd_kib" in human.stdout and f"0/{cwnd >> 10}" in human.stdout.split()
     assert f"{qpn_text(a.qp.qpn)}  rts" in human.stdout
     missing = mrcctl(daemons, "qp", "show", "1")
     assert missing.returncode == 1 and "no QP 0x000001" in missing.stderr

@@ -75,6 +75,12 @@ def test_qps_spread_over_the_workers_and_every_write_lands(daemons: Daemons) -> 
         return daemons.nodes[3].snapshot().traffic.data_bytes_placed >= QPS * SIZE
 
     daemons.run(wait_for(counted, WAIT))
+
+    def windows_reported() -> bool:  # each worker's status carries its QPs' windows
+        info = daemons.nodes[0].qp_info()
+        return all(q["cwnd"] > 0 and q["in_flight"] == 0 for q in info)  # type: ignore[operator]
+
+    daemons.run(wait_for(windows_reported, WAIT))
     daemons.run(wait_for(lambda: daemons.nodes[0].snapshot().rtt.count > 0, WAIT))
     snap = daemons.nodes[3].snapshot()
     assert snap.worker_qps == (2, 2)

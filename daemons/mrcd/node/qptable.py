@@ -271,7 +271,10 @@ class QpTable:
                 "worker": steer.worker_of(q, self.workers),
             }
             if conn is not None:
+                cwnd, in_flight = conn.window()
                 doc.update(
+                    cwnd=cwnd,
+                    in_flight=in_flight,
                     max_rto=conn.cfg.max_rto,
                     ack_delay=conn.cfg.ack_delay,  # (0 unless the peer flags a full window)
                     rto=conn.recovery.rto(),

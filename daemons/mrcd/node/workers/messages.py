@@ -159,6 +159,7 @@ class QpStatus:
     rto: float
     srtt: float | None
     retry_budget: float
+    window: tuple[int, int]  # the congestion window and the bytes in flight
     idle: bool
     posts: int  # posts carried out so far (the daemon's count says which it has not seen)
 

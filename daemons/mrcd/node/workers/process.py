@@ -267,6 +267,7 @@ class Worker:
                         rto=conn.recovery.rto(),
                         srtt=conn.recovery.srtt,
                         retry_budget=conn.retry_budget(),
+                        window=conn.window(),
                         idle=conn.idle,
                         posts=self.posts[qpn],
                     )

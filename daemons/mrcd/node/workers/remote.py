@@ -54,6 +54,7 @@ class RemoteConnection:
         self._send = send
         self._evs: tuple[EvStatus, ...] = ()
         self._retry_budget = config.retry_budget(self.recovery.base)
+        self._window = (0, 0)  # (cwnd, bytes in flight) at the worker's last status
         self._idle = True
         self._posts = 0  # posts sent; the worker's status says how many it carried out
         self._posts_done = 0
@@ -72,6 +73,9 @@ class RemoteConnection:
 
     def retry_budget(self) -> float:
         return self._retry_budget
+
+    def window(self) -> tuple[int, int]:
+        return self._window
 
     def next_event(self) -> Event | None:
         """What a failure from this side said (the worker's events come through the pool)."""
@@ -166,6 +170,7 @@ class RemoteConnection:
         self._evs = status.evs
         self.recovery = RecoveryView(status.rto, status.srtt)
         self._retry_budget = status.retry_budget
+        self._window = status.window
         self._idle = status.idle
         self._posts_done = status.posts
 
