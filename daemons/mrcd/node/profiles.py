@@ -55,8 +55,11 @@ CC_ALIASES = {"uet-1.0-nscc": "nscc"}
 #: delay NSCC measures is the hosts working through a window (sending a batch, the peer
 #: reading its sockets), not switch queues: the core's default target (3/4 of the smallest
 #: RTT, ~0.1 ms here) halves goodput on the testbed without keeping any switch queue
-#: shorter.  Switch congestion still shows as ECN marks and trims.
-DEFAULT_CC = cc_mod.CCParams(target_delay=1e-3)
+#: shorter.  Switch congestion still shows as ECN marks and trims.  For the same reason the
+#: window may grow to 2 MiB (the core's default, 512 KiB, is the BDP of 4 x 100 Gbit/s at
+#: 10 us): a software host's RTT under load is milliseconds, so 512 KiB kept one QP waiting
+#: for ACKs; it starts at 512 KiB, as before.
+DEFAULT_CC = cc_mod.CCParams(target_delay=1e-3, max_cwnd=2 << 20, initial_cwnd=512 << 10)
 #: NSCC parameters of mrc_ctl_cc_nscc_cfg that our NSCC keeps as constants.
 CC_FIXED = frozenset({"eta", "fi", "fi_scale", "gamma", "max_md_jump"})
 CC_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(cc_mod.CCParams))
