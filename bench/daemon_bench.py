@@ -138,6 +138,7 @@ def mrcd_goodput(
         cpu = _daemon_cpu(cluster)
         start = time.perf_counter()
         end = start + duration
+        window = WindowSampler(cluster, qa.qpn, end)
         for _ in range(OUTSTANDING):
             post(posted)
             posted += 1
@@ -147,15 +148,79 @@ def mrcd_goodput(
                 post(posted)
                 posted += 1
         took = time.perf_counter() - start
+        sampled = window.result()
         cpu = [b - a for a, b in zip(cpu, _daemon_cpu(cluster), strict=True)]
         after = counters(state, cluster) | _dst_packets(cluster)
         if bytes(bmr.buf[:WRITE]) != bytes(amr.buf[:WRITE]):
             raise RuntimeError("mrcd goodput run: data did not arrive intact")
         moved = {k: v - before.get(k, 0.0) for k, v in after.items()}
-        return done * WRITE * 8 / took, moved | {"src_cpu_s": cpu[0], "dst_cpu_s": cpu[1]}
+        more = {"src_cpu_s": cpu[0], "dst_cpu_s": cpu[1], "timed_s": took} | sampled
+        return done * WRITE * 8 / took, moved | more
     finally:
         a.close()
         b.close()
+
+
+#: Seconds between two readings of the sending QP's window (a controller query each).
+WINDOW_EVERY = 0.25
+
+
+class WindowSampler:
+    """Reads the sending QP's congestion window and smoothed RTT (as ``mrcctl qp show``
+    gives them) every :data:`WINDOW_EVERY` s until ``end``, in a thread."""
+
+    def __init__(self, cluster: Cluster, qpn: int, end: float) -> None:
+        self.ctl = Controller.open(cluster.daemons[SRC].api_socket)
+        self.qpn = qpn
+        self.end = end
+        self.sums = {"window_samples": 0.0, "cwnd_kib_sum": 0.0, "srtt_ms_sum": 0.0}
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while time.perf_counter() + WINDOW_EVERY < self.end:
+                time.sleep(WINDOW_EVERY)
+                (qp,) = self.ctl.qps(self.qpn)
+                if "cwnd" not in qp:
+                    return  # an mrcd from before it reported its window (``--against``)
+                if qp.get("srtt") is None:
+                    continue  # no RTT sample yet
+                self.sums["window_samples"] += 1
+                self.sums["cwnd_kib_sum"] += qp["cwnd"] / 1024
+                self.sums["srtt_ms_sum"] += qp["srtt"] * 1e3
+        except Exception as exc:  # (re-raised in the measuring thread by result())
+            self.error = exc
+
+    def result(self) -> dict[str, float]:
+        self.thread.join(WINDOW_EVERY + 30)
+        self.ctl.close()
+        if self.error is not None:
+            raise RuntimeError(f"mrcd goodput run: reading the window: {self.error}")
+        return self.sums
+
+
+def wait_figures(stats: dict[str, float]) -> dict[str, float]:
+    """What one QP waited for, from sums over rounds: the fraction of the timed part each
+    mrcd was on a CPU (its CPU time over the wall time: near 1, the sender is CPU bound;
+    lower, it waited, for ACKs or the application), and the means of the window readings
+    (:class:`WindowSampler`), the congestion window in KiB and the smoothed RTT in ms."""
+    out: dict[str, float] = {}
+    timed = stats.get("timed_s", 0.0)
+    if timed:
+        out["sender_busy"] = stats["src_cpu_s"] / timed
+        out["receiver_busy"] = stats["dst_cpu_s"] / timed
+    n = stats.get("window_samples", 0.0)
+    if n:
+        out["cwnd_kib"] = stats["cwnd_kib_sum"] / n
+        out["srtt_ms"] = stats["srtt_ms_sum"] / n
+    return out
+
+
+def _counters_only(stats: dict[str, float]) -> dict[str, float]:
+    """``stats`` without the window readings' sums (:func:`wait_figures` averages them)."""
+    return {k: v for k, v in stats.items() if not k.startswith(("window_", "cwnd_", "srtt_"))}
 
 
 def _dst_packets(cluster: Cluster) -> dict[str, float]:
@@ -501,6 +566,7 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
         out |= {f"{label}_{k.removeprefix('unshaped_mrcd_')}": v for k, v in cpu.items()
                 if k.startswith("unshaped_mrcd_")}  # fmt: skip
         out |= {f"{label}_{k}": v for k, v in stats[label].items() if k.startswith("retx_")}
+        out |= {f"{label}_{k}": v for k, v in wait_figures(stats[label]).items()}
     out["after_over_before_goodput"] = out["after_mrcd_gbps"] / out["before_mrcd_gbps"]
     return out
 
@@ -576,7 +642,8 @@ def run() -> dict[str, float]:
         "unshaped_udp_datagram_bytes": udp_stats["datagram_bytes"] / rounds,
         "unshaped_udp_blast_lost_fraction": 1 - udp_stats["received"] / udp_stats["sent"],
     }
-    out |= {f"unshaped_mrcd_{k}": v for k, v in stats.items()}
+    out |= {f"unshaped_mrcd_{k}": v for k, v in _counters_only(stats).items()}
+    out |= {f"unshaped_mrcd_{k}": v for k, v in wait_figures(stats).items()}
     out |= cpu_per_packet(stats, udp_stats)
     shaped_fabric = shaped(Fabric())
     capacity = shaped_fabric.planes * SHAPED_BPS
@@ -605,7 +672,8 @@ def run() -> dict[str, float]:
         "shaped_mrcd_fraction": m / capacity,
         "shaped_mptcp_fraction": t / capacity,
     }
-    out |= {f"shaped_mrcd_{k}": v for k, v in stats.items()}
+    out |= {f"shaped_mrcd_{k}": v for k, v in _counters_only(stats).items()}
+    out |= {f"shaped_mrcd_{k}": v for k, v in wait_figures(stats).items()}
     return out | workers.scaling(duration, rounds)
 
 

@@ -1,4 +1,4 @@
-"""The daemon bench's before/after comparison runs each side's own code."""
+"""The daemon bench: its before/after comparison runs each side's own code; its window readings."""
 
 from __future__ import annotations
 
@@ -24,3 +24,29 @@ def test_a_process_started_for_the_before_side_imports_the_before_tree(tmp_path:
     outside = subprocess.run(where, cwd=ROOT, capture_output=True, text=True, check=True)
     assert Path(inside.stdout.strip()).is_relative_to(tree), inside.stdout
     assert Path(outside.stdout.strip()).is_relative_to(ROOT), outside.stdout
+
+
+def test_window_readings_summed_over_rounds_become_means() -> None:
+    """Two rounds' readings (3 and 1 of them) average per reading, not per round; the busy
+    fractions are CPU time over wall time of both rounds; counters printed as they are
+    leave the readings' sums out; a run without readings prints only the busy fractions."""
+    rounds = [
+        {"window_samples": 3.0, "cwnd_kib_sum": 3 * 512.0, "srtt_ms_sum": 6.0,
+         "src_cpu_s": 2.9, "dst_cpu_s": 2.0, "timed_s": 3.0},
+        {"window_samples": 1.0, "cwnd_kib_sum": 2048.0, "srtt_ms_sum": 6.0,
+         "src_cpu_s": 1.0, "dst_cpu_s": 0.5, "timed_s": 1.0},
+    ]  # fmt: skip
+    total: dict[str, float] = {}
+    for r in rounds:
+        daemon_bench._add(total, r)
+    assert daemon_bench.wait_figures(total) == {
+        "sender_busy": 3.9 / 4,
+        "receiver_busy": 2.5 / 4,
+        "cwnd_kib": (3 * 512 + 2048) / 4,
+        "srtt_ms": 12.0 / 4,
+    }
+    assert set(daemon_bench._counters_only(total)) == {"src_cpu_s", "dst_cpu_s", "timed_s"}
+    assert set(daemon_bench.wait_figures({"src_cpu_s": 1.0, "dst_cpu_s": 1.0, "timed_s": 2.0})) == {
+        "sender_busy",
+        "receiver_busy",
+    }
