@@ -192,10 +192,11 @@ class WindowSampler:
                 self.sums["srtt_ms_sum"] += qp["srtt"] * 1e3
         except Exception as exc:  # (re-raised in the measuring thread by result())
             self.error = exc
+        finally:
+            self.ctl.close()  # (here: closed even if the run fails before result())
 
     def result(self) -> dict[str, float]:
         self.thread.join(WINDOW_EVERY + 30)
-        self.ctl.close()
         if self.error is not None:
             raise RuntimeError(f"mrcd goodput run: reading the window: {self.error}")
         return self.sums

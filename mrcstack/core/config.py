@@ -17,6 +17,12 @@ MODES = ("mrc", "roce")
 MAX_PLANES = 16
 
 
+def max_ack_delay(timeout: float) -> float:
+    """The longest ``ack_delay`` a connection with minimum RTO ``timeout`` takes: a quarter
+    of it, so a delayed ACK never looks lost."""
+    return timeout / 4
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionConfig:
     """Everything a connection (MRC's QP) needs; both ends are configured out of band.
@@ -149,9 +155,9 @@ class ConnectionConfig:
             f"must be in 1..64 (the SACK bitmap covers 64), got {self.ack_coalesce}",
         )
         _check(
-            _finite(self.ack_delay) and 0 <= self.ack_delay <= self.timeout / 4,
+            _finite(self.ack_delay) and 0 <= self.ack_delay <= max_ack_delay(self.timeout),
             "ack_delay",
-            f"must be in 0..timeout/4 ({self.timeout / 4:g} s), got {self.ack_delay}",
+            f"must be in 0..timeout/4 ({max_ack_delay(self.timeout):g} s), got {self.ack_delay}",
         )
         _check(
             1 <= self.max_window <= MAX_WINDOW,

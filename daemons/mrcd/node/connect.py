@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mrcstack.api.limits import CONNECT_TIMEOUT
-from mrcstack.core.config import ConnectionConfig
+from mrcstack.core.config import ConnectionConfig, max_ack_delay
 from mrcstack.core.connection import Connection
 from mrcstack.daemons.mrcd.config import MrcdConfig
 from mrcstack.daemons.mrcd.control.client import (
@@ -147,6 +147,7 @@ class ConnectionSetup:
                 f"QP {qpn_text(qpn)}: AES-GCM packet authentication needs mrcstack's "
                 "extension headers, which this QP has off"
             )
+        ack_delay = min(self.node.cfg.ack_delay, max_ack_delay(attrs.timeout))
         config = ConnectionConfig(
             local_qpn=qpn,
             remote_qpn=remote_qpn,
@@ -163,8 +164,7 @@ class ConnectionSetup:
             linear_cnt=attrs.linear_cnt,
             exp_cnt=attrs.exp_cnt,
             ack_coalesce=attrs.ack_coalesce or self.node.cfg.ack_coalesce,
-            # (at most a quarter of the QP's minimum RTO: a delayed ACK must never look lost)
-            ack_delay=min(self.node.cfg.ack_delay, attrs.timeout / 4) if window_ack_req else 0.0,
+            ack_delay=ack_delay if window_ack_req else 0.0,
             icrc_paths=self.addresses.icrc_paths(remote_host),
             extensions=extensions,
         )
