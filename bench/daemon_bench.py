@@ -163,6 +163,8 @@ def mrcd_goodput(
 
 #: Seconds between two readings of the sending QP's window (a controller query each).
 WINDOW_EVERY = 0.25
+#: The window readings' sums over rounds (:func:`wait_figures` turns them into means).
+WINDOW_SUMS = ("window_samples", "cwnd_kib_sum", "srtt_ms_sum")
 
 
 class WindowSampler:
@@ -173,7 +175,7 @@ class WindowSampler:
         self.ctl = Controller.open(cluster.daemons[SRC].api_socket)
         self.qpn = qpn
         self.end = end
-        self.sums = {"window_samples": 0.0, "cwnd_kib_sum": 0.0, "srtt_ms_sum": 0.0}
+        self.sums = dict.fromkeys(WINDOW_SUMS, 0.0)
         self.error: Exception | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -221,7 +223,7 @@ def wait_figures(stats: dict[str, float]) -> dict[str, float]:
 
 def _counters_only(stats: dict[str, float]) -> dict[str, float]:
     """``stats`` without the window readings' sums (:func:`wait_figures` averages them)."""
-    return {k: v for k, v in stats.items() if not k.startswith(("window_", "cwnd_", "srtt_"))}
+    return {k: v for k, v in stats.items() if k not in WINDOW_SUMS}
 
 
 def _dst_packets(cluster: Cluster) -> dict[str, float]:
