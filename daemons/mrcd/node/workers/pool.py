@@ -26,6 +26,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
+from typing import Literal
 
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.events import Event
@@ -344,13 +345,14 @@ class WorkerPool:
             if not worker.gone:
                 worker.channel.send(self._keys)
 
-    def probe_counts(self, which: str) -> dict[str, int]:
+    def probe_counts(self, which: Literal["answers", "rejected"]) -> dict[str, int]:
         """The workers' probers' counts (``which``: ``"answers"`` by authentication or
         ``"rejected"`` by reason), summed, with those of workers that died."""
         total = dict(self._retired_probes[which])
         for worker in self.workers:
-            if worker.status is not None:
-                _add(total, getattr(worker.status, f"probe_{which}"))
+            status = worker.status
+            if status is not None:
+                _add(total, status.probe_answers if which == "answers" else status.probe_rejected)
         return total
 
     def send_raw(self, plane: int, data: bytes, addr: Address) -> bool:
