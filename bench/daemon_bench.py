@@ -199,6 +199,8 @@ class WindowSampler:
 
     def result(self) -> dict[str, float]:
         self.thread.join(WINDOW_EVERY + 30)
+        if self.thread.is_alive():  # (a query that hangs: its sums are still moving)
+            raise RuntimeError("mrcd goodput run: reading the window: no answer in 30 s")
         if self.error is not None:
             raise RuntimeError(f"mrcd goodput run: reading the window: {self.error}")
         return self.sums
