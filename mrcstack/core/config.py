@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mrcstack.core.cc import CCParams
+from mrcstack.core.cc import CCParams, CongestionController, create
 from mrcstack.core.evs import EvEntry, check_entries
 from mrcstack.errors import ConfigError
 from mrcstack.wire.evformat import EvFormat
@@ -88,6 +88,16 @@ class ConnectionConfig:
         return sum(
             min(self.max_rto, rto * (1 << max(0, k - self.linear_cnt)))
             for k in range(self.linear_cnt + self.exp_cnt + 1)
+        )
+
+    def controller(self, now: float) -> CongestionController:
+        """A new congestion controller for this connection (``cc`` with ``cc_params``, or
+        the default parameters), as of ``now``."""
+        return create(
+            self.cc,
+            self.cc_params if self.cc_params is not None else CCParams(),
+            self.mtu_payload,
+            now,
         )
 
     def __post_init__(self) -> None:

@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mrcstack.core import cc as cc_mod
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.endpoint import ProbeIds
 from mrcstack.core.events import (
@@ -144,8 +143,7 @@ class Connection:
             ev_min_active=config.ev_min_active,
             denied=config.denied,
         )
-        params = config.cc_params if config.cc_params is not None else cc_mod.CCParams()
-        self.cc = cc_mod.create(config.cc, params, config.mtu_payload, now)
+        self.cc = config.controller(now)
         self.integrity: Integrity
         #: Without mrcstack's extension every packet stripes its EV over the UDP source port
         #: and the flow label (which the ICRC covers); with it only STEV does.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import random
 import signal
 import socket
 import struct
@@ -15,11 +16,17 @@ from pathlib import Path
 import pytest
 
 from mrcstack.api import AsyncEventType, QpState, WcStatus, WriteWr
+from mrcstack.core.cc import REGISTRY
+from mrcstack.core.config import ConnectionConfig
+from mrcstack.core.connection import Connection
+from mrcstack.core.evs import EvEntry
+from mrcstack.core.memory import MemoryTable
 from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth
 from mrcstack.daemons.mrcd.datapath.steer import probe_owner
 from mrcstack.daemons.mrcd.datapath.transport import Transport, open_plane_socket
 from mrcstack.daemons.mrcd.node.workers import pool as pool_module
 from mrcstack.daemons.mrcd.node.workers.pool import WorkerPool
+from mrcstack.daemons.mrcd.node.workers.remote import RemoteConnection
 from mrcstack.daemons.mrcd.node.workers.shards import ShardedProbeIds
 from mrcstack.errors import LocalError
 from tests.support import workers as dying
@@ -78,7 +85,11 @@ def test_qps_spread_over_the_workers_and_every_write_lands(daemons: Daemons) -> 
 
     def windows_reported() -> bool:  # each worker's status carries its QPs' windows
         info = daemons.nodes[0].qp_info()
-        return all(q["cwnd"] > 0 and q["in_flight"] == 0 for q in info)  # type: ignore[operator]
+        # An RTT exists only in a status (it comes with the window); none before one.
+        return all(
+            q["srtt"] is not None and q["cwnd"] > 0 and q["in_flight"] == 0  # type: ignore[operator]
+            for q in info
+        )
 
     daemons.run(wait_for(windows_reported, WAIT))
     daemons.run(wait_for(lambda: daemons.nodes[0].snapshot().rtt.count > 0, WAIT))
@@ -177,6 +188,17 @@ async def test_a_datagram_for_another_workers_qp_is_counted_and_dropped() -> Non
         transport.close()
         sock.close()
         sender.close()
+
+
+@pytest.mark.parametrize("cc", sorted(REGISTRY))
+def test_a_workers_qp_shows_the_starting_window_before_its_first_status(cc: str) -> None:
+    """Not 0/0: the node shows what an in-process connection of the same config would."""
+    evs = tuple(EvEntry(p << 8 | i, p) for p in range(2) for i in range(2))
+    cfg = ConnectionConfig(local_qpn=5, remote_qpn=6, planes=2, evs=evs, cc=cc)
+    local = Connection(cfg, memory=MemoryTable(), rng=random.Random(1), now=0.0)
+    remote = RemoteConnection(5, 0, cfg, lambda _msg: None)
+    assert remote.window() == local.window()
+    assert remote.window()[0] > 0
 
 
 def test_probe_ids_tell_their_owner() -> None:

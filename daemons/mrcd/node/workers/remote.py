@@ -54,7 +54,9 @@ class RemoteConnection:
         self._send = send
         self._evs: tuple[EvStatus, ...] = ()
         self._retry_budget = config.retry_budget(self.recovery.base)
-        self._window = (0, 0)  # (cwnd, bytes in flight) at the worker's last status
+        #: (cwnd, bytes in flight) at the worker's last status; before the first, what the
+        #: worker's new connection starts with (an operator must not read an empty window).
+        self._window = (config.controller(0.0).cwnd, 0)
         self._idle = True
         self._posts = 0  # posts sent; the worker's status says how many it carried out
         self._posts_done = 0
