@@ -76,7 +76,8 @@ class ConnectionConfig:
     #: Seconds a coalesced ACK may wait, past the transmit that would have sent it, for
     #: more data on its port (0: it leaves with that transmit).  A write's last packet,
     #: and one the peer flags ACK_REQ (as this end flags the packet after which its
-    #: window is full), is acknowledged at once.  Well under ``timeout``.
+    #: window is full, and every retransmission), is acknowledged at once.  Well under
+    #: ``timeout``.
     ack_delay: float = 0.0
 
     def retry_budget(self, base: float | None = None) -> float:

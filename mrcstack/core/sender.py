@@ -261,7 +261,10 @@ class Sender:
         if retx is not None:
             tx.timeouts = retx.timeouts
             tx.retx = True
-            flags = _RETX
+            # A repair asks for its ACK at once: a peer that delays its ACKs (``ack_delay``)
+            # would otherwise hold back the news that the hole is filled, which the
+            # write's completion and the loss detection of what follows wait for.
+            flags = _RETX | _ACK_REQ
         else:
             tx.timeouts = 0
             tx.retx = False

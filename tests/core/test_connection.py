@@ -495,6 +495,42 @@ def test_a_sender_whose_window_is_full_asks_for_an_ack_now() -> None:
     assert len(sent) == 3 and not any(p.flags & DataFlags.ACK_REQ for p in sent)
 
 
+def test_a_retransmission_asks_for_its_ack_now() -> None:
+    """A packet resent after a loss carries ACK_REQ, and a receiver that delays its ACKs
+    acknowledges it at once (the repair's news does not wait out the delay); the first
+    transmissions before the window's end do not ask."""
+    delay = 200e-6
+    net = PairNet(8, LinkFaults(), planes=2, per_plane=2, ack_coalesce=16, ack_delay=delay,
+                  timeout=1e-3)  # fmt: skip
+    _, va, rkey = region(net, 1, 8 * 256)
+    sender, receiver = net.conns
+    sender.post_write(1, bytes(8 * 256), va, rkey, now=0.0)
+    first = [p for p, _ in sender.packets_to_send(0.0) if type(p) is DataPacket]
+    assert len(first) == 8 and not any(p.flags & DataFlags.ACK_REQ for p in first[:-1])
+    # Packet 2 is lost: the rest arrive; the last one's ACK (at once) reports the hole.
+    lost = first[2]
+    now = 1e-4
+    for p in first:
+        if p is not lost:
+            receiver.receive_datagram(sender.encode(p), now=now, port=p.port)
+    for ack in receiver.datagrams_to_send(now):
+        sender.receive_datagram(ack.data, now=now + 1e-4, port=ack.port)
+    now += 1e-4
+    resent: list[DataPacket] = []
+    while not resent and now < 0.1:
+        timer = sender.get_timer()
+        assert timer is not None
+        now = max(now, timer)
+        sender.handle_timer(now)
+        resent = [p for p, _ in sender.packets_to_send(now) if type(p) is DataPacket]
+    assert [p.psn for p in resent] == [lost.psn]
+    assert resent[0].flags & DataFlags.RETX and resent[0].flags & DataFlags.ACK_REQ
+    receiver.receive_datagram(sender.encode(resent[0]), now=now, port=resent[0].port)
+    acks = [decode(a.data, sender.integrity) for a in receiver.datagrams_to_send(now)]
+    assert acks, "the repair's ACK waited for the delay"
+    assert max(a.cum_psn for a in acks) == (receiver.cfg.remote_psn + 7) & 0xFFFFFF  # type: ignore[union-attr]
+
+
 def test_window_reports_the_congestion_window_and_the_bytes_in_flight() -> None:
     """What ``mrcctl qp show`` shows: a window's packets in flight once sent, none once
     every write completed; the congestion window as the sender's CC holds it."""
