@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mrcstack.core.cc import CCParams
-from mrcstack.core.connection import Datagram
+from mrcstack.core.connection import Connection, Datagram
 from mrcstack.core.events import (
     ConnectionFailed,
     Event,
@@ -446,34 +446,44 @@ def test_ack_coalescing_cuts_acks_in_receive_batches(coalesce: int) -> None:
         assert acks <= 64 // coalesce + 2 * 2  # plus at most one partial ACK per plane per batch
 
 
-def test_a_delayed_ack_waits_for_more_data_but_not_past_a_writes_end() -> None:
-    """With ``ack_delay`` a receive batch's coalesced ACK stays pending past the transmit
-    that would have sent it, with the connection's timer at its deadline, and leaves then;
-    a write's last packet is acknowledged at once, with the pending ones."""
-    delay = 200e-6
-    net = PairNet(5, LinkFaults(), planes=2, per_plane=2, ack_coalesce=16, ack_delay=delay,
+#: The ACK delay of :func:`delayed_write`'s receiver (a quarter of its 1 ms timeout at most).
+DELAY = 200e-6
+
+
+def delayed_write(seed: int) -> tuple[Connection, Connection]:
+    """A pair whose receiver delays its ACKs (``DELAY``, coalescing 16) and an 8-packet
+    write posted on the sender, nothing sent yet: (sender, receiver)."""
+    net = PairNet(seed, LinkFaults(), planes=2, per_plane=2, ack_coalesce=16, ack_delay=DELAY,
                   timeout=1e-3)  # fmt: skip
     _, va, rkey = region(net, 1, 8 * 256)
     sender, receiver = net.conns
     sender.post_write(1, bytes(8 * 256), va, rkey, now=0.0)
+    return sender, receiver
+
+
+def test_a_delayed_ack_waits_for_more_data_but_not_past_a_writes_end() -> None:
+    """With ``ack_delay`` a receive batch's coalesced ACK stays pending past the transmit
+    that would have sent it, with the connection's timer at its deadline, and leaves then;
+    a write's last packet is acknowledged at once, with the pending ones."""
+    sender, receiver = delayed_write(5)
     data = [d for d in sender.datagrams_to_send(0.0) if d.data[0] in DATA]
     assert len(data) == 8
     for d in data[:3]:
         receiver.receive_datagram(d.data, now=1e-5, port=d.port)
     assert receiver.datagrams_to_send(1e-5) == []  # held back
-    assert receiver.get_timer() == pytest.approx(1e-5 + delay)
+    assert receiver.get_timer() == pytest.approx(1e-5 + DELAY)
     receiver.receive_datagram(data[3].data, now=5e-5, port=data[3].port)
     assert receiver.datagrams_to_send(5e-5) == []  # the same group: the deadline stands
-    acks = receiver.datagrams_to_send(1e-5 + delay)
+    acks = receiver.datagrams_to_send(1e-5 + DELAY)
     assert acks and all(type(decode(a.data, sender.integrity)) is AckPacket for a in acks)
-    assert receiver.datagrams_to_send(2e-5 + delay) == []
+    assert receiver.datagrams_to_send(2e-5 + DELAY) == []
     for d in data[4:7]:
         receiver.receive_datagram(d.data, now=3e-4, port=d.port)
     assert receiver.datagrams_to_send(3e-4) == []
     receiver.receive_datagram(data[7].data, now=3.1e-4, port=data[7].port)  # LAST
     last = [decode(a.data, sender.integrity) for a in receiver.datagrams_to_send(3.1e-4)]
     assert last and max(a.cum_psn for a in last) == (receiver.cfg.remote_psn + 7) & 0xFFFFFF  # type: ignore[union-attr]
-    assert receiver.datagrams_to_send(3e-4 + delay) == []  # nothing was left waiting
+    assert receiver.datagrams_to_send(3e-4 + DELAY) == []  # nothing was left waiting
 
 
 def test_a_sender_whose_window_is_full_asks_for_an_ack_now() -> None:
@@ -499,12 +509,7 @@ def test_a_retransmission_asks_for_its_ack_now() -> None:
     """A packet resent after a loss carries ACK_REQ, and a receiver that delays its ACKs
     acknowledges it at once (the repair's news does not wait out the delay); the first
     transmissions before the window's end do not ask."""
-    delay = 200e-6
-    net = PairNet(8, LinkFaults(), planes=2, per_plane=2, ack_coalesce=16, ack_delay=delay,
-                  timeout=1e-3)  # fmt: skip
-    _, va, rkey = region(net, 1, 8 * 256)
-    sender, receiver = net.conns
-    sender.post_write(1, bytes(8 * 256), va, rkey, now=0.0)
+    sender, receiver = delayed_write(8)
     first = [p for p, _ in sender.packets_to_send(0.0) if type(p) is DataPacket]
     assert len(first) == 8 and not any(p.flags & DataFlags.ACK_REQ for p in first[:-1])
     # Packet 2 is lost: the rest arrive; the last one's ACK (at once) reports the hole.
