@@ -51,9 +51,10 @@ test: setup lint
 bench: setup
 	$(PY) -m bench
 
-# The MRC paper's experiments in the quick profile: experiments-out/index.md.
+# The MRC paper's experiments in the quick profile: experiments-out/index.md. The
+# simulator's run a process per CPU; the testbed's one at a time afterwards.
 experiments: .venv/.installed
-	$(PY) -m mrcstack experiment run --quick --out experiments-out
+	$(PY) -m mrcstack experiment run --quick --jobs $$(nproc) --out experiments-out
 
 # The demo needs root (namespaces); PROMETHEUS=1 leaves Prometheus, the testbed and mrcd up.
 demo: .venv/.installed

@@ -1,13 +1,15 @@
 """``mrcstack experiment list | run NAME... [--quick] [--where sim|testbed|design] [--out DIR]
-[--seed N] [--without MECHANISM] | agree DIR...``."""
+[--seed N] [--without MECHANISM] [--jobs N] | agree DIR...``."""
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +30,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"wants a number of processes >= 1, not {text!r}")
+    return jobs
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="the MRC paper's experiments, with plots and claims")
     p.add_argument("--version", action="version", version=f"mrcstack {__version__}")
@@ -44,6 +56,15 @@ def parser() -> argparse.ArgumentParser:
         choices=[m.value for m in Mechanism],
         help="run without this mechanism: the claims crediting it should fail "
         "(only the chosen experiments whose claims credit it run)",
+    )
+    r.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=1,
+        metavar="N",
+        help="run up to N simulator and design experiments at once, a process each "
+        "(the simulator is deterministic: the same numbers); those that use the testbed "
+        "run one at a time afterwards, since they measure this machine",
     )
     a = sub.add_parser(
         "agree", help="whether several reports agree on every claim's pass/fail (a table)"
@@ -71,6 +92,34 @@ def select(
     return chosen
 
 
+def _run_one(e: Experiment, out: Path, info: RunInfo) -> dict[str, Any]:
+    """Run ``e`` and write its folder; its result.json."""
+    t0 = time.monotonic()
+    outcome = e.run(info.profile, info.seed, info.without)
+    return write(out, e, outcome, time.monotonic() - t0, info)
+
+
+#: A worker's experiments and where they write (an experiment's run is often a closure,
+#: which does not pickle: a forked worker is handed them as they are).
+_WORK: list[tuple[Experiment, Path, RunInfo]] = []
+
+
+def _take(work: list[tuple[Experiment, Path, RunInfo]]) -> None:
+    _WORK[:] = work
+
+
+def _run_nth(i: int) -> dict[str, Any]:
+    return _run_one(*_WORK[i])
+
+
+def _ran(doc: dict[str, Any], start: float) -> str:
+    ok = sum(1 for c in doc["claims"] if c["pass"])
+    return (
+        f"{ok}/{len(doc['claims'])} claims pass, {doc['seconds']:.1f} s "
+        f"(elapsed {time.monotonic() - start:.0f} s)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     without = Mechanism(args.without) if args.without else None
     try:
@@ -80,27 +129,46 @@ def run(args: argparse.Namespace) -> int:
         return 2
     profile = "quick" if args.quick else "full"
     out = Path(args.out)
-    docs: list[dict[str, Any]] = []
+    done: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
     info = RunInfo.here(profile, args.seed, without)
     start = time.monotonic()
-    for i, e in enumerate(chosen, 1):
-        t0 = time.monotonic()
-        print(f"[{i}/{len(chosen)}] {e.name} ({e.figure}, {e.where}, {profile}) ...", flush=True)
+    # The simulator's and the arithmetic's figures may share the machine; a testbed's
+    # measures it (CPU-bound daemons, timed failovers), so it runs with nothing beside it.
+    together = [e for e in chosen if "testbed" not in e.where.split("+")] if args.jobs > 1 else []
+    if together:
+        print(f"{len(together)} experiments in up to {args.jobs} processes ...", flush=True)
+        # fork: a worker starts as this process is (what a caller set up included).
+        context = multiprocessing.get_context("fork")
+        work = [(e, out, info) for e in together]
+        workers = min(args.jobs, len(together))
+        with ProcessPoolExecutor(workers, context, _take, (work,)) as pool:
+            running = {pool.submit(_run_nth, i): e for i, e in enumerate(together)}
+            try:
+                for future in as_completed(running):
+                    e = running[future]
+                    done[e.name] = doc = future.result()
+                    print(
+                        f"[{len(done)}/{len(chosen)}] {e.name} ({e.figure}, {e.where}, "
+                        f"{profile}): {_ran(doc, start)}",
+                        flush=True,
+                    )
+            except BaseException:  # one failed (or Ctrl-C): the rest are not started
+                for future in running:
+                    future.cancel()
+                raise
+    for e in chosen:
+        if e.name in done:
+            continue
+        print(f"[{len(done) + len(skipped) + 1}/{len(chosen)}] {e.name} ({e.figure}, {e.where}, "
+              f"{profile}) ...", flush=True)  # fmt: skip
         if e.needs_root and os.geteuid() != 0:
             print("      skipped: needs root (it builds network namespaces)", flush=True)
             skipped.append(e.name)
             continue
-        outcome = e.run(profile, args.seed, without)
-        took = time.monotonic() - t0
-        doc = write(out, e, outcome, took, info)
-        docs.append(doc)
-        ok = sum(1 for c in doc["claims"] if c["pass"])
-        print(
-            f"      {ok}/{len(doc['claims'])} claims pass, {took:.1f} s "
-            f"(elapsed {time.monotonic() - start:.0f} s)",
-            flush=True,
-        )
+        done[e.name] = doc = _run_one(e, out, info)
+        print(f"      {_ran(doc, start)}", flush=True)
+    docs = [done[e.name] for e in chosen if e.name in done]  # the report in the chosen order
     report = index(out, docs, info, skipped, [e.name for e in EXPERIMENTS])
     claims = [c for d in docs for c in d["claims"]]
     passed = sum(1 for c in claims if c["pass"])

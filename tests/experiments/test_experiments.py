@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from mrcstack.experiments import EXPERIMENTS, Claim, Experiment, simruns, testbedruns
-from mrcstack.experiments.base import Mechanism, Op, Table
+from mrcstack.experiments import EXPERIMENTS, Claim, Experiment, cli, simruns, testbedruns
+from mrcstack.experiments.base import Mechanism, Op, Outcome, Table
 from mrcstack.experiments.cli import main
 from mrcstack.experiments.figures import fig9b_testbed
 from mrcstack.experiments.live import FaultCase, Run
@@ -30,6 +32,7 @@ from tests.support.experiments import (
     check_index,
     check_passes_as_shipped,
     check_result,
+    result,
     run_quick,
     simulations_remembered,
 )
@@ -44,23 +47,23 @@ ONE_SEED = {"fig6-transceiver-flap", "fig8-t1-reboot"}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def budget() -> Iterator[dict[str, int]]:
+def budget() -> Iterator[None]:
     """The suite has a time budget: each simulator configuration is simulated once in this
-    module (a figure run without a mechanism reruns only what its absence changes), and
-    :data:`ONE_SEED`'s figures run with one seed.  Yields the simulator's counts."""
+    module (a figure run without a mechanism reruns only what its absence changes),
+    :data:`ONE_SEED`'s figures run with one seed, and the report runs two at a time."""
     seeds = simruns.Sim.seeds
 
     def one_seed(sim: simruns.Sim, quick: int, full: int) -> list[int]:
         return [sim.seed] if sim.name in ONE_SEED else seeds(sim, quick, full)
 
-    with simulations_remembered() as counts, pytest.MonkeyPatch.context() as patch:
+    with simulations_remembered(), pytest.MonkeyPatch.context() as patch:
         patch.setattr(simruns.Sim, "seeds", one_seed)
-        yield counts
+        yield
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_quick(tmp_path_factory.mktemp("experiments"), UNPRIVILEGED)
+    return run_quick(tmp_path_factory.mktemp("experiments"), UNPRIVILEGED, jobs=2)
 
 
 def test_claims_compare_their_value_with_the_threshold() -> None:
@@ -186,6 +189,50 @@ def test_list_and_bad_names() -> None:
     assert none.returncode == 2 and "testbed" in none.stderr
     wrong = _experiment("run", "fig12-lossy-ev", "--without", "trimming")
     assert wrong.returncode == 2 and "credit trimming" in wrong.stderr
+    for jobs in ("0", "two"):
+        zero = _experiment("run", "fig12-lossy-ev", "--jobs", jobs)
+        assert zero.returncode == 2 and zero.stderr.count("\n") == 1 and "--jobs" in zero.stderr
+
+
+#: The simulator itself, not the module's remembered runs.
+REAL_SIM_RUN = simruns.sim_run
+
+
+def _where_it_ran(profile: str, seed: int, without: Mechanism | None) -> Outcome:
+    """An experiment's run that states the process it ran in, and when."""
+    return Outcome({"pid": os.getpid(), "at": time.monotonic()}, claims=[Claim("ran", 1.0, 1.0)])
+
+
+def _where(name: str, where: str) -> Experiment:
+    return Experiment(name, "Fig 0", "where it ran", where, _where_it_ran)
+
+
+def test_jobs_run_simulations_side_by_side_to_the_same_report_and_testbeds_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--jobs 2`` gives the report one process gives (the simulator is deterministic),
+    in the order asked for; a figure that uses the testbed runs in the command's own
+    process, after the others, never beside them."""
+    monkeypatch.setattr(simruns, "sim_run", REAL_SIM_RUN)  # each report simulates
+    names = ["fig18-incast", "fig12-lossy-ev", "fig9b-nic-down-up"]
+    for jobs in ("1", "2"):
+        assert main(["run", *names, "--quick", "--jobs", jobs, "--out", str(tmp_path / jobs)]) == 0
+    for name in names:
+        one, two = (json.loads((tmp_path / j / name / "result.json").read_text()) for j in "12")
+        assert one.pop("seconds") >= 0 and two.pop("seconds") >= 0
+        assert one == two
+    index = (tmp_path / "2" / "index.md").read_text()
+    assert [index.index(f"Rerun: `mrcstack experiment run {n}") for n in names] == sorted(
+        index.index(f"Rerun: `mrcstack experiment run {n}") for n in names
+    )
+    fakes = [_where("sim-a", "sim"), _where("bed", "sim+testbed"), _where("sim-b", "design")]
+    monkeypatch.setattr(cli, "EXPERIMENTS", fakes)
+    monkeypatch.setattr(cli, "index", lambda out, docs, *rest: str(out))
+    assert main(["run", "--jobs", "2", "--out", str(tmp_path / "fake")]) == 0
+    ran = {f.name: result(tmp_path / "fake", f)["params"] for f in fakes}
+    assert ran["bed"]["pid"] == os.getpid()
+    assert os.getpid() not in (ran["sim-a"]["pid"], ran["sim-b"]["pid"])
+    assert ran["bed"]["at"] > max(ran["sim-a"]["at"], ran["sim-b"]["at"])
 
 
 def test_a_run_without_a_mechanism_says_so_and_its_claims_fail(tmp_path: Path) -> None:

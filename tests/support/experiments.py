@@ -3,10 +3,10 @@ experiment must leave in it (claims, data, plots, scenarios), and the report's i
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import math
+import multiprocessing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,36 +22,37 @@ from mrcstack.sim import SimConfig, SimResult, scenario
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def run_quick(folder: Path, experiments: list[Experiment]) -> Path:
+def run_quick(folder: Path, experiments: list[Experiment], jobs: int = 1) -> Path:
     """``experiments`` run in the quick profile, seed 1, their report in ``folder``."""
-    assert main(["run", "--quick", "--out", str(folder), *(e.name for e in experiments)]) == 0
+    names = [e.name for e in experiments]
+    assert main(["run", "--quick", "--out", str(folder), "--jobs", str(jobs), *names]) == 0
     return folder
 
 
 @contextmanager
-def simulations_remembered() -> Iterator[dict[str, int]]:
+def simulations_remembered() -> Iterator[None]:
     """Every simulator run of an experiment kept by its configuration while the block runs,
     and a run of the same configuration answered from it (a copy).  The simulator is
     deterministic (``test_a_kept_scenario_reruns_to_the_same_numbers``), so a figure run
     without a mechanism simulates only what taking the mechanism away changed: its RoCE
-    baseline, say, is the run the shipped figure already made.  Yields the counts of
-    ``runs`` and ``remembered`` answers."""
-    kept: dict[str, SimResult] = {}
-    counts = {"runs": 0, "remembered": 0}
+    baseline, say, is the run the shipped figure already made.  The runs are kept in a
+    manager process, so the processes of ``run --jobs`` (forked, this patch included) keep
+    theirs for the tests that come after."""
     real = simruns.sim_run
+    with multiprocessing.get_context("fork").Manager() as manager:
+        kept = manager.dict()
 
-    def run(cfg: SimConfig) -> SimResult:
-        key = repr(cfg)  # every field, floats exactly
-        if key in kept:
-            counts["remembered"] += 1
-        else:
-            counts["runs"] += 1
-            kept[key] = real(cfg)
-        return copy.deepcopy(kept[key])  # a figure may sort or trim what it is given
+        def run(cfg: SimConfig) -> SimResult:
+            key = repr(cfg)  # every field, floats exactly
+            found: SimResult | None = kept.get(key)  # a copy: a figure may sort or trim it
+            if found is None:
+                found = real(cfg)
+                kept[key] = found
+            return found
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(simruns, "sim_run", run)
-        yield counts
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(simruns, "sim_run", run)
+            yield
 
 
 def result(out: Path, exp: Experiment) -> dict[str, Any]:
