@@ -114,8 +114,8 @@ class ConnectionSetup:
     @property
     def window_ack_req(self) -> bool:
         """Whether this mrcd's senders flag ACK_REQ on the packet after which their window
-        is full (every one of this version does), told to each peer at connection setup:
-        a peer delays its ACKs only for a sender that flags it."""
+        is full and on every retransmission (every one of this version does), told to each
+        peer at connection setup: a peer delays its ACKs only for a sender that flags it."""
         return True
 
     def ready(
