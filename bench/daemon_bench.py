@@ -164,12 +164,13 @@ def mrcd_goodput(
 #: Seconds between two readings of the sending QP's window (a controller query each).
 WINDOW_EVERY = 0.25
 #: The window readings' sums over rounds (:func:`wait_figures` turns them into means).
-WINDOW_SUMS = ("window_samples", "cwnd_kib_sum", "srtt_ms_sum")
+WINDOW_SUMS = ("window_samples", "cwnd_kib_sum", "inflight_kib_sum", "srtt_ms_sum")
 
 
 class WindowSampler:
-    """Reads the sending QP's congestion window and smoothed RTT (as ``mrcctl qp show``
-    gives them) every :data:`WINDOW_EVERY` s until ``end``, in a thread."""
+    """Reads the sending QP's congestion window, bytes in flight and smoothed RTT (as
+    ``mrcctl qp show`` gives them) every :data:`WINDOW_EVERY` s until ``end``, in a
+    thread."""
 
     def __init__(self, cluster: Cluster, qpn: int, end: float) -> None:
         self.ctl = Controller.open(cluster.daemons[SRC].api_socket)
@@ -191,6 +192,7 @@ class WindowSampler:
                     continue  # no RTT sample yet
                 self.sums["window_samples"] += 1
                 self.sums["cwnd_kib_sum"] += qp["cwnd"] / 1024
+                self.sums["inflight_kib_sum"] += qp.get("in_flight", 0) / 1024
                 self.sums["srtt_ms_sum"] += qp["srtt"] * 1e3
         except Exception as exc:  # (re-raised in the measuring thread by result())
             self.error = exc
@@ -210,7 +212,8 @@ def wait_figures(stats: dict[str, float]) -> dict[str, float]:
     """What one QP waited for, from sums over rounds: the fraction of the timed part each
     mrcd was on a CPU (its CPU time over the wall time: near 1, the sender is CPU bound;
     lower, it waited, for ACKs or the application), and the means of the window readings
-    (:class:`WindowSampler`), the congestion window in KiB and the smoothed RTT in ms."""
+    (:class:`WindowSampler`): the congestion window and the bytes in flight in KiB (in
+    flight near the window: the QP waits for ACKs) and the smoothed RTT in ms."""
     out: dict[str, float] = {}
     timed = stats.get("timed_s", 0.0)
     if timed:
@@ -219,6 +222,7 @@ def wait_figures(stats: dict[str, float]) -> dict[str, float]:
     n = stats.get("window_samples", 0.0)
     if n:
         out["cwnd_kib"] = stats["cwnd_kib_sum"] / n
+        out["inflight_kib"] = stats["inflight_kib_sum"] / n
         out["srtt_ms"] = stats["srtt_ms_sum"] / n
     return out
 

@@ -32,9 +32,9 @@ def test_window_readings_summed_over_rounds_become_means() -> None:
     leave the readings' sums out; a run without readings prints only the busy fractions."""
     rounds = [
         {"window_samples": 3.0, "cwnd_kib_sum": 3 * 512.0, "srtt_ms_sum": 6.0,
-         "src_cpu_s": 2.9, "dst_cpu_s": 2.0, "timed_s": 3.0},
+         "inflight_kib_sum": 3 * 500.0, "src_cpu_s": 2.9, "dst_cpu_s": 2.0, "timed_s": 3.0},
         {"window_samples": 1.0, "cwnd_kib_sum": 2048.0, "srtt_ms_sum": 6.0,
-         "src_cpu_s": 1.0, "dst_cpu_s": 0.5, "timed_s": 1.0},
+         "inflight_kib_sum": 1000.0, "src_cpu_s": 1.0, "dst_cpu_s": 0.5, "timed_s": 1.0},
     ]  # fmt: skip
     total: dict[str, float] = {}
     for r in rounds:
@@ -43,6 +43,7 @@ def test_window_readings_summed_over_rounds_become_means() -> None:
         "sender_busy": 3.9 / 4,
         "receiver_busy": 2.5 / 4,
         "cwnd_kib": (3 * 512 + 2048) / 4,
+        "inflight_kib": (3 * 500 + 1000) / 4,
         "srtt_ms": 12.0 / 4,
     }
     assert set(daemon_bench._counters_only(total)) == {"src_cpu_s", "dst_cpu_s", "timed_s"}
