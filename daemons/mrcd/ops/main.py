@@ -82,6 +82,7 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
                 await agent.start()
                 cleanups.append(agent.stop)
                 metrics.registry.register(AgentCollector(agent.snapshot))
+            lifecycle.settle()
             log.info("event=ready host=%s", cfg.host_name)
             await stop.wait()
             log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)

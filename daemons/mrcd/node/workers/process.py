@@ -122,6 +122,7 @@ class Worker:
             relay=self._to_daemon,
         )
         self.channel = Channel(loop, self.chan_socket, self._on_message, self.done.set)
+        lifecycle.settle()
         self.channel.send(m.Ready(os.getpid()))
         status = loop.call_later(m.STATUS_INTERVAL, self._status)
         self._status_timer = status
