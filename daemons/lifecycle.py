@@ -1,7 +1,8 @@
 """What the two daemons, mrcd and mrcmapper, do alike: the command line (one-line errors,
 ``--version``, ``--config``, ``--web.listen-address``, ``--log-level``, ``--check``), one
-log line per event, SIGTERM and SIGINT as a stop request, and the teardown of whatever
-started, one step at a time in reverse, in the manner of aiohttp's runner."""
+log line per event, SIGTERM and SIGINT as a stop request, start-up's objects left out of
+full garbage collections once started, and the teardown of whatever started, one step at a
+time in reverse, in the manner of aiohttp's runner."""
 
 from __future__ import annotations
 

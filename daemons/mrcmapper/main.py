@@ -19,6 +19,7 @@ import sys
 from mrcstack.daemons.lifecycle import (
     Cleanup,
     daemon_args,
+    settle,
     setup_logging,
     stop_on_signals,
     teardown,
@@ -79,6 +80,7 @@ async def run(cfg: MapperConfig, web: str, stop: asyncio.Event | None = None) ->
             web_server = await serve(make_registry(service.status), web, pages, INDEX)
             cleanups.append(web_server.stop)
             log.info("event=web_listening url=%s", web_server.url.removesuffix("/metrics"))
+            settle()  # (its judgements are timed: no long pause over start-up's objects)
             log.info(
                 "event=ready mapper=%s loops=%d links=%d",
                 cfg.name, len(service.plan.paths), len(service.plan.links),
