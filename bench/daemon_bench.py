@@ -548,7 +548,7 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
             state = load(name)
             for _ in range(rounds):
                 for label, tree in (("before", old_tree), ("after", None)):
-                    with _pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
+                    with pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
                         bps, more = mrcd_goodput(state, c, duration)
                     goodput[label].append(bps)
                     _add(stats[label], more)
@@ -581,7 +581,7 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
 
 
 @contextmanager
-def _pythonpath(tree: Path | None) -> Iterator[None]:
+def pythonpath(tree: Path | None) -> Iterator[None]:
     """Processes started meanwhile import mrcstack from ``tree`` (None: this tree).
 
     ``PYTHONSAFEPATH`` too: ``python -m`` (how the daemons start) otherwise puts the current

@@ -19,6 +19,14 @@ runs it alone; ``--check`` exits 1 when the runs show a median over twice its ta
 90% confidence (:func:`median_lower_bound`): one run scatters by 10-20 ms on a busy 2-core
 machine, so a median of 9 runs near the target would cross twice the target by chance
 about one time in six.
+
+``--against REV [--batches B]`` compares mrcd at git revision REV ("before", its daemons
+run from an exported copy) with this tree ("after") on the unshaped fabric: ``B`` batches
+of ``--runs`` mrcd runs per fault and side, the sides taking turns, each side's runs pooled
+(medians of one batch scatter by tens of ms even for the same code), counted to one horizon
+for both, and the difference of the medians given with a permutation test's p
+(:func:`median_shift_p`): a small p says the sides differ, a large one that the runs do not
+tell them apart.
 """
 
 from __future__ import annotations
@@ -26,10 +34,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
+from bench import sim_bench
+from bench.daemon_bench import pythonpath
+from mrcstack.daemons.cluster import Cluster
 from mrcstack.experiments.live import (
     SHAPED_BPS,
     WINDOW_S,
@@ -42,6 +56,8 @@ from mrcstack.experiments.live import (
     shaped,
 )
 from mrcstack.fabric import Fabric, format_rate
+from mrcstack.netns import testbed
+from mrcstack.netns.state import load
 
 UNSHAPED, SHAPED = "fou", "fos"
 CONTROL = "control"
@@ -169,13 +185,86 @@ def run(
     return ok
 
 
+#: Shuffles of :func:`median_shift_p`: its p is then good to about +-0.005.
+SHUFFLES = 10_000
+
+
+def median_shift_p(before: Sequence[float], after: Sequence[float], shuffles: int = SHUFFLES,
+                   seed: int = 1) -> float:  # fmt: skip
+    """Two-sided permutation test of the difference of the medians: the fraction of random
+    relabellings of the pooled runs whose medians differ at least as much as the sides'."""
+    if not before or not after:
+        return math.nan
+    seen = abs(statistics.median(after) - statistics.median(before))
+    pool = [*before, *after]
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(shuffles):
+        rng.shuffle(pool)
+        a, b = pool[: len(before)], pool[len(before) :]
+        hits += abs(statistics.median(b) - statistics.median(a)) >= seen - 1e-12
+    return hits / shuffles
+
+
+def against(rev: str, names: Sequence[str], n: int, batches: int) -> None:
+    """mrcd at ``rev`` against this tree, per fault (see the module's docstring)."""
+    cases = [c for c in FAULTS if not names or c.name in names]
+    got: dict[str, dict[str, list[Run]]] = {c.name: {"before": [], "after": []} for c in cases}
+    with tempfile.TemporaryDirectory(prefix="mrcstack-before-") as tmp:
+        old_tree = Path(tmp) / "tree"
+        if not sim_bench.export(rev, old_tree):
+            raise SystemExit(f"failover bench: revision {rev!r} is not available here")
+        workdir = Path(tmp) / "cluster"
+        testbed.clean(UNSHAPED)
+        try:
+            testbed.up(Fabric(), UNSHAPED)
+            state = load(UNSHAPED)
+            for _ in range(batches):
+                for label, tree in (("before", old_tree), ("after", None)):
+                    with pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
+                        for case in cases:
+                            got[case.name][label] += measure(state, c, case, ("mrcd",), n)["mrcd"]
+        finally:
+            testbed.clean(UNSHAPED)
+    print(f"== failover: {rev} (before) against this tree (after), unshaped, "
+          f"{batches} x {n} mrcd runs a side, taking turns ==")  # fmt: skip
+    print(f"{'fault':<14} {'to ms':>6} {'before lost ms, median [quartiles]':>36} "
+          f"{'after':>24} {'after - before':>15} {'p':>6}")  # fmt: skip
+    for case in cases:
+        sides = got[case.name]
+        pooled, _ = impacts([*sides["before"], *sides["after"]], horizon_s=case.horizon_s)
+        horizon = pooled[0].horizon_s if pooled else case.horizon_s
+        lost = {k: [i.lost_ms for i in impacts(v, horizon_s=horizon)[0]] for k, v in sides.items()}
+        cols = []
+        for k in ("before", "after"):
+            v = lost[k]
+            q = statistics.quantiles(v, n=4) if len(v) > 1 else [math.nan] * 3
+            m = statistics.median(v) if v else math.nan
+            cols.append(f"{m:7.1f} [{q[0]:.1f}..{q[2]:.1f}] ({len(v)})")
+        both = lost["before"] and lost["after"]  # (a side whose runs all moved nothing: nan)
+        shift = (
+            statistics.median(lost["after"]) - statistics.median(lost["before"])
+            if both
+            else math.nan
+        )
+        p = median_shift_p(lost["before"], lost["after"])
+        span = (horizon or math.nan) * 1e3
+        print(f"{case.name:<14} {span:6.0f} {cols[0]:>36} {cols[1]:>24} {shift:15.1f} {p:6.3f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.failover_bench", description=__doc__)
     p.add_argument("--runs", type=int, default=None, help="runs per fault (default 9)")
     p.add_argument("--faults", default="", help="comma-separated fault names (default all)")
     p.add_argument("--unshaped-only", action="store_true")
     p.add_argument("--check", action="store_true", help="exit 1 if a median exceeds 2x target")
+    p.add_argument(
+        "--against", metavar="REV", help="mrcd at git revision REV vs this tree (unshaped)"
+    )
+    p.add_argument("--batches", type=int, default=3, help="with --against: batches a side")
     args = p.parse_args(argv)
+    if (args.runs is not None and args.runs < 1) or args.batches < 1:
+        p.error("--runs and --batches want a number >= 1")
     if os.geteuid() != 0:
         print("failover bench: skipped (needs root for network namespaces)")
         return 0
@@ -186,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"failover bench: unknown fault {unknown[0]!r}: one of {', '.join(sorted(known))}",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.against:
+        against(args.against, names, 10 if args.runs is None else args.runs, args.batches)
+        return 0
     return 0 if run(args.runs, names, args.unshaped_only, args.check) else 1
 
 

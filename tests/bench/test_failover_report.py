@@ -1,6 +1,10 @@
-"""The failover benchmark's table, from synthetic runs (the live runs need root and minutes)."""
+"""The failover benchmark's table and its comparison's statistics, from synthetic runs (the live
+runs need root and minutes)."""
 
 from __future__ import annotations
+
+import math
+import random
 
 import pytest
 
@@ -98,3 +102,24 @@ def test_a_loss_within_the_noise_of_zero_is_a_ratio_of_zero_to_mptcp(
     assert fb.report([(case("ahead"), {"mrcd": ahead, "mptcp": runs("mptcp", 300)})], "t", True)
     fields = capsys.readouterr().out.splitlines()[-1].split()
     assert float(fields[1]) == pytest.approx(-20, abs=1.5) and fields[12] == "0.000"
+
+
+def test_the_permutation_test_tells_a_shift_from_the_noise() -> None:
+    """Two samples of one spread: a large p; the same shifted by far more than the spread: a
+    p near 0; a shift within it is not told apart.  Seeded: the same p every run."""
+    rng = random.Random(7)
+    noise = [rng.gauss(0.0, 10.0) for _ in range(60)]
+    a, b = noise[:30], noise[30:]
+    assert fb.median_shift_p(a, b) > 0.2
+    assert fb.median_shift_p(a, [x + 40.0 for x in b]) < 0.01
+    assert fb.median_shift_p(a, [x + 2.0 for x in b]) > 0.05
+    assert fb.median_shift_p(a, b) == fb.median_shift_p(a, b)
+    assert math.isnan(fb.median_shift_p([], b))
+
+
+def test_bad_counts_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["--runs", "0"], ["--against", "HEAD", "--batches", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            fb.main(args)
+        assert exc.value.code == 2
+        assert "--batches want a number >= 1" in capsys.readouterr().err
