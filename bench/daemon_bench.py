@@ -537,27 +537,17 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
     goodput: dict[str, list[float]] = {"before": [], "after": [], "blast": []}
     stats: dict[str, dict[str, float]] = {"before": {}, "after": {}}
     udp_stats: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="mrcstack-before-") as tmp:
-        old_tree = Path(tmp) / "tree"
-        if not sim_bench.export(rev, old_tree):
-            raise SystemExit(f"daemon bench: revision {rev!r} is not available here")
-        workdir = Path(tmp) / "cluster"
-        testbed.clean(name)
-        try:
-            testbed.up(fabric, name)
-            state = load(name)
-            for _ in range(rounds):
-                for label, tree in (("before", old_tree), ("after", None)):
-                    with pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
-                        bps, more = mrcd_goodput(state, c, duration)
-                    goodput[label].append(bps)
-                    _add(stats[label], more)
-                if not shaped_fabric:
-                    bps, more = udp_blast(state, duration)
-                    goodput["blast"].append(bps)
-                    _add(udp_stats, more)
-        finally:
-            testbed.clean(name)
+    with revision_bed(rev, fabric, name, "daemon bench") as (state, sides, workdir):
+        for _ in range(rounds):
+            for label, tree in sides:
+                with pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
+                    bps, more = mrcd_goodput(state, c, duration)
+                goodput[label].append(bps)
+                _add(stats[label], more)
+            if not shaped_fabric:
+                bps, more = udp_blast(state, duration)
+                goodput["blast"].append(bps)
+                _add(udp_stats, more)
     out = {"rounds": float(rounds)}
     if udp_stats:
         out["udp_blast_gbps"] = statistics.median(goodput["blast"]) / 1e9
@@ -578,6 +568,29 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
         out |= {f"{label}_{k}": v for k, v in wait_figures(stats[label]).items()}
     out["after_over_before_goodput"] = out["after_mrcd_gbps"] / out["before_mrcd_gbps"]
     return out
+
+
+#: Which side of a comparison runs from where: REV's exported tree, and this one (None).
+Sides = tuple[tuple[str, Path | None], ...]
+
+
+@contextmanager
+def revision_bed(
+    rev: str, fabric: Fabric, name: str, who: str
+) -> Iterator[tuple[TestbedState, Sides, Path]]:
+    """Testbed ``name`` up and revision ``rev`` exported beside it, for a comparison:
+    (the testbed, the sides "before" (``rev``) and "after" (this tree) with the tree each
+    runs from, a folder for the clusters' files); all removed on the way out."""
+    with tempfile.TemporaryDirectory(prefix="mrcstack-before-") as tmp:
+        old_tree = Path(tmp) / "tree"
+        if not sim_bench.export(rev, old_tree):
+            raise SystemExit(f"{who}: revision {rev!r} is not available here")
+        testbed.clean(name)
+        try:
+            testbed.up(fabric, name)
+            yield load(name), (("before", old_tree), ("after", None)), Path(tmp) / "cluster"
+        finally:
+            testbed.clean(name)
 
 
 @contextmanager

@@ -37,12 +37,9 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
-from bench import sim_bench
-from bench.daemon_bench import pythonpath
+from bench.daemon_bench import pythonpath, revision_bed
 from mrcstack.daemons.cluster import Cluster
 from mrcstack.experiments.live import (
     SHAPED_BPS,
@@ -56,8 +53,6 @@ from mrcstack.experiments.live import (
     shaped,
 )
 from mrcstack.fabric import Fabric, format_rate
-from mrcstack.netns import testbed
-from mrcstack.netns.state import load
 
 UNSHAPED, SHAPED = "fou", "fos"
 CONTROL = "control"
@@ -210,31 +205,21 @@ def against(rev: str, names: Sequence[str], n: int, batches: int) -> None:
     """mrcd at ``rev`` against this tree, per fault (see the module's docstring)."""
     cases = [c for c in FAULTS if not names or c.name in names]
     got: dict[str, dict[str, list[Run]]] = {c.name: {"before": [], "after": []} for c in cases}
-    with tempfile.TemporaryDirectory(prefix="mrcstack-before-") as tmp:
-        old_tree = Path(tmp) / "tree"
-        if not sim_bench.export(rev, old_tree):
-            raise SystemExit(f"failover bench: revision {rev!r} is not available here")
-        workdir = Path(tmp) / "cluster"
-        testbed.clean(UNSHAPED)
-        try:
-            testbed.up(Fabric(), UNSHAPED)
-            state = load(UNSHAPED)
-            for _ in range(batches):
-                for label, tree in (("before", old_tree), ("after", None)):
-                    with pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
-                        for case in cases:
-                            got[case.name][label] += measure(state, c, case, ("mrcd",), n)["mrcd"]
-        finally:
-            testbed.clean(UNSHAPED)
+    with revision_bed(rev, Fabric(), UNSHAPED, "failover bench") as (state, sides, workdir):
+        for _ in range(batches):
+            for label, tree in sides:
+                with pythonpath(tree), Cluster(state, workdir, log_level="warning") as c:
+                    for case in cases:
+                        got[case.name][label] += measure(state, c, case, ("mrcd",), n)["mrcd"]
     print(f"== failover: {rev} (before) against this tree (after), unshaped, "
           f"{batches} x {n} mrcd runs a side, taking turns ==")  # fmt: skip
     print(f"{'fault':<14} {'to ms':>6} {'before lost ms, median [quartiles]':>36} "
           f"{'after':>24} {'after - before':>15} {'p':>6}")  # fmt: skip
     for case in cases:
-        sides = got[case.name]
-        pooled, _ = impacts([*sides["before"], *sides["after"]], horizon_s=case.horizon_s)
+        ran = got[case.name]
+        pooled, _ = impacts([*ran["before"], *ran["after"]], horizon_s=case.horizon_s)
         horizon = pooled[0].horizon_s if pooled else case.horizon_s
-        lost = {k: [i.lost_ms for i in impacts(v, horizon_s=horizon)[0]] for k, v in sides.items()}
+        lost = {k: [i.lost_ms for i in impacts(v, horizon_s=horizon)[0]] for k, v in ran.items()}
         cols = []
         for k in ("before", "after"):
             v = lost[k]
