@@ -66,6 +66,7 @@ from mrcstack import addrplan
 from mrcstack.api import Device, WriteWr
 from mrcstack.api.ctl import Controller
 from mrcstack.daemons.cluster import Cluster
+from mrcstack.daemons.lifecycle import process_cpu
 from mrcstack.experiments.live import (
     SHAPED_BPS,
     accept,
@@ -243,12 +244,6 @@ def _dst_packets(cluster: Cluster) -> dict[str, float]:
     }
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used, from /proc (clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _daemon_cpu(cluster: Cluster) -> list[float]:
     """CPU seconds used so far by the sending and the receiving mrcd (``ip netns exec``
     execs the daemon, so the process started is the daemon)."""
@@ -256,7 +251,10 @@ def _daemon_cpu(cluster: Cluster) -> list[float]:
     for host in (SRC, DST):
         proc = cluster.daemons[host].proc
         assert proc is not None
-        out.append(process_cpu(proc.pid))
+        seconds = process_cpu(proc.pid)
+        if seconds is None:
+            raise RuntimeError(f"mrcd on {host} (pid {proc.pid}) is gone")
+        out.append(seconds)
     return out
 
 

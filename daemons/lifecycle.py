@@ -1,8 +1,9 @@
 """What the two daemons, mrcd and mrcmapper, do alike: the command line (one-line errors,
 ``--version``, ``--config``, ``--web.listen-address``, ``--log-level``, ``--check``), one
 log line per event, SIGTERM and SIGINT as a stop request, start-up's objects left out of
-full garbage collections once started, and the teardown of whatever started, one step at a
-time in reverse, in the manner of aiohttp's runner."""
+full garbage collections once started, a process's CPU time for their metrics, and the
+teardown of whatever started, one step at a time in reverse, in the manner of aiohttp's
+runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -59,6 +61,17 @@ def settle() -> None:
     paused a sending mrcd for 11 ms a few seconds into its traffic, as long as its minimum
     RTO: its peer's ACKs waited, and packets could time out although they had arrived."""
     gc.freeze()
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, from ``/proc/PID/stat`` (whole
+    clock ticks); None once it is gone.  An exited child not yet reaped still reads."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()  # (the command name may hold spaces)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

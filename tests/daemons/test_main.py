@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from mrcstack.api import (
     ApiError,
@@ -197,6 +198,15 @@ def test_daemon_serves_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.1)
         assert "mrc_planes 2.0" in body
+        got = {
+            (s.name, tuple(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(body)
+            for s in fam.samples
+        }
+        # One worker: the daemon's own process, whose start-up alone takes CPU time.
+        assert got[("mrc_worker_cpu_seconds_total", (("worker", "0"),))] > 0
+        assert got[("process_cpu_seconds_total", ())] > 0
+        assert ("python_gc_collections_total", (("generation", "2"),)) in got
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0

@@ -98,11 +98,13 @@ def populated(planes: int = 4) -> NodeSnapshot:
         probe_answers={"sealed": 40, "icrc": 650},
         workers=2,
         worker_qps=(1, 1),
+        worker_cpu=(12.5, 3.25),
     )
 
 
 def exposition(snapshot_fn: Callable[[], NodeSnapshot]) -> str:
-    return generate_latest(make_registry(snapshot_fn)).decode()
+    """mrcd's own families only (no process_* or python_gc_*: those are the test runner's)."""
+    return generate_latest(make_registry(snapshot_fn, runtime=False)).decode()
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -218,6 +220,7 @@ def test_exposition_names_labels_and_values() -> None:
     assert got[("mrc_connections", ())] == 2
     assert got[("mrc_workers", ())] == 2
     assert [got[("mrc_worker_qps", (("worker", w),))] for w in "01"] == [1, 1]
+    assert [got[("mrc_worker_cpu_seconds_total", (("worker", w),))] for w in "01"] == [12.5, 3.25]
     up = [got[("mrc_plane_up", (("plane", str(p)),))] for p in range(4)]
     assert up == [1, 0, 0, 1]
     assert got[("mrc_evs", (("plane", "1"), ("state", "assumed_bad")))] == 1
@@ -297,10 +300,23 @@ def test_a_failing_snapshot_does_not_break_the_scrape() -> None:
     def broken() -> NodeSnapshot:
         raise KeyError("node is half stopped")
 
-    registry = make_registry(broken)
+    registry = make_registry(broken, runtime=False)
     for n in (1, 2):
         got = samples(generate_latest(registry).decode())
         assert got == {("mrc_snapshot_errors_total", ()): n}
+
+
+def test_the_daemon_registry_adds_its_process_and_gc() -> None:
+    """What every Prometheus exporter has: the process's CPU, memory and descriptors, and
+    Python's collections by generation (here the test runner's own)."""
+    got = samples(generate_latest(make_registry(populated)).decode())
+    assert got[("process_cpu_seconds_total", ())] > 0
+    assert got[("process_resident_memory_bytes", ())] > 1 << 20
+    assert got[("process_open_fds", ())] >= 3
+    assert {lab for (n, lab) in got if n == "python_gc_collections_total"} == {
+        (("generation", str(g)),) for g in range(3)
+    }
+    assert got[("mrc_worker_cpu_seconds_total", (("worker", "0"),))] == 12.5  # mrcd's too
 
 
 def test_registry_is_explicit() -> None:

@@ -21,6 +21,7 @@ from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
+from mrcstack.daemons.lifecycle import process_cpu
 from mrcstack.daemons.mrcd.datapath.probes import ProbeAuth
 from mrcstack.daemons.mrcd.datapath.steer import probe_owner
 from mrcstack.daemons.mrcd.datapath.transport import Transport, open_plane_socket
@@ -95,6 +96,10 @@ def test_qps_spread_over_the_workers_and_every_write_lands(daemons: Daemons) -> 
     daemons.run(wait_for(lambda: daemons.nodes[0].snapshot().rtt.count > 0, WAIT))
     snap = daemons.nodes[3].snapshot()
     assert snap.worker_qps == (2, 2)
+    # Each worker's CPU is its own process's (both started, both carried writes).
+    own = [process_cpu(w.process.pid or 0) for w in pool(daemons, 3).workers]
+    assert len(snap.worker_cpu) == 2 and all(c > 0 for c in snap.worker_cpu), snap.worker_cpu
+    assert all(t is not None and t >= c for t, c in zip(own, snap.worker_cpu, strict=True))
     assert snap.traffic.rejections["wrong_worker"] == 0
     assert snap.traffic.rejections["unknown_qpn"] == 0
     assert pool(daemons, 3).stats.datagrams_in > 0
@@ -119,6 +124,8 @@ def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> N
     n = 16  # writes in flight on the first doomed QP when its worker dies
     a, b = doomed[0]
     a.qp.post_send([WriteWr(i, (a.mr, 0, SIZE), b.mr.addr, b.mr.rkey) for i in range(n)])
+    before = daemons.nodes[0].snapshot().worker_cpu[victim]
+    assert before > 0
     os.kill(pid, signal.SIGKILL)
     wcs = drain(a.cq, n)  # each once: done before the death, or flushed
     assert sorted(w.wr_id for w in wcs) == list(range(n))
@@ -134,8 +141,12 @@ def test_a_dead_worker_fails_only_its_qps_and_is_replaced(daemons: Daemons) -> N
         assert a.qp.query().state is QpState.RTS
         write_and_verify(a, b, 200 + i)
     daemons.run(wait_for(lambda: p.restarts == 1 and p.workers[victim].process.pid != pid))
+    new_cpu = process_cpu(p.workers[victim].process.pid or 0)
+    assert new_cpu is not None
     snap = daemons.nodes[0].snapshot()
     assert (snap.workers, snap.worker_restarts, snap.worker_qps) == (2, 1, (2, 0))
+    # The worker's CPU counter carries on: the dead process's time, then the new one's.
+    assert snap.worker_cpu[victim] >= before + new_cpu, (snap.worker_cpu, before, new_cpu)
     # New QPs after the restart: the restarted worker takes its share and carries it.
     fresh = pairs(daemons, 2, service=50)
     assert sorted(p.worker_index(a.qp.qpn) for a, _b in fresh) == [0, 1]

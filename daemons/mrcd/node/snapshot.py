@@ -9,6 +9,7 @@ families.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -163,6 +164,9 @@ class NodeSnapshot:
     worker_restarts: int = 0
     #: Live QPs each data-path worker carries, by worker (one worker: every live QP).
     worker_qps: tuple[int, ...] = ()
+    #: CPU seconds each data-path worker has used, by worker (one worker: the daemon's own
+    #: process, its control plane included).
+    worker_cpu: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.planes < 0:
@@ -362,4 +366,5 @@ def scrape(node: Scraped) -> NodeSnapshot:
         workers=node.cfg.workers,
         worker_restarts=0 if pool is None else pool.restarts,
         worker_qps=(connections,) if pool is None else pool.qps_per_worker(),
+        worker_cpu=(time.process_time(),) if pool is None else pool.cpu_per_worker(),
     )

@@ -20,6 +20,7 @@ import logging
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from prometheus_client import GCCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -170,6 +171,16 @@ def _families(s: NodeSnapshot) -> Iterator[Metric]:
     for worker, n in enumerate(s.worker_qps):
         per_worker.add_metric([str(worker)], float(n))
     yield per_worker
+    cpu = CounterMetricFamily(
+        "mrc_worker_cpu_seconds",
+        "CPU seconds (user + system) each data-path worker has used, its restarted "
+        "processes' included; with one worker, the daemon's own process. A rate near 1 is "
+        "a worker on a full core.",
+        labels=["worker"],
+    )
+    for worker, seconds in enumerate(s.worker_cpu):
+        cpu.add_metric([str(worker)], seconds)
+    yield cpu
     yield CounterMetricFamily(
         "mrc_worker_restarts",
         "Data-path workers that died and were started again (their QPs failed).",
@@ -335,10 +346,17 @@ class AgentCollector:
         )
 
 
-def make_registry(snapshot_fn: Callable[[], NodeSnapshot]) -> CollectorRegistry:
-    """An explicit registry holding only mrcd's collector (never the global one)."""
+def make_registry(
+    snapshot_fn: Callable[[], NodeSnapshot], *, runtime: bool = True
+) -> CollectorRegistry:
+    """An explicit registry (never the global one) of mrcd's collector and, with
+    ``runtime``, prometheus_client's usual ``process_*`` and ``python_gc_*`` families of
+    the daemon's own process (its data-path workers' CPU is ``mrc_worker_cpu_seconds``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MetricsCollector(snapshot_fn))
+    if runtime:
+        ProcessCollector(registry=registry)
+        GCCollector(registry=registry)
     return registry
 
 

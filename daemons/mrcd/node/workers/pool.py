@@ -31,6 +31,7 @@ from typing import Literal
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.events import Event
 from mrcstack.core.memory import MemoryRegion
+from mrcstack.daemons.lifecycle import process_cpu
 from mrcstack.daemons.mrcd.config import MrcdConfig
 from mrcstack.daemons.mrcd.datapath import steer
 from mrcstack.daemons.mrcd.datapath.transport import (
@@ -108,6 +109,8 @@ class WorkerPool:
         #: Counters of workers that died (added to the live ones: counters never go down).
         self._retired = TransportStats()
         self._retired_probes: dict[str, dict[str, int]] = {"answers": {}, "rejected": {}}
+        #: CPU seconds of each worker index's processes that died (the counter carries on).
+        self._retired_cpu = [0.0] * self.count
         self._keys: m.Keys | None = None  # what every worker, restarted ones too, is sent
         #: context -> rkey -> (its memfd, kept open for workers to come, the region).
         self._regions: dict[int, dict[int, tuple[int, m.AddRegion]]] = {}
@@ -180,6 +183,8 @@ class WorkerPool:
         if self._closed:
             return
         proc = worker.process
+        if proc.pid is not None:  # (read before join reaps it)
+            self._retired_cpu[worker.index] += process_cpu(proc.pid) or 0.0
         proc.join(0.5)
         code = proc.exitcode
         how = "still running" if code is None else (
@@ -303,6 +308,15 @@ class WorkerPool:
     def qps_per_worker(self) -> tuple[int, ...]:
         """How many QPs each worker carries, by worker index."""
         return tuple(len(w.qps) for w in self.workers)
+
+    def cpu_per_worker(self) -> tuple[float, ...]:
+        """CPU seconds each worker index has used, its processes that died included."""
+        out = []
+        for w in self.workers:
+            pid = w.process.pid
+            now = None if w.gone or pid is None else process_cpu(pid)
+            out.append(self._retired_cpu[w.index] + (now or 0.0))
+        return tuple(out)
 
     def worker_index(self, qpn: int) -> int | None:
         """The worker carrying QP ``qpn`` (None: not connected)."""
