@@ -42,7 +42,7 @@ setup: .venv/.installed
 lint: setup
 	.venv/bin/ruff check mrcstack netns daemons tests bench
 	.venv/bin/ruff format --check mrcstack netns daemons tests bench
-	.venv/bin/mypy mrcstack
+	.venv/bin/mypy mrcstack bench
 	.venv/bin/lint-imports --no-cache
 
 test: setup lint

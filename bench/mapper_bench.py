@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 from mrcstack.daemons.cluster import Cluster
@@ -104,7 +105,7 @@ def run(runs: int = 20, quiet_s: float = 600.0) -> dict[str, float]:
             timings = []
             for k in range(runs):
                 link = LINKS[k % len(LINKS)]
-                down = time_to_deny(faults, url, lambda f, lk=link: f.link_down(lk), [link])
+                down = time_to_deny(faults, url, partial(Faults.link_down, a=link), [link])
                 timings.append(down)
             for what, ms in (
                 ("named by the mapper", [t.named * 1e3 for t in timings]),

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mrcstack.core.config import ConnectionConfig
-from mrcstack.core.connection import Connection, Outgoing
+from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event
 from mrcstack.core.memory import MemoryTable
+from mrcstack.core.tx import Outgoing
 from mrcstack.fabric import Fabric
 from mrcstack.sim.runner import SimConfig
 from mrcstack.sim.runner import run as run_sim
@@ -79,10 +80,17 @@ class _TimedConnection(Connection):
         self._clock.ns += time.perf_counter_ns() - start
 
     def receive_datagram(
-        self, data: bytes | memoryview, *, now: float, port: int, ecn: bool = False
+        self,
+        data: bytes | memoryview,
+        *,
+        now: float,
+        port: int,
+        ecn: bool = False,
+        ev: int = 0,
+        tclass: int = 0,
     ) -> None:
         start = time.perf_counter_ns()
-        super().receive_datagram(data, now=now, port=port, ecn=ecn)
+        super().receive_datagram(data, now=now, port=port, ecn=ecn, ev=ev, tclass=tclass)
         self._clock.ns += time.perf_counter_ns() - start
 
     def receive_packet(
