@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from prometheus_client import GCCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
@@ -115,7 +116,10 @@ class MapperCollector:
 
 
 def make_registry(status_fn: Callable[[], dict[str, Any]]) -> CollectorRegistry:
-    """An explicit registry with only the mapper's collector."""
+    """An explicit registry (never the global one): the mapper's collector and
+    prometheus_client's ``process_*`` and ``python_gc_*`` families of its process."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MapperCollector(status_fn))
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry

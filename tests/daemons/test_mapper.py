@@ -125,6 +125,7 @@ def test_agents_report_and_the_mapper_judges_every_link(mapped: Daemons) -> None
     assert 'mrc_link_state{a="p0-t0a",b="p0-t1c",plane="0"} 0.0' in page
     assert 'mrc_agent_connected{host="h0"} 1.0' in page
     assert "mrc_link_probe_loss_ratio{" in page and "mrc_link_rtt_seconds{" in page
+    assert "\nprocess_cpu_seconds_total " in page and "python_gc_collections_total{" in page
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "metrics"], input=page, text=True,
                                capture_output=True, timeout=WAIT, check=False)  # fmt: skip
