@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import multiprocessing
 import os
 import sys
@@ -112,6 +114,24 @@ def _run_nth(i: int) -> dict[str, Any]:
     return _run_one(*_WORK[i])
 
 
+def longest_first(chosen: Sequence[Experiment], out: Path, profile: str) -> list[Experiment]:
+    """``chosen`` in the order to hand them to the workers: the longest first, as each took
+    when it last wrote to ``out`` in ``profile`` (one never run there, or run otherwise,
+    first of all), so that no long figure starts last while the other processes idle."""
+
+    def last(e: Experiment) -> float:
+        try:
+            doc = json.loads((out / e.name / "result.json").read_text())
+        except (OSError, ValueError):
+            return math.inf
+        if not isinstance(doc, dict) or doc.get("profile") != profile:
+            return math.inf
+        seconds = doc.get("seconds")
+        return float(seconds) if isinstance(seconds, int | float) else math.inf
+
+    return sorted(chosen, key=last, reverse=True)  # (stable: ties keep the order asked)
+
+
 def _ran(doc: dict[str, Any], start: float) -> str:
     ok = sum(1 for c in doc["claims"] if c["pass"])
     return (
@@ -140,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(together)} experiments in up to {args.jobs} processes ...", flush=True)
         # fork: a worker starts as this process is (what a caller set up included).
         context = multiprocessing.get_context("fork")
+        together = longest_first(together, out, profile)
         work = [(e, out, info) for e in together]
         workers = min(args.jobs, len(together))
         with ProcessPoolExecutor(workers, context, _take, (work,)) as pool:

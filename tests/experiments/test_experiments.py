@@ -235,6 +235,24 @@ def test_jobs_run_simulations_side_by_side_to_the_same_report_and_testbeds_alone
     assert ran["bed"]["at"] > max(ran["sim-a"]["at"], ran["sim-b"]["at"])
 
 
+def test_jobs_start_the_longest_figures_first(tmp_path: Path) -> None:
+    """Each as long as it took the last time it wrote to the folder in this profile; one
+    without such a run (never, another profile, an unreadable result) before all."""
+    names = ["short", "long", "other-profile", "never", "broken", "middle"]
+    last = {"short": ("quick", 1.0), "long": ("quick", 90.0), "middle": ("quick", 30.0),
+            "other-profile": ("full", 500.0)}  # fmt: skip
+    for name, (profile, seconds) in last.items():
+        (tmp_path / name).mkdir()
+        doc = {"profile": profile, "seconds": seconds}
+        (tmp_path / name / "result.json").write_text(json.dumps(doc))
+    for name, text in (("broken", "{"), ("a-list", "[1]")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(text)
+    order = cli.longest_first([_where(n, "sim") for n in [*names, "a-list"]], tmp_path, "quick")
+    want = ["other-profile", "never", "broken", "a-list", "long", "middle", "short"]
+    assert [e.name for e in order] == want
+
+
 def test_a_run_without_a_mechanism_says_so_and_its_claims_fail(tmp_path: Path) -> None:
     assert main(["run", "design-arithmetic", "--without", "planes", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "design-arithmetic" / "result.json").read_text())
