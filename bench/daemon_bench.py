@@ -253,7 +253,7 @@ def _daemon_cpu(cluster: Cluster) -> list[float]:
         assert proc is not None
         seconds = process_cpu(proc.pid)
         if seconds is None:
-            raise RuntimeError(f"mrcd on {host} (pid {proc.pid}) is gone")
+            raise RuntimeError(f"mrcd on h{host} (pid {proc.pid}) is gone")
         out.append(seconds)
     return out
 
