@@ -644,6 +644,37 @@ async def test_a_busy_peer_is_retried_until_it_has_room(hooks: Hooks) -> None:
         await srv.stop()
 
 
+async def test_a_busy_peer_whose_next_answer_is_late_is_reported_busy() -> None:
+    """The time runs out during a retry (the peer, or this host, too slow to answer it):
+    the error is still that the peer is busy, not that it cannot be reached."""
+    answered: list[int] = []
+    held: list[asyncio.StreamWriter] = []
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not answered:
+            writer.write(encode_frame(encode_busy(0.05)))  # the first try: busy
+            await writer.drain()
+        else:
+            held.append(writer)  # the next: the handshake is never answered
+        answered.append(1)
+
+    fake = await asyncio.start_server(peer, "::1", 0)
+    address = fake.sockets[0].getsockname()[:2]
+    cli = ControlClient("h0", psk("h0"))
+    try:
+        with pytest.raises(ControlError) as info:
+            await cli.open_session(SERVER, address, timeout=0.5)
+        assert len(answered) == 2, answered
+        assert info.value.reason == "busy", info.value
+        assert "is busy" in str(info.value) and "last one unanswered" in str(info.value)
+    finally:
+        for w in held:
+            w.close()
+        fake.close()
+        await fake.wait_closed()
+        await cli.close()
+
+
 # Authenticated but hostile ---------------------------------------------------------------
 async def test_tampered_record(server: ControlServer) -> None:
     reader, writer, records, _ = await raw_session(server)

@@ -430,13 +430,23 @@ class ControlClient:
             start = loop.time()
             deadline = start + (self.handshake_timeout if timeout is None else timeout)
             wait, tries = BUSY_BACKOFF[0], 1
+            busy: ControlError | None = None  # the peer's last busy answer
             while True:
                 try:
                     session = await self._open(peer_host, address, deadline)
                     break
                 except ControlError as exc:
+                    if exc.reason == "timeout" and busy is not None:
+                        # The time ran out while asking again (a slow connect or handshake
+                        # on a loaded host): what is known of the peer is that it was busy.
+                        raise ControlError(
+                            "busy",
+                            f"{busy.detail}; still busy after {tries - 1} tries in "
+                            f"{loop.time() - start:.1f} s (the last one unanswered)",
+                        ) from None
                     if exc.reason != "busy":
                         raise
+                    busy = exc
                     pause = max(wait, exc.retry_after) * random.uniform(1.0, 1.25)
                     if loop.time() + pause >= deadline:
                         raise ControlError(
