@@ -430,30 +430,29 @@ class ControlClient:
             start = loop.time()
             deadline = start + (self.handshake_timeout if timeout is None else timeout)
             wait, tries = BUSY_BACKOFF[0], 1
-            busy: ControlError | None = None  # the peer's last busy answer
+            busy = ""  # the peer's last busy answer (none yet)
+
+            def still_busy(answers: int, note: str = "") -> ControlError:
+                took = loop.time() - start
+                return ControlError(
+                    "busy", f"{busy}; still busy after {answers} tries in {took:.1f} s{note}"
+                )
+
             while True:
                 try:
                     session = await self._open(peer_host, address, deadline)
                     break
                 except ControlError as exc:
-                    if exc.reason == "timeout" and busy is not None:
+                    if exc.reason == "timeout" and busy:
                         # The time ran out while asking again (a slow connect or handshake
                         # on a loaded host): what is known of the peer is that it was busy.
-                        raise ControlError(
-                            "busy",
-                            f"{busy.detail}; still busy after {tries - 1} tries in "
-                            f"{loop.time() - start:.1f} s (the last one unanswered)",
-                        ) from None
+                        raise still_busy(tries - 1, " (the last one unanswered)") from None
                     if exc.reason != "busy":
                         raise
-                    busy = exc
+                    busy = exc.detail
                     pause = max(wait, exc.retry_after) * random.uniform(1.0, 1.25)
                     if loop.time() + pause >= deadline:
-                        raise ControlError(
-                            "busy",
-                            f"{exc.detail}; still busy after {tries} tries in "
-                            f"{loop.time() - start:.1f} s",
-                        ) from None
+                        raise still_busy(tries) from None
                     await asyncio.sleep(pause)
                     wait, tries = min(2 * wait, BUSY_BACKOFF[1]), tries + 1
             self._sessions[peer_host] = session
