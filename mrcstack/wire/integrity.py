@@ -292,19 +292,24 @@ class CrcIntegrity(Integrity):
 class ReplayWindow:
     """Sliding-window anti-replay over the 64-bit tx_seq, as in IPsec ESP (RFC 4303 3.4.3).
 
-    Bit ``i`` of the mask records whether ``top - i`` was seen.  ``check`` before the (costly)
-    authentication, ``update`` only after it passed, so forged packets cannot move the window.
+    The window is the ``size`` positions up to the newest accepted (``top``).  It is kept as
+    the positions in it not seen yet, not as a ``size``-bit mask: those below ``_floor``
+    all, and the ones in ``_holes`` above it.  In-order traffic, the usual case on both
+    ends (the seal guard's and the receiver's), then costs two comparisons and a store per
+    packet where a mask is shifted, a new ``size``-bit integer, each time; a gap of ``g``
+    adds ``g - 1`` holes once.  ``check`` before the (costly) authentication, ``update``
+    only after it passed, so forged packets cannot move the window.
     """
 
-    __slots__ = ("_bits", "_mask", "_size", "_top")
+    __slots__ = ("_floor", "_holes", "_size", "_top")
 
     def __init__(self, size: int = DEFAULT_REPLAY_WINDOW) -> None:
         if not isinstance(size, int) or size < 1:
             raise WireUsageError(f"replay window size must be a positive int, got {size!r}")
         self._size = size
-        self._mask = (1 << size) - 1
         self._top = -1  # nothing seen yet
-        self._bits = 0
+        self._floor = 0
+        self._holes: set[int] = set()
 
     @property
     def size(self) -> int:
@@ -319,24 +324,42 @@ class ReplayWindow:
         """True if tx_seq is new: ahead of the window, or inside it and not yet seen."""
         if not 0 <= tx_seq <= U64_MAX:
             raise WireUsageError(f"tx_seq must be a 64-bit unsigned int, got {tx_seq!r}")
-        behind = self._top - tx_seq
-        if behind < 0:
+        top = self._top
+        if tx_seq > top:
             return True
-        if behind >= self._size:
+        if top - tx_seq >= self._size:
             return False
-        return not (self._bits >> behind) & 1
+        return tx_seq < self._floor or tx_seq in self._holes
 
     def update(self, tx_seq: int) -> None:
         """Record tx_seq as seen, sliding the window forward if it is the newest."""
         if not 0 <= tx_seq <= U64_MAX:
             raise WireUsageError(f"tx_seq must be a 64-bit unsigned int, got {tx_seq!r}")
-        behind = self._top - tx_seq
-        if behind < 0:
-            ahead = -behind
-            self._bits = ((self._bits << ahead) | 1) & self._mask if ahead < self._size else 1
+        top = self._top
+        if tx_seq == top + 1 and top >= 0:
+            self._top = tx_seq  # in order: nothing between to remember
+        elif tx_seq > top:
+            if top < 0 or tx_seq - top >= self._size:
+                # Nothing seen is left in the window: all of it below tx_seq is unseen.
+                self._holes.clear()
+                self._floor = tx_seq
+            else:
+                holes = self._holes
+                holes.update(range(top + 1, tx_seq))
+                if len(holes) > self._size + (self._size >> 1):
+                    # Forget the holes that fell out of the window (never filled: lost).
+                    # At most size - 1 stay, so this runs once per size / 2 added at most.
+                    oldest = tx_seq - self._size
+                    self._holes = {seq for seq in holes if seq > oldest}
             self._top = tx_seq
-        elif behind < self._size:
-            self._bits |= 1 << behind
+        elif top - tx_seq < self._size:
+            floor = self._floor
+            if tx_seq < floor:
+                # Below the floor: what lies between it and tx_seq stays unseen, as holes.
+                self._holes.update(range(tx_seq + 1, floor))
+                self._floor = tx_seq
+            else:
+                self._holes.discard(tx_seq)
 
 
 def _check_id(name: str, value: int) -> None:

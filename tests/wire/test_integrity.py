@@ -188,6 +188,63 @@ def test_replay_window_matches_a_set_model(ops: list[tuple[bool, int]]) -> None:
             top = max(top, seq)
 
 
+@given(
+    size=st.integers(1, 70),
+    base=st.sampled_from([0, 1, 5_000, (1 << 64) - 3_000]),
+    ops=st.lists(
+        st.tuples(
+            st.booleans(),
+            # mostly the next one or nearly (the usual case), sometimes anywhere near
+            st.one_of(st.sampled_from([1, 1, 1, 2, 3, -1, -2]), st.integers(-150, 150)),
+        ),
+        max_size=300,
+    ),
+)
+@settings(max_examples=300, deadline=None)
+def test_replay_window_matches_the_model_for_any_size_and_start(
+    size: int, base: int, ops: list[tuple[bool, int]]
+) -> None:
+    # Moves relative to the newest seen, so jumps ahead, reordering just behind it, far
+    # jumps and holes that are never filled all occur, from a fresh window anywhere.
+    win = ReplayWindow(size)
+    seen: set[int] = set()
+    top = -1
+    for is_update, step in ops:
+        seq = min(max((top if top >= 0 else base) + step, 0), (1 << 64) - 1)
+        model = seq > top or (top - seq < size and seq not in seen)
+        assert win.check(seq) == model
+        if is_update:
+            win.update(seq)
+            seen.add(seq)
+            top = max(top, seq)
+            assert win.top == top
+            for near in range(max(seq - 3, 0), min(seq + 4, 1 << 64)):
+                assert win.check(near) == (near > top or (top - near < size and near not in seen))
+    for near in range(max(top - size - 2, 0), top + 2):
+        assert win.check(near) == (near > top or (top - near < size and near not in seen))
+
+
+def test_replay_window_in_order_run_then_replays() -> None:
+    win = ReplayWindow(64)
+    for seq in range(1, 1_000):
+        assert win.check(seq)
+        win.update(seq)
+    assert not any(win.check(seq) for seq in range(999 - 63, 1_000))
+    assert win.check(1_000)
+
+
+def test_replay_window_forgets_holes_that_left_it() -> None:
+    # Every other datagram lost for good: the window remembers at most 1.5 windows of holes,
+    # however long it runs, and still answers right at its edges.
+    win = ReplayWindow(64)
+    for top in range(0, 100_000, 2):
+        win.update(top)
+        assert len(win._holes) <= 96
+        if top >= 66:
+            assert win.check(top - 1) and not win.check(top - 2)
+            assert win.check(top - 63) and not win.check(top - 64) and not win.check(top - 65)
+
+
 def test_replay_window_argument_checks() -> None:
     with pytest.raises(WireUsageError):
         ReplayWindow(0)
