@@ -66,6 +66,20 @@ class SendWindow(Protocol):
     end_seq: int  # one past the last packet posted
 
 
+class _RtoGroup:
+    """Transmissions whose retransmission timeouts fall at one instant, in send order: one
+    heap entry for them all.  The new packets of one transmit share ``now + rto``, so a
+    heap push and pop per packet (about half a microsecond) becomes one per transmit.
+    ``head``: the ones before it are known to be acked, lost or re-armed."""
+
+    __slots__ = ("deadline", "head", "txs")
+
+    def __init__(self, deadline: float, tx: Tx) -> None:
+        self.deadline = deadline
+        self.txs = [tx]
+        self.head = 0
+
+
 class Recovery:
     """MRC's loss recovery for one sending direction: same-path evidence, RACK, the
     tail-loss probe, the per-packet RTO and the stall timer.
@@ -102,8 +116,11 @@ class Recovery:
         # rto()'s base (RFC 6298's, before any back-off) and rto(0), set when they change.
         self._rto_base = config.timeout if config.initial_rto is None else config.initial_rto
         self.rto_now = min(config.max_rto, self._rto_base)
-        self.rto_heap: list[tuple[float, int, Tx]] = []
+        # (deadline, push order, group): a transmission's RTO is armed while it is in its
+        # group with the deadline it has (a restart re-arms it in another group).
+        self.rto_heap: list[tuple[float, int, _RtoGroup]] = []
         self._heap_tie = 0
+        self._rto_last: _RtoGroup | None = None  # the latest pushed, while in the heap
         self.last_progress = -1.0  # when an ack last acknowledged a packet
         # Retransmission timeouts without progress, counted once per backed-off RTO: the
         # connection's retry budget (ConnectionConfig.retry_budget).  While it is not zero
@@ -171,9 +188,40 @@ class Recovery:
     def rto_deadline(self) -> float | None:
         """The earliest retransmission timeout of a packet in flight."""
         heap = self.rto_heap
-        while heap and (heap[0][2].acked or heap[0][2].lost or heap[0][0] != heap[0][2].deadline):
-            heappop(heap)
-        return heap[0][0] if heap else None
+        while heap:
+            group = heap[0][2]
+            deadline = group.deadline
+            txs = group.txs
+            i = group.head
+            n = len(txs)
+            while i < n:
+                tx = txs[i]
+                if tx.acked or tx.lost or tx.deadline != deadline:
+                    i += 1
+                else:
+                    group.head = i
+                    return deadline
+            self._pop_rto()
+        return None
+
+    def _arm_rto(self, tx: Tx) -> None:
+        """``tx``'s timeout (``tx.deadline``) into the heap: with the latest pushed when it
+        falls at the same instant (so the order stays that of the pushes)."""
+        deadline = tx.deadline
+        last = self._rto_last
+        if last is not None and last.deadline == deadline:
+            last.txs.append(tx)
+            return
+        group = _RtoGroup(deadline, tx)
+        self._heap_tie += 1
+        heappush(self.rto_heap, (deadline, self._heap_tie, group))
+        self._rto_last = group
+
+    def _pop_rto(self) -> _RtoGroup:
+        group = heappop(self.rto_heap)[2]
+        if group is self._rto_last:
+            self._rto_last = None  # (nothing joins a group out of the heap)
+        return group
 
     # Transmissions in and out ---------------------------------------------------------
     def track(self, tx: Tx) -> None:
@@ -190,8 +238,12 @@ class Recovery:
         fifo.append(tx)
         tx.queued = True
         self.sent_fifo.append(tx)
-        self._heap_tie += 1
-        heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
+        # _arm_rto, inline: once per data packet sent
+        last = self._rto_last
+        if last is not None and last.deadline == tx.deadline:
+            last.txs.append(tx)
+        else:
+            self._arm_rto(tx)
         self.in_flight += tx.size
         srtt = self.srtt
         if srtt is not None and not self.tlp_out:
@@ -460,16 +512,7 @@ class Recovery:
     # The one deadline and its timers --------------------------------------------------
     def next_deadline(self) -> float | None:
         """The earliest of the RTO, the reordering timer, the probe timer and the stall."""
-        heap = self.rto_heap  # rto_deadline(), inline: the adapter asks after every input
-        deadline: float | None
-        while heap:
-            deadline, _, tx = heap[0]
-            if tx.acked or tx.lost or deadline != tx.deadline:
-                heappop(heap)
-                continue
-            break
-        else:
-            deadline = None
+        deadline = self.rto_deadline()
         timer = self.rack_timer
         if timer is not None and (deadline is None or timer < deadline):
             deadline = timer
@@ -496,35 +539,42 @@ class Recovery:
                 return
         heap = self.rto_heap
         while heap and heap[0][0] <= now:
-            deadline, _, tx = heappop(heap)
-            if tx.acked or tx.lost or deadline != tx.deadline or self.txs.get(tx.seq) is not tx:
-                continue
-            if self.last_progress > tx.sent:
-                # Acks kept coming since this packet left, so the connection is not stalled:
-                # its timer restarts from the latest one (RFC 6298 5.3).  A packet lost on a
-                # live connection is RACK's to find; the RTO is for silence, and a burst
-                # sent at once must not time out as one because its tail queued behind it.
-                restart = self.last_progress + self.rto(tx.timeouts)
-                if restart > now:
-                    tx.deadline = restart
-                    self._heap_tie += 1
-                    heappush(heap, (restart, self._heap_tie, tx))
+            group = self._pop_rto()
+            deadline = group.deadline
+            for tx in group.txs[group.head :]:
+                if tx.acked or tx.lost or deadline != tx.deadline or self.txs.get(tx.seq) is not tx:
                     continue
-            tx.timeouts += 1
-            if not self.rto_rounds or now >= self.round_at + self.rto(self.rto_rounds - 1):
-                self.rto_rounds += 1  # a new round: the last one's backed-off RTO has passed
-                self.round_at = now
-            retries = max(tx.timeouts, self.rto_rounds)
-            if retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
-                self.failed = (
-                    f"retry limit exhausted: PSN {to_psn(tx.seq)} timed out {retries} times "
-                    f"with no progress",
-                    WcStatus.RETRY_EXCEEDED,
-                )
-                self.cc.on_timeout(now)
-                return
+                if self._rto_expired(tx, now):
+                    return
+
+    def _rto_expired(self, tx: Tx, now: float) -> bool:
+        """``tx``'s timeout came: restart it, or time it out (True: the connection failed)."""
+        if self.last_progress > tx.sent:
+            # Acks kept coming since this packet left, so the connection is not stalled:
+            # its timer restarts from the latest one (RFC 6298 5.3).  A packet lost on a
+            # live connection is RACK's to find; the RTO is for silence, and a burst
+            # sent at once must not time out as one because its tail queued behind it.
+            restart = self.last_progress + self.rto(tx.timeouts)
+            if restart > now:
+                tx.deadline = restart
+                self._arm_rto(tx)
+                return False
+        tx.timeouts += 1
+        if not self.rto_rounds or now >= self.round_at + self.rto(self.rto_rounds - 1):
+            self.rto_rounds += 1  # a new round: the last one's backed-off RTO has passed
+            self.round_at = now
+        retries = max(tx.timeouts, self.rto_rounds)
+        if retries > self.cfg.linear_cnt + self.cfg.exp_cnt:
+            self.failed = (
+                f"retry limit exhausted: PSN {to_psn(tx.seq)} timed out {retries} times "
+                f"with no progress",
+                WcStatus.RETRY_EXCEEDED,
+            )
             self.cc.on_timeout(now)
-            self._timed_out(tx, now)
+            return True
+        self.cc.on_timeout(now)
+        self._timed_out(tx, now)
+        return False
 
     def _timed_out(self, tx: Tx, now: float) -> None:
         """``tx`` timed out: it is lost, its EV is condemned, and since the path is
@@ -556,6 +606,7 @@ class Recovery:
         self.sent_fifo.clear()
         self.rack_timer = self.tlp_deadline = None
         self.rto_heap.clear()
+        self._rto_last = None
         self.ev_fifo.clear()
         self.in_flight = 0
         self._end_stall()
@@ -570,8 +621,7 @@ class GoBackN(Recovery):
         if self.stall_deadline is not None:
             self._end_stall()
         self.txs[tx.seq] = tx
-        self._heap_tie += 1
-        heappush(self.rto_heap, (tx.deadline, self._heap_tie, tx))
+        self._arm_rto(tx)
         self.in_flight += tx.size
 
     def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:

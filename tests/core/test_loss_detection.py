@@ -19,6 +19,7 @@ from mrcstack.core.events import SendCompleted, WcStatus
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
 from mrcstack.core.psn import unwrap
+from mrcstack.core.tx import Tx
 from mrcstack.errors import LocalError
 from mrcstack.wire import AckPacket, CrcIntegrity, decode
 
@@ -173,6 +174,55 @@ def test_rto_restarts_while_acks_keep_coming() -> None:
     a.datagrams_to_send(1.2e-3)
     assert a.stats.retransmissions == {}
     assert not a.recovery.txs
+
+
+def test_a_burst_shares_one_timeout_until_its_last_packet_is_acked() -> None:
+    """The packets of one transmit share ``now + rto``, and one timer entry: it stands while
+    any of them is in flight, in whatever order they are acknowledged, and goes with the
+    last."""
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(4 * MTU), va, rkey, imm=None, now=T0)
+    burst = send_all(a, T0)
+    assert len(burst) == 4 and len(a.recovery.rto_heap) == 1
+    deadline = a.recovery.rto_deadline()
+    assert deadline == T0 + 1e-3
+    for i in (3, 0, 1):  # the last one first: out of send order
+        feed(a, deliver(b, [burst[i]], 0.1e-3), 0.1e-3)
+        assert a.recovery.rto_deadline() == deadline  # burst[2] is still out
+    feed(a, deliver(b, [burst[2]], 0.2e-3), 0.2e-3)
+    assert not a.recovery.txs
+    assert a.recovery.rto_deadline() is None
+
+
+def test_a_packet_armed_at_the_instant_of_a_finished_burst_gets_its_own_timer() -> None:
+    """The burst's timer entry is gone once all of it was acknowledged; a transmission armed
+    for that same instant (a later transmit at the same clock reading) must not join it."""
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    (first,) = send_all(a, T0)
+    (tx,) = a.recovery.txs.values()
+    feed(a, deliver(b, [first], 0.1e-3), 0.1e-3)
+    assert a.recovery.rto_deadline() is None  # its entry left the heap
+    again = Tx(tx.seq + 1, tx.wr, MTU, tx.slot, T0, tx.order + 1)
+    again.deadline = tx.deadline
+    a.recovery.track(again)
+    assert a.recovery.rto_deadline() == tx.deadline
+
+
+def test_a_silent_burst_times_out_in_send_order() -> None:
+    a, b, va, rkey = pair(timeout=1e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)  # an RTT sample, then silence
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(6 * MTU), va, rkey, imm=None, now=1e-3)
+    burst = send_all(a, 1e-3)  # all lost
+    sent = sorted(a.recovery.txs)
+    assert a.recovery.rto_deadline() == 2e-3  # (which drops the acked packet's entry)
+    assert len(burst) == 6 and len(a.recovery.rto_heap) == 1
+    a.recovery.tlp_deadline = None  # (the RTO's turn alone)
+    a.handle_timer(2e-3)
+    assert [tx.seq for tx, _ in a.recovery.retx] == sent
+    assert {reason for _, reason in a.recovery.retx} == {"timeout"}
 
 
 def test_rto_fires_when_the_connection_is_silent() -> None:
