@@ -314,7 +314,8 @@ def _usual_data_into(pkt: DataPacket, integrity: Integrity, out: bytearray | mem
     tx_seq = pkt.tx_seq
     port = pkt.port
     ev = pkt.ev
-    packet = memoryview(out)[:total]
+    # (a send slot is a view already: no second view of it, once per data packet)
+    packet = out[:total] if type(out) is memoryview else memoryview(out)[:total]
     try:
         _DATA.pack_into(
             packet, 0, opcode, 0, BTH_PKEY, qpn, _USUAL_BTH8[flags] | psn,

@@ -450,7 +450,7 @@ class AeadIntegrity(Integrity):
             raise WireUsageError(f"tx_seq {tx_seq} already sealed or too old: GCM nonce reuse")
         sealed.update(tx_seq)
         nonce = self._seal_prefix + _NONCE_SEQ.pack(tx_seq)
-        view = memoryview(packet)
+        view = packet if type(packet) is memoryview else memoryview(packet)
         if self._encrypt:
             view[hlen:] = self._aead.encrypt(nonce, view[hlen:end], view[:hlen])
         else:
