@@ -356,6 +356,8 @@ class ReplayWindow:
             floor = self._floor
             if tx_seq < floor:
                 # Below the floor: what lies between it and tx_seq stays unseen, as holes.
+                # (No pruning needed: the floor is within a window of the last start-over,
+                # which cleared the holes, so all of them are in the window.)
                 self._holes.update(range(tx_seq + 1, floor))
                 self._floor = tx_seq
             else:
