@@ -28,7 +28,9 @@ rounds (medians, min and max; ratios of the medians), see docs/benchmarks.md:
 CPU per packet comes from the processes' own CPU time (``/proc/PID/stat`` of each mrcd,
 ``time.process_time`` of each blast process) over the timed part of each round: the sending
 mrcd per data packet, the receiving one per data packet and per ACK it sent, the blast's
-sender and receiver per datagram (:func:`cpu_per_packet`).
+sender and receiver per datagram, and each sender's time split into user space (what the
+stack costs) and the kernel (mostly the emulated fabric forwarding what it sent)
+(:func:`cpu_per_packet`).
 
 Last, mrcd's aggregate goodput over 4 QPs with 1 and with 2 data-path workers
 (``workers = N``) on both hosts, and the ratio (``bench/workers.py``; alone with
@@ -66,7 +68,7 @@ from mrcstack import addrplan
 from mrcstack.api import Device, WriteWr
 from mrcstack.api.ctl import Controller
 from mrcstack.daemons.cluster import Cluster
-from mrcstack.daemons.lifecycle import process_cpu
+from mrcstack.daemons.lifecycle import process_times
 from mrcstack.experiments.live import (
     SHAPED_BPS,
     accept,
@@ -155,7 +157,8 @@ def mrcd_goodput(
         if bytes(bmr.buf[:WRITE]) != bytes(amr.buf[:WRITE]):
             raise RuntimeError("mrcd goodput run: data did not arrive intact")
         moved = {k: v - before.get(k, 0.0) for k, v in after.items()}
-        more = {"src_cpu_s": cpu[0], "dst_cpu_s": cpu[1], "timed_s": took} | sampled
+        more = {"src_cpu_s": cpu[0], "dst_cpu_s": cpu[1], "src_user_s": cpu[2],
+                "dst_user_s": cpu[3], "timed_s": took} | sampled  # fmt: skip
         return done * WRITE * 8 / took, moved | more
     finally:
         a.close()
@@ -245,17 +248,18 @@ def _dst_packets(cluster: Cluster) -> dict[str, float]:
 
 
 def _daemon_cpu(cluster: Cluster) -> list[float]:
-    """CPU seconds used so far by the sending and the receiving mrcd (``ip netns exec``
-    execs the daemon, so the process started is the daemon)."""
-    out = []
+    """CPU seconds used so far by the sending and the receiving mrcd, then the user-space
+    part of each (``ip netns exec`` execs the daemon, so the process started is the
+    daemon)."""
+    times = []
     for host in (SRC, DST):
         proc = cluster.daemons[host].proc
         assert proc is not None
-        seconds = process_cpu(proc.pid)
-        if seconds is None:
+        got = process_times(proc.pid)
+        if got is None:
             raise RuntimeError(f"mrcd on h{host} (pid {proc.pid}) is gone")
-        out.append(seconds)
-    return out
+        times.append(got)
+    return [user + system for user, system in times] + [user for user, _ in times]
 
 
 def set_format(cluster: Cluster, fmt: str) -> None:
@@ -292,7 +296,7 @@ def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
     buf = bytearray(65536)
     packets = nbytes = 0
     first = last = 0.0
-    cpu = 0.0
+    cpu = user = 0.0
     print(json.dumps({"ready": True}), flush=True)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
@@ -302,7 +306,7 @@ def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
                 break
             continue
         if not cpu:
-            cpu = time.process_time()  # from the first datagram on
+            cpu, user = time.process_time(), os.times().user  # from the first datagram on
         for fd, _ in events:
             recv_into = by_fd[fd].recv_into
             while True:
@@ -316,7 +320,7 @@ def role_udp_recv(args: argparse.Namespace) -> dict[str, Any]:
         if not first:
             first = last
     return {"packets": packets, "bytes": nbytes, "seconds": last - first,
-            "cpu": time.process_time() - cpu}  # fmt: skip
+            "cpu": time.process_time() - cpu, "user": os.times().user - user}  # fmt: skip
 
 
 def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
@@ -332,7 +336,7 @@ def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
     ]
     data = os.urandom(args.size)
     sent = blocked = 0
-    cpu = time.process_time()
+    cpu, user = time.process_time(), os.times().user
     end = time.perf_counter() + args.seconds
     n = len(paths)
     while True:
@@ -345,7 +349,8 @@ def role_udp_send(args: argparse.Namespace) -> dict[str, Any]:
         sent += 1024
         if time.perf_counter() >= end:
             break
-    return {"sent": sent - blocked, "refused": blocked, "cpu": time.process_time() - cpu}
+    return {"sent": sent - blocked, "refused": blocked, "cpu": time.process_time() - cpu,
+            "user": os.times().user - user}  # fmt: skip
 
 
 def role_tcp_recv(args: argparse.Namespace) -> dict[str, Any]:
@@ -469,6 +474,8 @@ def udp_blast(state: TestbedState, duration: float) -> tuple[float, dict[str, fl
         "lost_fraction": 1 - got["packets"] / max(1, sent["sent"]),
         "sender_cpu_s": float(sent["cpu"]),
         "receiver_cpu_s": float(got["cpu"]),
+        "sender_user_s": float(sent["user"]),
+        "receiver_user_s": float(got["user"]),
     }
 
 
@@ -498,24 +505,35 @@ def cpu_per_packet(mrcd: dict[str, float], blast: dict[str, float]) -> dict[str,
     """CPU microseconds per packet from the processes' own CPU time, summed over the rounds:
     the sending mrcd per data packet it sent, the receiving one per data packet it received
     and per ACK it sent (its whole CPU time, spread over its ACKs), and the blast's two
-    processes per datagram."""
+    processes per datagram.  The senders' time also split into user space and the kernel:
+    the kernel's part carries most of the emulated fabric's forwarding of what was sent (the
+    same per datagram for both), the user part is what the stack itself costs."""
+    sent = max(1.0, mrcd["sent_packets"])
     out = {
-        "sender_us_per_data_packet": 1e6 * mrcd["src_cpu_s"] / max(1.0, mrcd["sent_packets"]),
+        "sender_us_per_data_packet": 1e6 * mrcd["src_cpu_s"] / sent,
         "receiver_us_per_data_packet": 1e6
         * mrcd["dst_cpu_s"]
         / max(1.0, mrcd["dst_received_packets"]),
         "receiver_us_per_ack": 1e6 * mrcd["dst_cpu_s"] / max(1.0, mrcd["dst_sent_packets"]),
         "data_packets_per_ack": mrcd["dst_received_packets"] / max(1.0, mrcd["dst_sent_packets"]),
+        "sender_user_us_per_data_packet": 1e6 * mrcd["src_user_s"] / sent,
+        "sender_kernel_us_per_data_packet": 1e6 * (mrcd["src_cpu_s"] - mrcd["src_user_s"]) / sent,
     }
     result = {f"unshaped_mrcd_{k}": v for k, v in out.items()}
     if blast:
-        sender = 1e6 * blast["sender_cpu_s"] / max(1.0, blast["sent"])
+        datagrams = max(1.0, blast["sent"])
+        sender = 1e6 * blast["sender_cpu_s"] / datagrams
         receiver = 1e6 * blast["receiver_cpu_s"] / max(1.0, blast["received"])
+        user = 1e6 * blast["sender_user_s"] / datagrams
         result |= {
             "unshaped_udp_blast_sender_us_per_packet": sender,
             "unshaped_udp_blast_receiver_us_per_packet": receiver,
+            "unshaped_udp_blast_sender_user_us_per_packet": user,
+            "unshaped_udp_blast_sender_kernel_us_per_packet": sender - user,
             "unshaped_mrcd_sender_cpu_over_blast": out["sender_us_per_data_packet"] / sender,
             "unshaped_mrcd_receiver_cpu_over_blast": out["receiver_us_per_data_packet"] / receiver,
+            "unshaped_mrcd_sender_kernel_over_blast": out["sender_kernel_us_per_data_packet"]
+            / max(1e-9, sender - user),
         }
     return result
 
@@ -549,9 +567,9 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
     out = {"rounds": float(rounds)}
     if udp_stats:
         out["udp_blast_gbps"] = statistics.median(goodput["blast"]) / 1e9
-        out["udp_blast_sender_us_per_packet"] = (
-            1e6 * udp_stats["sender_cpu_s"] / max(1.0, udp_stats["sent"])
-        )
+        blast = cpu_per_packet(stats["after"], udp_stats)
+        out |= {k.removeprefix("unshaped_"): v for k, v in blast.items()
+                if k.startswith("unshaped_udp_blast_")}  # fmt: skip
     for label in ("before", "after"):
         m = statistics.median(goodput[label])
         out[f"{label}_mrcd_gbps"] = m / 1e9

@@ -63,15 +63,22 @@ def settle() -> None:
     gc.freeze()
 
 
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) process ``pid`` has used, from ``/proc/PID/stat`` (whole
+def process_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds process ``pid`` has used, from ``/proc/PID/stat`` (whole
     clock ticks); None once it is gone.  An exited child not yet reaped still reads."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text.rpartition(")")[2].split()  # (the command name may hold spaces)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used (:func:`process_times`)."""
+    times = process_times(pid)
+    return None if times is None else times[0] + times[1]
 
 
 @contextlib.contextmanager

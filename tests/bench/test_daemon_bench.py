@@ -51,3 +51,31 @@ def test_window_readings_summed_over_rounds_become_means() -> None:
         "sender_busy",
         "receiver_busy",
     }
+
+
+def test_cpu_per_packet_splits_each_sender_into_user_space_and_the_kernel() -> None:
+    """Per packet: each side's CPU over its own packets; the senders' kernel part is what is
+    left of their CPU after user space, and mrcd's over the blast's compares those parts."""
+    mrcd = {"src_cpu_s": 3.0, "src_user_s": 2.0, "dst_cpu_s": 1.5, "dst_user_s": 1.0,
+            "sent_packets": 100_000.0, "dst_received_packets": 100_000.0,
+            "dst_sent_packets": 10_000.0}  # fmt: skip
+    blast = {"sender_cpu_s": 2.4, "sender_user_s": 0.4, "receiver_cpu_s": 1.0,
+             "receiver_user_s": 0.2, "sent": 200_000.0, "received": 100_000.0}  # fmt: skip
+    got = daemon_bench.cpu_per_packet(mrcd, blast)
+    assert got["unshaped_mrcd_sender_us_per_data_packet"] == 30.0
+    assert got["unshaped_mrcd_sender_user_us_per_data_packet"] == 20.0
+    assert got["unshaped_mrcd_sender_kernel_us_per_data_packet"] == 10.0
+    assert got["unshaped_mrcd_receiver_us_per_data_packet"] == 15.0
+    assert got["unshaped_mrcd_receiver_us_per_ack"] == 150.0
+    assert got["unshaped_udp_blast_sender_us_per_packet"] == 12.0
+    assert got["unshaped_udp_blast_sender_user_us_per_packet"] == 2.0
+    assert got["unshaped_udp_blast_sender_kernel_us_per_packet"] == 10.0
+    assert got["unshaped_mrcd_sender_cpu_over_blast"] == 2.5
+    assert got["unshaped_mrcd_sender_kernel_over_blast"] == 1.0
+    # Without a blast (the shaped runs): mrcd's own figures only.
+    alone = daemon_bench.cpu_per_packet(mrcd, {})
+    assert set(alone) == {k for k in got if k.startswith("unshaped_mrcd_")} - {
+        "unshaped_mrcd_sender_cpu_over_blast",
+        "unshaped_mrcd_receiver_cpu_over_blast",
+        "unshaped_mrcd_sender_kernel_over_blast",
+    }
