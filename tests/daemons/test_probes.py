@@ -190,6 +190,11 @@ def test_a_workers_prober_answers_crc_probes_and_relays_the_rest_as_they_came() 
         p.on_datagram(memoryview(data), H0, 1, i)
     assert relayed == [(data, H0, 1, i) for i, data in enumerate(others)]
     assert len(sent) == 3 and p.answers[ProbeAuth.SEALED] == 0 and p.rejected == {}
+    # An answer whose ICRC fails stops here, counted: junk does not cross to the daemon.
+    damaged = bytearray(others[-1])
+    damaged[-1] ^= 0xFF
+    p.on_datagram(memoryview(damaged), H0, 1)
+    assert len(relayed) == len(others) and sum(p.rejected.values()) == 1
 
 
 def test_a_probe_sealed_with_another_key_is_refused_unanswered() -> None:

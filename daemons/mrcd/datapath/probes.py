@@ -238,6 +238,10 @@ class Prober:
         if type(pkt) is ProbePacket:
             self._answer(pkt, source, plane, host, authenticated, ext)
         elif self.relay is not None:
+            # Decoded here although the daemon decodes it again: what carries the ICRC
+            # crosses the channel only if it verifies, so junk for QP 2 stops in the worker
+            # (the repeat is an answer to the node's own probes or a port update: rare).
+            # What flags a tag goes undecoded: the worker holds no probe keys.
             self.relay(data, source, plane, flow)
         elif type(pkt) is PortStatusPacket:
             self._port_status(pkt, host, authenticated, ext)
