@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from mrcstack.api import Device, QpCap, WcOpcode, WriteWr
-from mrcstack.daemons.tools import common
+from mrcstack.daemons.tools import common, report
 from mrcstack.daemons.tools.common import (
     END,
     KIND_BW,
@@ -323,8 +323,16 @@ def test_a_16mib_write_run_prints_no_meaningless_peak(loop_daemons: Daemons) -> 
     assert cli.returncode == 0 and srv.returncode == 0, cli.stderr + srv.stderr
     for doc in (one_json(cli.stdout), one_json(srv.stdout)):
         peak, avg = doc["bw_peak_MB_s"], doc["bw_average_MB_s"]
+        series, interval = doc["series"], doc["interval_s"]
         print(f"\n16 MiB writes: peak {peak} MB/s, average {avg} MB/s, {doc['iterations']} writes")
-        assert peak is None or avg <= peak <= 1.25 * avg, doc
+        # A 0.1 s interval holds one or two 16 MiB writes: a per-interval peak would read
+        # a multiple of 160 MiB/s.  The peak printed is the best window of the run's own
+        # series that held PEAK_MIN_WRITES writes (or the average, if higher): checked
+        # against the series, not against a bound on how steady this machine was.
+        best = report.peak_rate(series, interval)
+        assert peak is not None and avg <= peak, doc
+        assert peak == pytest.approx(max(best or 0.0, avg * report.MB) / report.MB, abs=0.002)
+        assert any(0 < e["writes"] < report.PEAK_MIN_WRITES for e in series), series
 
 
 def sweep_client(name: str, socket_path: str, service: int, n: int) -> list[str]:
