@@ -38,7 +38,7 @@ from mrcstack.daemons.mrcmapper.metrics import make_registry as make_mapper_regi
 from mrcstack.daemons.mrcmapper.server import AgentServer
 from mrcstack.daemons.mrcmapper.service import MapperService
 from mrcstack.fabric import Fabric
-from tests.support.isolation import control_port, free_base
+from tests.support.isolation import control_port, free_bases
 
 FABRIC = Fabric(planes=4, racks=2, hosts_per_rack=2, t1_per_plane=4)
 WAIT = 30.0  # safety limit for anything that should happen; never a timing assertion
@@ -136,13 +136,13 @@ class Daemons:
         return self
 
     async def _start(self) -> None:
-        base = free_base(self.hosts, FABRIC.planes)
+        # data ports and probe ports drawn together, so the two cannot overlap
+        base, probes = free_bases(2, self.hosts, FABRIC.planes)
         psk = self.tmp / "cluster.key"
         psk.write_text(os.urandom(32).hex())
         agent: MapperAgentConfig | None = None
         if self.mapper_config is not None:
             await self.start_mapper()
-            probes = free_base(self.hosts, FABRIC.planes)  # UDP ports for the probe sockets
             agent = MapperAgentConfig(("::1", self.mapper_port), probe_port=probes)
         for host in self.hosts:
             cfg = replace(node_config(host, base, psk, self.hosts), mapper=agent)

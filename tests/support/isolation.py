@@ -44,21 +44,33 @@ def free_base(hosts: Iterable[int], planes: int) -> int:
     PORT_STRIDE * host + plane``, mrcd's loopback layout) and its control port (TCP,
     :func:`control_port`) on ::1 are all free now, and below the ephemeral range, so no
     client socket takes one later."""
+    return free_bases(1, hosts, planes)[0]
+
+
+def free_bases(count: int, hosts: Iterable[int], planes: int) -> tuple[int, ...]:
+    """``count`` bases as :func:`free_base` draws them, whose ports are also apart from one
+    another: each is drawn while the ports of those before it are still held, so two
+    layouts meant to run side by side (an mrcd's data ports and its probe ports) cannot
+    share a port, as two separate draws could."""
     hosts = tuple(hosts)
     wanted = [(socket.SOCK_DGRAM, PORT_STRIDE * h + p) for h in hosts for p in range(planes)]
     wanted += [(socket.SOCK_STREAM, CONTROL_OFFSET + h) for h in hosts]
     span = max(offset for _, offset in wanted) + 1
     rng = random.Random()
-    while True:
-        base = rng.randrange(LOWEST_BASE, _ephemeral_low() - span)
-        try:
-            with contextlib.ExitStack() as stack:
-                for kind, offset in wanted:
-                    sock = stack.enter_context(socket.socket(socket.AF_INET6, kind))
-                    sock.bind(("::1", base + offset))
-        except OSError:
-            continue
-        return base
+    bases: list[int] = []
+    with contextlib.ExitStack() as held:
+        while len(bases) < count:
+            base = rng.randrange(LOWEST_BASE, _ephemeral_low() - span)
+            try:
+                with contextlib.ExitStack() as stack:
+                    for kind, offset in wanted:
+                        sock = stack.enter_context(socket.socket(socket.AF_INET6, kind))
+                        sock.bind(("::1", base + offset))
+                    held.enter_context(stack.pop_all())
+            except OSError:
+                continue
+            bases.append(base)
+    return tuple(bases)
 
 
 def control_port(base: int, host: int) -> int:
