@@ -11,7 +11,7 @@ import pytest
 
 from mrcstack.daemons.mrcd.node.addresses import PORT_STRIDE
 from tests.support import isolation
-from tests.support.isolation import free_bases
+from tests.support.isolation import free_bases, free_tcp_port
 
 
 def _udp_ports(base: int, hosts: tuple[int, ...], planes: int) -> set[int]:
@@ -45,3 +45,10 @@ def test_the_drawn_ports_are_free_when_handed_out() -> None:
         for h in hosts:
             with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
                 sock.bind(("::1", isolation.control_port(base, h)))
+
+
+def test_a_tcp_port_is_free_and_not_one_the_kernel_hands_to_clients() -> None:
+    port = free_tcp_port()
+    assert isolation.LOWEST_BASE <= port < isolation._ephemeral_low()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))

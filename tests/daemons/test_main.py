@@ -7,7 +7,6 @@ import contextlib
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,15 +32,9 @@ from mrcstack.api import (
     WriteWr,
 )
 from mrcstack.daemons.mrcd.config import MrcdConfig
-from tests.support.isolation import control_port, free_base
+from tests.support.isolation import control_port, free_base, free_tcp_port
 
 MRCD = [sys.executable, "-m", "mrcstack.daemons.mrcd.ops.main"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(tmp: Path, extra: str = "") -> Path:
@@ -181,7 +174,7 @@ def test_check_loads_the_key_files_and_names_the_key(
 
 
 def test_daemon_serves_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_tcp_port()
     cfg = write_config(tmp_path)
     proc = subprocess.Popen(
         [*MRCD, "--config", str(cfg), f"--web.listen-address=127.0.0.1:{port}"],

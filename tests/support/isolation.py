@@ -73,6 +73,21 @@ def free_bases(count: int, hosts: Iterable[int], planes: int) -> tuple[int, ...]
     return tuple(bases)
 
 
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (IPv4) that is free now and below the ephemeral range: a port
+    the kernel hands out (bind to 0) can go to any client's connect before the test's
+    server binds it."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(LOWEST_BASE, _ephemeral_low())
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+
+
 def control_port(base: int, host: int) -> int:
     """Host ``host``'s control port for a :func:`free_base` ``base``."""
     return base + CONTROL_OFFSET + host
