@@ -134,8 +134,11 @@ class Recovery:
         self.stall_deadline: float | None = None
         self.stall_retries = 0
         self.stall_since = 0.0
-        # Same-path evidence: each EV's transmissions in send order.
+        # Same-path evidence: each EV's transmissions in send order; and those an ACK
+        # showed a later packet of their path overtaking without reporting on them, with
+        # when they are lost unless an ACK for them comes first (see after_ack).
         self.ev_fifo: dict[int, deque[Tx]] = {}
+        self.suspects: deque[tuple[float, Tx]] = deque()
         # RACK.  Per plane (planes are separate networks, each with its own last-hop queue,
         # so a packet is never judged by another plane's deliveries): the latest send time
         # of an acknowledged transmission and its RTT (RFC 8985 RACK.xmit_ts and RACK.rtt).
@@ -320,16 +323,23 @@ class Recovery:
             slot.silent_losses = 0
             self.evs.apply(ev, EvSignal.PROBE_OK, EvReason.LATE_ARRIVAL, now)
 
-    def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
+    def after_ack(
+        self, echo_tx: Tx | None, nack: int, now: float, missing: int = -1, reported_from: int = 0
+    ) -> None:
         """An ACK was taken in: the probe timer rearms (no probe is out now), RACK is due
         before the next transmission, and the echoed packet's path shows what it lost.
 
         Same-path evidence: packets sent on the echoed EV before the echoed one and still
-        unacknowledged were lost on that path (paths keep order).  This also blames the EV
-        for losses RACK already declared, since only here is the path known.  (With no
-        backup in its plane, the EV is skipped a while instead: see ``EvTable.apply``.)  A
-        NACK says nothing about the packets before it on that path: a trimmed header jumps
-        the queue those packets still wait in.
+        unacknowledged were lost on that path (paths keep order), when the ACK reports
+        them missing: its cumulative point reports packet ``missing``, its SACK window the
+        packets from ``reported_from``.  One in between may have arrived, reported by an
+        earlier ACK that this one overtook (ACKs come back on several paths of a plane):
+        it is lost only if no ACK for it comes within RACK's reordering window
+        (:meth:`run_rack` judges it).  This also blames the EV for losses RACK already
+        declared, since only here is the path known.  (With no backup in its plane, the EV
+        is skipped a while instead: see ``EvTable.apply``.)  A NACK says nothing about the
+        packets before it on that path: a trimmed header jumps the queue those packets
+        still wait in.
         """
         self.tlp_out = False
         if not self.txs:
@@ -350,14 +360,28 @@ class Recovery:
             tx.queued = False
             if tx is echo_tx:
                 return
-            current = txs.get(tx.seq)
-            if current is None or tx.acked or tx.trimmed:
-                continue  # it arrived after all (perhaps by another transmission), or its
-                # header did: a trim is congestion, and the trim NACK already resent it
-            if current is tx and not tx.lost:
-                self.lose(tx, RetxReason.SACK)
-            skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
-            self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
+            if tx.seq < reported_from and tx.seq != missing:
+                # This ACK says nothing of it: its own ACK has a reordering window to come.
+                if not tx.acked and txs.get(tx.seq) is not None:
+                    self.suspects.append((now + self._reo_window(), tx))
+                continue
+            self._lost_on_path(tx, now)
+
+    def _lost_on_path(self, tx: Tx, now: float) -> None:
+        """Same-path evidence says ``tx`` did not arrive: resend it, blame its EV."""
+        current = self.txs.get(tx.seq)
+        if current is None or tx.acked or tx.trimmed:
+            return  # it arrived after all (perhaps by another transmission), or its
+            # header did: a trim is congestion, and the trim NACK already resent it
+        if current is tx and not tx.lost:
+            self.lose(tx, RetxReason.SACK)
+        skip_until = now + self.cfg.skip_rtts * (self.srtt or self.cfg.timeout)
+        self.evs.apply(tx.ev, EvSignal.LOSS, EvReason.SACK_LOSS, now, skip_until=skip_until)
+
+    def _reo_window(self) -> float:
+        """RACK's reordering window now (RFC 8985 6.2: a fraction of the smoothed RTT)."""
+        srtt = self.srtt if self.srtt is not None else self.cfg.timeout
+        return max(srtt * self.reo_fraction, RACK_MIN_REO)
 
     def retry_nack(self, tx: Tx | None, seq: int) -> None:
         """A NACK asks for ``tx`` again (the receiver had no room for it; None: the NACK is
@@ -400,18 +424,28 @@ class Recovery:
         sent.  Switches trim instead of dropping, so such a packet is queued, and a busier
         path's queue must not be read as a loss.  This catches the losses the per-EV order
         cannot see (the last packets on an EV, a path gone silent) without an RTO.
+
+        First, the same-path suspects whose window has passed with no ACK for them are
+        lost (:meth:`after_ack`); the reordering timer waits for the next one.
         """
         self.rack_due = False
         fifo = self.sent_fifo
         txs = self.txs
-        srtt = self.srtt if self.srtt is not None else self.cfg.timeout
         if self._reo_acks >= RACK_REO_DECAY:
             self._reo_acks = 0
             self.reo_fraction = max(RACK_REO_FRACTION, self.reo_fraction / 2)
-        reo = max(srtt * self.reo_fraction, RACK_MIN_REO)
+        reo = self._reo_window()
+        self.rack_timer = None
+        suspects = self.suspects
+        while suspects:
+            due, tx = suspects[0]
+            if now < due:
+                self.rack_timer = due
+                break
+            suspects.popleft()
+            self._lost_on_path(tx, now)
         rack_order, rack_rtt = self.rack_order, self.rack_rtt
         newest = max(rack_order)
-        self.rack_timer = None
         index = 0
         while index < len(fifo):
             tx = fifo[index]
@@ -608,6 +642,7 @@ class Recovery:
         self.rto_heap.clear()
         self._rto_last = None
         self.ev_fifo.clear()
+        self.suspects.clear()
         self.in_flight = 0
         self._end_stall()
 
@@ -624,7 +659,9 @@ class GoBackN(Recovery):
         self._arm_rto(tx)
         self.in_flight += tx.size
 
-    def after_ack(self, echo_tx: Tx | None, nack: int, now: float) -> None:
+    def after_ack(
+        self, echo_tx: Tx | None, nack: int, now: float, missing: int = -1, reported_from: int = 0
+    ) -> None:
         pass
 
     def retry_nack(self, tx: Tx | None, seq: int) -> None:

@@ -355,9 +355,10 @@ class Sender:
                 acked(seq, None, False, now, echo_tx)
             seq += 1
         self.snd_una = seq
+        base = unwrap(ack.sack_base, seq)
         if ack.sack_bitmap:
-            self._on_sack(ack, echo_seq, rtt, ecn, now, echo_tx)
-        rec.after_ack(echo_tx, nack, now)
+            self._on_sack(ack, base, echo_seq, rtt, ecn, now, echo_tx)
+        rec.after_ack(echo_tx, nack, now, cum, base)
         wrs = self.wrs
         if wrs and wrs[0].acked >= wrs[0].npkts:
             self._complete()
@@ -365,16 +366,17 @@ class Sender:
     def _on_sack(
         self,
         ack: AckPacket,
+        base: int,
         echo_seq: int,
         rtt: float | None,
         ecn: bool,
         now: float,
         echo_tx: Tx | None,
     ) -> None:
-        """The SACK bitmap: every packet it reports received beyond the cumulative point
-        is delivered, once (bits an earlier ACK already reported are skipped)."""
+        """The SACK bitmap (its first bit: packet ``base``): every packet it reports
+        received beyond the cumulative point is delivered, once (bits an earlier ACK
+        already reported are skipped)."""
         bitmap = ack.sack_bitmap
-        base = unwrap(ack.sack_base, self.snd_una)
         shift = base - self._sack_base
         if shift >= 0:  # the usual case: this ACK is at least as new as the last one
             bitmap &= ~(self._sack_seen >> shift)

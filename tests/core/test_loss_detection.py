@@ -156,6 +156,65 @@ def test_rack_still_finds_a_loss_within_the_batch() -> None:
     assert len(resent) == 1
 
 
+def test_acks_reordered_on_their_way_back_declare_no_loss() -> None:
+    """ACKs come back on several paths, so a later ACK can overtake an earlier one.  A
+    later packet on an EV acknowledged says nothing of an earlier one on that EV that its
+    64-bit SACK window does not reach: the earlier packet's own ACK may still be on its
+    way.  Only what the ACK reports missing is lost by same-path evidence; the rest is
+    RACK's to judge, with its reordering window."""
+    a, b, va, rkey = pair()
+    a.post_write(1, bytes(200 * MTU), va, rkey, imm=None, now=T0)
+    data = send_all(a, T0)
+    packets = [decode(d.data, CrcIntegrity()) for d in data]
+    seqs = [unwrap(p.psn, 0) for p in packets]  # type: ignore[union-attr]
+    evs = [p.ev for p in packets]  # type: ignore[union-attr]
+    hole = 0  # lost: the cumulative point stays before everything else
+    q = 100  # arrives; its ACK and those of the 63 packets after it come back late
+    later = next(i for i in range(q + 64, len(data)) if evs[i] == evs[q])
+    replies = {i: deliver(b, [data[i]], 1e-4) for i in range(len(data)) if i != hole}
+    late = [ack for i, acks in replies.items() if seqs[q] <= seqs[i] < seqs[q] + 64 for ack in acks]
+    first = [ack for i, acks in replies.items() if not seqs[q] <= seqs[i] < seqs[q] + 64
+             for ack in acks]  # fmt: skip
+    assert replies[later][0] in first
+    feed(a, first, 2e-4)  # the overtaking ACKs, among them the one for `later` on q's EV
+    a.datagrams_to_send(2e-4)
+    feed(a, late, 2.1e-4)  # then the late ones: q arrived
+    a.datagrams_to_send(2.1e-4)
+    assert seqs[q] not in a.recovery.txs  # acknowledged, never declared lost
+    assert a.stats.retransmissions == {"sack": 1}  # only the hole, by its path's later packets
+    assert a.stats.spurious_retransmissions == 0
+
+
+def test_a_packet_no_ack_reports_is_lost_after_the_reordering_window() -> None:
+    """The same overtaking ACK, but the packet it does not report on really was lost (and
+    the ACKs that would have said so too): it is lost once RACK's reordering window has
+    passed with no ACK for it, by its path's evidence, without waiting for an RTO."""
+    a, b, va, rkey = pair(timeout=10e-3)
+    a.post_write(1, bytes(MTU), va, rkey, imm=None, now=T0)  # an RTT sample: 20 us
+    feed(a, deliver(b, send_all(a, T0), 10e-6), 20e-6)
+    a.datagrams_to_send(20e-6)
+    a.post_write(2, bytes(200 * MTU), va, rkey, imm=None, now=1e-3)
+    data = send_all(a, 1e-3)
+    packets = [decode(d.data, CrcIntegrity()) for d in data]
+    seqs = [unwrap(p.psn, 0) for p in packets]  # type: ignore[union-attr]
+    evs = [p.ev for p in packets]  # type: ignore[union-attr]
+    hole, q = 0, 100  # both lost; so are the ACKs that would report q missing
+    later = next(i for i in range(q + 64, len(data)) if evs[i] == evs[q])
+    replies = {i: deliver(b, [data[i]], 1.01e-3) for i in range(len(data)) if i not in (hole, q)}
+    first = [ack for i, acks in replies.items() if not seqs[q] <= seqs[i] < seqs[q] + 64
+             for ack in acks]  # fmt: skip
+    assert replies[later][0] in first  # a later packet on q's EV, acknowledged
+    feed(a, first, 1.02e-3)
+    a.datagrams_to_send(1.02e-3)
+    assert a.stats.retransmissions == {"sack": 1}  # the hole; q not yet
+    deadline = a.get_timer()
+    assert deadline is not None and deadline < 1.02e-3 + 10e-3  # well before any RTO
+    a.handle_timer(deadline)
+    resent = a.datagrams_to_send(deadline)
+    assert a.stats.retransmissions == {"sack": 2}
+    assert [decode(d.data, CrcIntegrity()).psn for d in resent] == [packets[q].psn]  # type: ignore[union-attr]
+
+
 def test_rto_restarts_while_acks_keep_coming() -> None:
     """A burst's tail may queue behind its head for longer than the RTO; while other
     packets keep being acknowledged the connection is not stalled, so no timeout."""
