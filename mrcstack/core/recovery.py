@@ -333,8 +333,8 @@ class Recovery:
         unacknowledged were lost on that path (paths keep order), when the ACK reports
         them missing: its cumulative point reports packet ``missing``, its SACK window the
         packets from ``reported_from``.  One in between may have arrived, reported by an
-        earlier ACK that this one overtook (ACKs come back on several paths of a plane):
-        it is lost only if no ACK for it comes within RACK's reordering window
+        earlier ACK that this one overtook (ACKs come back on several paths of a plane) or
+        that was lost: it is lost only if no ACK for it comes within RACK's reordering window
         (:meth:`run_rack` judges it).  This also blames the EV for losses RACK already
         declared, since only here is the path known.  (With no backup in its plane, the EV
         is skipped a while instead: see ``EvTable.apply``.)  A NACK says nothing about the
