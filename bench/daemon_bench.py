@@ -543,7 +543,8 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
     alternating over ``MRC_BENCH_REPEAT`` rounds: the goodput medians and CPU per packet of
     each side.  Unshaped, a UDP blast runs in every round and goodputs are also given as
     ratios to its; shaped (``shaped_fabric``), as fractions of the capacity, with the
-    retransmissions of each side.  The daemons of ``rev`` run from an exported copy of it
+    retransmissions of each side.  Both ways, each side's UDP receive-buffer drops in the
+    sending (ACKs) and the receiving (data) namespace.  The daemons of ``rev`` run from an exported copy of it
     (``PYTHONPATH``); the client is this tree's."""
     if os.geteuid() != 0:
         return {}
@@ -580,7 +581,8 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
         cpu = cpu_per_packet(stats[label], udp_stats)
         out |= {f"{label}_{k.removeprefix('unshaped_mrcd_')}": v for k, v in cpu.items()
                 if k.startswith("unshaped_mrcd_")}  # fmt: skip
-        out |= {f"{label}_{k}": v for k, v in stats[label].items() if k.startswith("retx_")}
+        out |= {f"{label}_{k}": v for k, v in stats[label].items()
+                if k.startswith("retx_") or k.endswith("_rcvbuf_drops")}  # fmt: skip
         out |= {f"{label}_{k}": v for k, v in wait_figures(stats[label]).items()}
     out["after_over_before_goodput"] = out["after_mrcd_gbps"] / out["before_mrcd_gbps"]
     return out

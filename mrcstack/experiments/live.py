@@ -199,8 +199,9 @@ def metrics(cluster: Cluster, host: int) -> dict[str, float]:
 
 def counters(state: TestbedState, cluster: Cluster) -> dict[str, float]:
     """What explains a goodput: the sender's packets, retransmissions by reason (and the
-    spurious ones, and needless tail probes) and send errors; the receiver's duplicates; the
-    receiving namespace's UDP receive-buffer drops and the kernel's backlog drops."""
+    spurious ones, and needless tail probes) and send errors; the receiver's duplicates; both
+    namespaces' UDP receive-buffer drops (the sender's are ACKs: one dropped leaves the
+    packets only it reported unreported) and the kernel's backlog drops."""
     out: dict[str, float] = {"sent_packets": 0.0}
     src = metrics(cluster, SRC)
     for name, value in src.items():
@@ -213,11 +214,12 @@ def counters(state: TestbedState, cluster: Cluster) -> dict[str, float]:
     out["tlp_unneeded"] = src.get("mrc_tlp_unneeded_total", 0.0)
     out["send_errors"] = src.get("mrc_send_errors_total", 0.0)
     out["dst_duplicates"] = metrics(cluster, DST).get("mrc_duplicate_packets_total", 0.0)
-    snmp = call_in_netns(state.ns(f"h{DST}"), lambda: Path("/proc/net/snmp6").read_text())
-    for line in snmp.splitlines():
-        key, text = line.split()
-        if key == "Udp6RcvbufErrors":
-            out["dst_rcvbuf_drops"] = float(text)
+    for side, host in (("src", SRC), ("dst", DST)):
+        snmp = call_in_netns(state.ns(f"h{host}"), lambda: Path("/proc/net/snmp6").read_text())
+        for line in snmp.splitlines():
+            key, text = line.split()
+            if key == "Udp6RcvbufErrors":
+                out[f"{side}_rcvbuf_drops"] = float(text)
     softnet = Path("/proc/net/softnet_stat").read_text().splitlines()
     out["softnet_drops"] = float(sum(int(line.split()[1], 16) for line in softnet))
     return out
