@@ -544,8 +544,8 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
     each side.  Unshaped, a UDP blast runs in every round and goodputs are also given as
     ratios to its; shaped (``shaped_fabric``), as fractions of the capacity, with the
     retransmissions of each side.  Both ways, each side's UDP receive-buffer drops in the
-    sending (ACKs) and the receiving (data) namespace.  The daemons of ``rev`` run from an exported copy of it
-    (``PYTHONPATH``); the client is this tree's."""
+    sending (ACKs) and the receiving (data) namespace.  The daemons of ``rev`` run from an
+    exported copy of it (``PYTHONPATH``); the client is this tree's."""
     if os.geteuid() != 0:
         return {}
     duration, rounds = seconds(), repeat()
