@@ -164,7 +164,7 @@ class BwServer:
         h = self.hello
         size = h.size
         placed = 0
-        for p, what, wc in completions(wcs, self.by_qpn):
+        for p, what, wc in completions(wcs, self.by_qpn, PROG, self.events.finished):
             if what is Done.WROTE:  # one of our credit writes, or with -b one written back
                 if wc.wr_id & CREDIT_WR:
                     p.credits_out -= 1
@@ -216,6 +216,7 @@ class BwServer:
         off = self.send_base + 64 + p.index * 64
         result = Result(p.received, p.received * p.hello.size, p.verified, p.mismatches)
         send_result(p.qp, self.mr, off, p.hello, result, END_WR | p.index)
+        self.events.finished.add(p.qp.qpn)
 
     def _credits(self) -> None:
         for p in self.peers:

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
@@ -408,14 +408,41 @@ def done_of(wc: WorkCompletion) -> Done:
     return Done.ARRIVED
 
 
+def counts_unconfirmed(wc: WorkCompletion, prog: str) -> bool:
+    """Whether ``wc`` is a server's counts write that failed, with a warning on stderr.
+
+    The counts are the last message of a run and the client goes once it has read them:
+    if its acknowledgement is lost (a link flapping, say), the write is resent to a QP
+    that is gone and fails.  The client judges the run by whether it got the counts, so
+    for the server this is a warning, not an error."""
+    if wc.ok or not wc.wr_id & END_WR or wc.opcode is not WcOpcode.RDMA_WRITE:
+        return False
+    print(
+        f"{prog}: warning: QP {qpn_text(wc.qpn)}: the client did not acknowledge the counts "
+        f"({wc.status.name}); it reports whether it got them",
+        file=sys.stderr,
+    )
+    return True
+
+
 def completions(
-    wcs: Iterable[WorkCompletion], owners: Mapping[int, Owner]
+    wcs: Iterable[WorkCompletion],
+    owners: Mapping[int, Owner],
+    server: str | None = None,
+    finished: Container[int] = (),
 ) -> Iterator[tuple[Owner, Done, WorkCompletion]]:
     """The completions of the QPs in ``owners`` (by QPN), with their owner and what they
-    say; a failed one ends the run, those of other QPs are passed over."""
+    say; a failed one ends the run, those of other QPs are passed over.  For a server
+    (``server``: its name), a QP in ``finished`` has sent its counts: its failed counts
+    write is ENDED with a warning (:func:`counts_unconfirmed`) and its other failures
+    (what was flushed with it) are passed over."""
     for wc in wcs:
         owner = owners.get(wc.qpn)
         if owner is None:
+            continue
+        if server is not None and not wc.ok and wc.qpn in finished:
+            if counts_unconfirmed(wc, server):
+                yield owner, Done.ENDED, wc
             continue
         check_wc(wc)
         yield owner, done_of(wc), wc
@@ -444,11 +471,14 @@ class Receives:
 # Events, interruption -----------------------------------------------------------------------
 @dataclass
 class Events:
-    """Asynchronous events of a context: port changes are recorded, QP failures fatal."""
+    """Asynchronous events of a context: port changes are recorded, QP failures fatal,
+    except those of the QPs in ``finished`` (a server's, once its counts are sent: see
+    :func:`counts_unconfirmed`), which are recorded."""
 
     ctx: Context
     start: float
     seen: list[dict[str, Any]] = field(default_factory=list)
+    finished: set[int] = field(default_factory=set)
 
     def check(self) -> None:
         while (ev := self.ctx.get_async_event(timeout=0)) is not None:
@@ -462,6 +492,8 @@ class Events:
                     "reason": ev.reason,
                 }
             )
+            if ev.type is AsyncEventType.QP_FATAL and ev.qpn in self.finished:
+                continue
             if ev.type in (AsyncEventType.QP_FATAL, AsyncEventType.DEVICE_FATAL):
                 what = f"QP {qpn_text(ev.qpn)}" if ev.qpn is not None else "mrcd"
                 raise ToolError(f"{what} failed: {ev.type.value}: {ev.reason}")

@@ -29,6 +29,7 @@ from mrcstack.daemons.tools.common import (
     Welcome,
     align,
     check_wc,
+    counts_unconfirmed,
     done_of,
     end_stop,
     qp_cap,
@@ -80,6 +81,11 @@ class LatServer:
             elif now - last > o.timeout:
                 raise ToolError(f"nothing from the client for {o.timeout:g} s")
             for wc in wcs:
+                if result_sent and not wc.ok:
+                    # The client may be gone once it read our counts (counts_unconfirmed);
+                    # whatever else fails on the QP now was flushed with it.
+                    done = done or counts_unconfirmed(wc, PROG)
+                    continue
                 check_wc(wc)
                 what = done_of(wc)
                 if what is not Done.ARRIVED:  # a pong, or our counts
@@ -94,6 +100,7 @@ class LatServer:
                     result = Result(count, count * size, count, mismatches)
                     send_result(qp, mr, result_off, hello, result)
                     result_sent = True
+                    events.finished.add(qp.qpn)
                     continue
                 slot = imm % LAT_SLOTS
                 off = slot * size

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mrcstack.api import AsyncEvent, AsyncEventType, WcOpcode, WcStatus, WorkCompletion
 from mrcstack.daemons.tools import common
 from mrcstack.daemons.tools.common import (
     END,
@@ -190,3 +191,60 @@ def test_the_peak_is_a_rate_over_enough_writes() -> None:
     assert few["bw_peak_MB_s"] is None and few["bw_average_MB_s"] > 0
     assert bw_figures_row(size, 5, few, gbits=False).split()[2] == "-"
     assert "held 10 writes" in (peak_note([fig, few]) or "") and peak_note([fig]) is None
+
+
+def _wc(wr_id: int, status: WcStatus, opcode: WcOpcode = WcOpcode.RDMA_WRITE) -> WorkCompletion:
+    return WorkCompletion(wr_id, status, opcode, qpn=0x1234, byte_len=0)
+
+
+def test_a_servers_unacknowledged_counts_are_a_warning_and_nothing_else_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The client goes once it has read the counts: if its acknowledgement is lost the
+    server's counts write fails, which the server reports but does not fail on; any other
+    failure, or the same one on the client's side, still ends the run."""
+    owners, sent = {0x1234: "peer"}, {0x1234}  # the server sent that QP its counts
+    failed_counts = _wc(common.END_WR | 3, WcStatus.RETRY_EXC_ERR)
+    flushed = _wc(5, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM)  # a receive, with it
+    got = list(common.completions([flushed, failed_counts], owners, "mrc-write-bw", sent))
+    assert got == [("peer", common.Done.ENDED, failed_counts)]
+    err = capsys.readouterr().err
+    assert err.startswith("mrc-write-bw: warning: QP ") and "RETRY_EXC_ERR" in err
+    for other in (
+        _wc(7, WcStatus.RETRY_EXC_ERR),  # a data write
+        _wc(common.CREDIT_WR, WcStatus.WR_FLUSH_ERR),  # a credit
+        flushed,
+        failed_counts,
+    ):
+        with pytest.raises(common.ToolError):  # before the counts were sent
+            list(common.completions([other], owners, "mrc-write-bw"))
+    with pytest.raises(common.ToolError):  # a client's END that failed
+        list(common.completions([failed_counts], owners, None, sent))
+    ok = _wc(common.END_WR, WcStatus.SUCCESS)
+    assert list(common.completions([ok], owners, "mrc-write-bw", sent)) == [
+        ("peer", common.Done.ENDED, ok)
+    ]
+    assert capsys.readouterr().err == ""
+
+
+class _EventSource:
+    """What Events reads: a context's asynchronous events, in order."""
+
+    def __init__(self, events: list[AsyncEvent]) -> None:
+        self.events = events
+
+    def get_async_event(self, timeout: float = 0) -> AsyncEvent | None:
+        return self.events.pop(0) if self.events else None
+
+
+def test_a_finished_qps_failure_is_recorded_not_fatal() -> None:
+    fatal = AsyncEvent(AsyncEventType.QP_FATAL, qpn=0x1234, reason="retry budget spent")
+    events = common.Events(_EventSource([fatal]), 0.0)  # type: ignore[arg-type]
+    events.finished.add(0x1234)
+    events.check()
+    assert [e["type"] for e in events.seen] == [AsyncEventType.QP_FATAL.value]
+    other = AsyncEvent(AsyncEventType.QP_FATAL, qpn=0x99, reason="retry budget spent")
+    events = common.Events(_EventSource([other]), 0.0)  # type: ignore[arg-type]
+    events.finished.add(0x1234)
+    with pytest.raises(common.ToolError, match="retry budget spent"):
+        events.check()
