@@ -28,9 +28,7 @@ from mrcstack.daemons.tools.common import (
     ToolError,
     Welcome,
     align,
-    check_wc,
-    counts_unconfirmed,
-    done_of,
+    completions,
     end_stop,
     qp_cap,
     send_result,
@@ -71,7 +69,7 @@ class LatServer:
         last = time.monotonic()
         done = False
         stop = False
-        result_sent = False
+        owners = {qp.qpn: qp}
         next_check = 0.0
         while not done:
             wcs = cq.poll(64) or cq.poll_wait(64, timeout=0.5)
@@ -80,14 +78,7 @@ class LatServer:
                 last = now
             elif now - last > o.timeout:
                 raise ToolError(f"nothing from the client for {o.timeout:g} s")
-            for wc in wcs:
-                if result_sent and not wc.ok:
-                    # The client may be gone once it read our counts (counts_unconfirmed);
-                    # whatever else fails on the QP now was flushed with it.
-                    done = done or counts_unconfirmed(wc, PROG)
-                    continue
-                check_wc(wc)
-                what = done_of(wc)
+            for _, what, wc in completions(wcs, owners, PROG, events.finished):
                 if what is not Done.ARRIVED:  # a pong, or our counts
                     done = done or what is Done.ENDED
                     continue
@@ -99,8 +90,7 @@ class LatServer:
                     stop = end_stop(buf, ctrl)
                     result = Result(count, count * size, count, mismatches)
                     send_result(qp, mr, result_off, hello, result)
-                    result_sent = True
-                    events.finished.add(qp.qpn)
+                    events.finished.add(qp.qpn)  # its run is over: see counts_unconfirmed
                     continue
                 slot = imm % LAT_SLOTS
                 off = slot * size
@@ -120,7 +110,7 @@ class LatServer:
                 )
                 count += 1
             recvs.top_up()
-            if not result_sent and now >= next_check:
+            if not events.finished and now >= next_check:
                 events.check()
                 next_check = now + 0.1
         events.check()

@@ -136,7 +136,9 @@ class Recovery:
         self.stall_since = 0.0
         # Same-path evidence: each EV's transmissions in send order; and those an ACK
         # showed a later packet of their path overtaking without reporting on them, with
-        # when they are lost unless an ACK for them comes first (see after_ack).
+        # when they are lost unless an ACK for them comes first (see after_ack), in the
+        # order found (the window moves slowly, so one found later is due little earlier
+        # at most: it waits for those before it rather than a heap per suspect).
         self.ev_fifo: dict[int, deque[Tx]] = {}
         self.suspects: deque[tuple[float, Tx]] = deque()
         # RACK.  Per plane (planes are separate networks, each with its own last-hop queue,
