@@ -5,11 +5,13 @@ PY    := .venv/bin/python
 # build the testbed and its faults; clang and libbpf-dev compile the switch trimming program;
 # prometheus (promtool and the server) and systemd (systemd-analyze) check what mrcd ships.
 APT_PACKAGES := tshark iproute2 nftables clang libbpf-dev prometheus systemd
+# gcc and the Python headers compile the per-packet modules with mypyc (`make native`).
+NATIVE_PACKAGES := gcc python3-dev
 
-.PHONY: setup lint test bench demo experiments clean-venv
+.PHONY: setup native lint test bench demo experiments clean-venv
 
-# The demo needs only the testbed's tools (and Prometheus with PROMETHEUS=1), so a fresh
-# machine runs it without waiting for clang or tshark.
+# The demo needs only the testbed's tools and the compiler for `native` (and Prometheus with
+# PROMETHEUS=1), so a fresh machine runs it without waiting for clang or tshark.
 DEMO_PACKAGES := iproute2 nftables $(if $(PROMETHEUS),prometheus)
 
 # $(call apt-ensure,PACKAGES): install those of PACKAGES that are missing.
@@ -21,9 +23,15 @@ apt-ensure = @missing=""; for p in $(1); do \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-setup: .venv/.installed
+setup: native
 	$(call apt-ensure,$(APT_PACKAGES))
 	$(PY) -m mrcstack.netns.trim build >/dev/null
+
+# The per-packet modules compiled with mypyc from their Python source (about a minute; again
+# only when one of them changed).  Without the build they run as Python, more slowly.
+native: .venv/.installed
+	$(call apt-ensure,$(NATIVE_PACKAGES))
+	$(PY) -m mrcstack native build
 
 .venv/.installed: pyproject.toml
 	@# A fresh Debian/Ubuntu may lack python3 or its venv module (package python3-venv).
@@ -53,11 +61,11 @@ bench: setup
 
 # The MRC paper's experiments in the quick profile: experiments-out/index.md. The
 # simulator's run a process per CPU; the testbed's one at a time afterwards.
-experiments: .venv/.installed
+experiments: native
 	$(PY) -m mrcstack experiment run --quick --jobs $$(nproc) --out experiments-out
 
 # The demo needs root (namespaces); PROMETHEUS=1 leaves Prometheus, the testbed and mrcd up.
-demo: .venv/.installed
+demo: native
 	$(call apt-ensure,$(DEMO_PACKAGES))
 	$(PY) -m mrcstack demo $(if $(PROMETHEUS),--prometheus)
 

@@ -8,10 +8,15 @@ the tools), :mod:`.experiments`.  Modules at this level:
 :mod:`.render` (switch configurations), :mod:`.errors` (errors that name their side),
 :mod:`.resources` (shipped data files), :mod:`.stats` (the one quantile), :mod:`.progress`
 (progress lost to a fault), :mod:`.cli` and :mod:`.demo` / :mod:`.demoreport` (the
-``mrcstack`` command and ``make demo``).
+``mrcstack`` command and ``make demo``), :mod:`.native` (the per-packet modules compiled
+with mypyc, and which copy of them runs).
 """
 
 import argparse
+
+from mrcstack import native
+
+native.select()  # before anything imports a compiled module
 
 __version__ = "0.1.0"
 

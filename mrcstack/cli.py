@@ -10,6 +10,7 @@ mrcstack files [NAME]  the shipped examples, systemd units, dissector, dashboard
 mrcstack render ...    switch configurations for real switches (mrcstack.render)
 mrcstack plan ...      a multi-plane two-tier fabric beside a single-plane one (mrcstack.plan)
 mrcstack experiment .. the MRC paper's experiments with plots (mrcstack.experiments.cli)
+mrcstack native ...    the per-packet modules compiled with mypyc (mrcstack.native)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("mrcstack.render", "switch configs (linux, frr, sonic) from a fabric description"),
     "plan": ("mrcstack.plan", "size a multi-plane two-tier fabric against a single-plane one"),
     "experiment": ("mrcstack.experiments.cli", "the MRC paper's experiments, with plots"),
+    "native": ("mrcstack.native", "the per-packet modules compiled with mypyc (build, state)"),
 }
 
 

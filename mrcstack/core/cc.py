@@ -17,8 +17,17 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Final, TypeVar
+
+from mypy_extensions import mypyc_attr
+
+from mrcstack.core.ccparams import (
+    ADJUST_BYTES_PACKETS,
+    QA_THRESHOLD_TARGET_RATIO,
+    TARGET_DELAY_BASE_RTT_RATIO,
+    CCParams,
+    require_int,
+)
 
 __all__ = [
     "REGISTRY",
@@ -31,126 +40,28 @@ __all__ = [
     "register",
 ]
 
-# --- CCParams defaults and derivation ------------------------------------------------------
-DEFAULT_BASE_RTT = 1e-3  # s; ours: an upper bound, controllers lower it to the smallest RTT seen
-DEFAULT_MAX_CWND = 512 * 1024  # bytes; ours: >= BDP of 4 x 100 Gbit/s at 10 us, 1 Gbit/s at 4 ms
-DEFAULT_QA_GATE = 3  # UET ref: quick adapt only if delivered < max_cwnd >> 3
-MAX_QA_GATE = 31  # ours: a larger shift would gate every window to zero
-TARGET_DELAY_BASE_RTT_RATIO = 0.75  # UET ref: target_qdelay = 0.75 x RTT with trimming on
-QA_THRESHOLD_TARGET_RATIO = 4.0  # UET ref: qa_threshold = 4 x target_qdelay
-ADJUST_BYTES_PACKETS = 8  # UET ref: adjust_bytes_threshold = 8 MTU
-MAX_CWND_BDP_RATIO = 1.5  # UET ref: max_cwnd = 1.5 x BDP
-ADJUST_BYTES_BDP_DIVISOR = 8  # ours: for_path adjusts about 8 times per RTT (8 MTU at UET scale)
-FOR_PATH_MIN_MAX_CWND = 64 * 1024  # ours: keep several packets in flight on a tiny BDP
-
 # --- NSCC gains --------------------------------------------------------------------------
-NSCC_PROPORTIONAL_INCREASE = 1 / 16  # ours: x max_cwnd per RTT at zero delay (UET ref ~1/14)
-NSCC_FAST_INCREASE_DELAY_RATIO = 0.25  # ours: delay below target/4 is "far below target"
-NSCC_FAST_INCREASE_GAIN = 0.25  # UET ref fi_scale: +25% per RTT after a clean window
-NSCC_FAIR_INCREASE_PACKETS = 1  # ours: unmarked high delay grows one packet per RTT (mild)
-NSCC_ETA = 1 / 256  # ours: x max_cwnd added once per adjust period in every quadrant, so that
+NSCC_PROPORTIONAL_INCREASE: Final = 1 / 16  # ours: x max_cwnd per RTT at zero delay (UET ref ~1/14)
+NSCC_FAST_INCREASE_DELAY_RATIO: Final = 0.25  # ours: delay below target/4 is "far below target"
+NSCC_FAST_INCREASE_GAIN: Final = 0.25  # UET ref fi_scale: +25% per RTT after a clean window
+NSCC_FAIR_INCREASE_PACKETS: Final = 1  # ours: unmarked high delay grows one packet per RTT (mild)
+NSCC_ETA: Final = (
+    1 / 256
+)  # ours: x max_cwnd added once per adjust period in every quadrant, so that
 # flows holding unequal windows converge (AIMD); UET ref eta is ~1/370 at its scale
-NSCC_GAMMA = 0.8  # UET ref: decrease factor 1 - gamma * (avg_delay - target) / avg_delay
-NSCC_MD_MIN_FACTOR = 0.5  # UET ref: one decrease removes at most half the window
-NSCC_DELAY_EWMA_GAIN = 1 / 8  # ours (RFC 6298's SRTT gain); UET ref uses 1/80, more pkts/RTT
-NSCC_TRIM_MAX_DECREASE = 0.5  # ours: trims remove at most half the window per RTT
+NSCC_GAMMA: Final = 0.8  # UET ref: decrease factor 1 - gamma * (avg_delay - target) / avg_delay
+NSCC_MD_MIN_FACTOR: Final = 0.5  # UET ref: one decrease removes at most half the window
+NSCC_DELAY_EWMA_GAIN: Final = 1 / 8  # ours (RFC 6298's SRTT gain); UET ref uses 1/80, more pkts/RTT
+NSCC_TRIM_MAX_DECREASE: Final = 0.5  # ours: trims remove at most half the window per RTT
 
 # --- DCQCN-lite (Zhu et al., "Congestion Control for Large-Scale RDMA Deployments", 2015) ---
-DCQCN_G = 1 / 16  # ours: alpha gain per window (DCQCN: 1/256 per 55 us timer tick)
-DCQCN_FAST_RECOVERY_STEPS = 5  # DCQCN F: halve the gap to the target this many times first
-DCQCN_AI_PACKETS = 1  # ours: additive increase of the target, packets per byte-counter event
+DCQCN_G: Final = 1 / 16  # ours: alpha gain per window (DCQCN: 1/256 per 55 us timer tick)
+DCQCN_FAST_RECOVERY_STEPS: Final = 5  # DCQCN F: halve the gap to the target this many times first
+DCQCN_AI_PACKETS: Final = 1  # ours: additive increase of the target, packets per byte-counter event
 
 
-def _require_positive(field: str, value: float) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and value > 0):
-        raise ValueError(f"{field} must be a positive finite number, got {value!r}")
-
-
-def _require_int(field: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an int >= {minimum}, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class CCParams:
-    """One CC profile: the OCP NSCC parameters plus window bounds.
-
-    ``None`` means "derive it", so the defaults serve both a simulated fabric (RTT of a few
-    microseconds) and a Linux testbed (RTT of 0.1-2 ms).  For a known path prefer
-    :meth:`for_path`, and ``dataclasses.replace`` to override single fields.
-    """
-
-    base_rtt: float = DEFAULT_BASE_RTT
-    """Unloaded RTT (s).  Controllers use min(base_rtt, smallest RTT sample), so too high is
-    self-correcting and the default is deliberately high."""
-    target_delay: float | None = None
-    """Queuing delay (s) NSCC aims for; None: 0.75 x the effective base RTT."""
-    max_cwnd: int = DEFAULT_MAX_CWND
-    """Largest window (bytes); about 1.5 x BDP of the whole connection (all planes)."""
-    adjust_bytes_threshold: int | None = None
-    """Apply batched increases after this many bytes acked; None: 8 packets."""
-    adjust_period_threshold: float | None = None
-    """...or after this long (s) since the last adjustment; None: the effective base RTT."""
-    qa_gate: int = DEFAULT_QA_GATE
-    """Quick adapt fires only if an epoch delivered less than max_cwnd >> qa_gate bytes."""
-    qa_threshold: float | None = None
-    """Queuing delay (s) that arms quick adapt, like a trim does; None: 4 x target_delay."""
-    disable_qa: bool = False
-    """Turn quick adapt off."""
-    initial_cwnd: int | None = None
-    """Starting window (bytes); None: max_cwnd, as UET does (line rate in the first RTT:
-    trimming and quick adapt make an overshoot cheap)."""
-    min_cwnd: int | None = None
-    """Smallest window (bytes); None or less than a packet: one packet (mtu_payload)."""
-
-    def __post_init__(self) -> None:
-        _require_positive("base_rtt", self.base_rtt)
-        for name in ("target_delay", "adjust_period_threshold", "qa_threshold"):
-            value = getattr(self, name)
-            if value is not None:
-                _require_positive(name, value)
-        _require_int("max_cwnd", self.max_cwnd, 1)
-        if self.adjust_bytes_threshold is not None:
-            _require_int("adjust_bytes_threshold", self.adjust_bytes_threshold, 1)
-        _require_int("qa_gate", self.qa_gate, 0)
-        if self.qa_gate > MAX_QA_GATE:
-            raise ValueError(f"qa_gate must be <= {MAX_QA_GATE}, got {self.qa_gate!r}")
-        if not isinstance(self.disable_qa, bool):
-            raise ValueError(f"disable_qa must be a bool, got {self.disable_qa!r}")
-        if self.min_cwnd is not None:
-            _require_int("min_cwnd", self.min_cwnd, 1)
-            if self.min_cwnd > self.max_cwnd:
-                raise ValueError(f"min_cwnd {self.min_cwnd} exceeds max_cwnd {self.max_cwnd}")
-        if self.initial_cwnd is not None:
-            _require_int("initial_cwnd", self.initial_cwnd, 1)
-            low = self.min_cwnd or 1
-            if not low <= self.initial_cwnd <= self.max_cwnd:
-                raise ValueError(
-                    f"initial_cwnd {self.initial_cwnd} outside [{low}, {self.max_cwnd}]"
-                )
-
-    @classmethod
-    def for_path(cls, rate_bps: float, base_rtt: float) -> CCParams:
-        """Derive a profile from the connection's line rate (all planes, bit/s) and base RTT.
-
-        max_cwnd = 1.5 x BDP (at least 64 KiB), target_delay = 0.75 x base_rtt,
-        qa_threshold = 4 x target_delay, adjustments every BDP/8 bytes or every base RTT.
-        """
-        _require_positive("rate_bps", rate_bps)
-        _require_positive("base_rtt", base_rtt)
-        bdp = rate_bps / 8 * base_rtt
-        target = TARGET_DELAY_BASE_RTT_RATIO * base_rtt
-        return cls(
-            base_rtt=base_rtt,
-            target_delay=target,
-            max_cwnd=max(math.ceil(MAX_CWND_BDP_RATIO * bdp), FOR_PATH_MIN_MAX_CWND),
-            adjust_bytes_threshold=max(math.ceil(bdp / ADJUST_BYTES_BDP_DIVISOR), 1),
-            adjust_period_threshold=base_rtt,
-            qa_threshold=QA_THRESHOLD_TARGET_RATIO * target,
-        )
-
-
+# Python subclasses of it (and of its kin below) run beside it compiled (mrcstack.native).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CongestionController(abc.ABC):
     """A per-connection window controller driven by the protocol core.
 
@@ -162,7 +73,7 @@ class CongestionController(abc.ABC):
     name: ClassVar[str]
 
     def __init__(self, params: CCParams, mtu_payload: int, now: float) -> None:
-        _require_int("mtu_payload", mtu_payload, 1)
+        require_int("mtu_payload", mtu_payload, 1)
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now!r}")
         if params.max_cwnd < mtu_payload:
@@ -219,7 +130,7 @@ class CongestionController(abc.ABC):
 
     def on_sent(self, sent_bytes: int, now: float) -> None:
         """Optional bookkeeping; the default ignores it."""
-        _require_int("sent_bytes", sent_bytes, 0)
+        require_int("sent_bytes", sent_bytes, 0)
 
     def _initial_window(self) -> float:
         initial = self._params.initial_cwnd
@@ -230,7 +141,7 @@ class CongestionController(abc.ABC):
 
     def _check_ack(self, acked_bytes: int, rtt: float | None) -> None:
         """Validate an ack and let its RTT sample lower the effective base RTT."""
-        _require_int("acked_bytes", acked_bytes, 0)
+        require_int("acked_bytes", acked_bytes, 0)
         if rtt is None:
             return
         if not (math.isfinite(rtt) and rtt >= 0):
@@ -268,7 +179,7 @@ def create(name: str, params: CCParams, mtu_payload: int, now: float) -> Congest
     return cls(params, mtu_payload, now)
 
 
-@register
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FixedWindow(CongestionController):
     """A constant window (initial_cwnd, else max_cwnd) that ignores every signal.
 
@@ -299,7 +210,7 @@ class FixedWindow(CongestionController):
         pass
 
 
-@register
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Nscc(CongestionController):
     """NSCC-style window control from ECN echoes and queuing delay.
 
@@ -398,7 +309,7 @@ class Nscc(CongestionController):
         # rest of the class (_check_ack, target_delay, _qa_threshold, _consume_stale, the
         # adjust thresholds) are written out here, with the same arithmetic.
         if type(acked_bytes) is not int or acked_bytes < 0:
-            _require_int("acked_bytes", acked_bytes, 0)
+            require_int("acked_bytes", acked_bytes, 0)
         if rtt is None:
             delay = self._avg_delay
         else:
@@ -530,7 +441,7 @@ class Nscc(CongestionController):
         return True
 
 
-@register
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DcqcnLite(CongestionController):
     """A RoCE+DCQCN-like baseline, as a window and without timers.
 
@@ -596,3 +507,10 @@ class DcqcnLite(CongestionController):
         self._stage = 0
         self._byte_counter = 0
         self._last_cut = now
+
+
+# Registered after their definitions, not by decorator: mypyc compiles a decorated class as
+# a plain Python class (see mrcstack.native).
+register(FixedWindow)
+register(Nscc)
+register(DcqcnLite)

@@ -24,6 +24,9 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
+
+from mypy_extensions import mypyc_attr
 
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.endpoint import ProbeIds
@@ -41,7 +44,7 @@ from mrcstack.core.psn import unwrap
 from mrcstack.core.reasons import EvReason, RejectReason
 from mrcstack.core.receiver import SACK_BITS, Receiver
 from mrcstack.core.sender import Sender
-from mrcstack.core.tx import U64, Outgoing, new_record
+from mrcstack.core.tx import U64, Outgoing
 from mrcstack.errors import ConnectionFailedError, LocalError
 from mrcstack.wire import (
     ENDPOINT_QPN,
@@ -81,30 +84,30 @@ from mrcstack.wire import (
 )
 
 # Plain ints: IntFlag arithmetic costs a method call per packet.
-_ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
-_DUPLICATE = int(FeedbackFlags.DUPLICATE)
-_TRIMMED = int(DataFlags.TRIMMED)
-_ACK_NOW = int(DataFlags.LAST | DataFlags.ACK_REQ)
-_SKIP_ONCE = int(SkipHint.SKIP_ONCE)
-_SKIP_NONE = int(SkipHint.NONE)
-_PROBE_RESPONSE = int(FeedbackFlags.PROBE_RESPONSE)
+_ECN_ECHO: Final = int(FeedbackFlags.ECN_ECHO)
+_DUPLICATE: Final = int(FeedbackFlags.DUPLICATE)
+_TRIMMED: Final = int(DataFlags.TRIMMED)
+_ACK_NOW: Final = int(DataFlags.LAST | DataFlags.ACK_REQ)
+_SKIP_ONCE: Final = int(SkipHint.SKIP_ONCE)
+_SKIP_NONE: Final = int(SkipHint.NONE)
+_PROBE_RESPONSE: Final = int(FeedbackFlags.PROBE_RESPONSE)
 #: What a QP that refused one of its peer's writes still takes (see Connection._refused).
-_DRAINED = frozenset({DataPacket, ReliabilityProbePacket})
+_DRAINED: Final = frozenset({DataPacket, ReliabilityProbePacket})
 #: Packets addressed to a host's endpoint (QP 2), not to a connection.
-_ENDPOINT_PACKETS = frozenset({ProbePacket, ProbeReplyPacket, PortStatusPacket})
+_ENDPOINT_PACKETS: Final = frozenset({ProbePacket, ProbeReplyPacket, PortStatusPacket})
 #: An ACKNOWLEDGE's (IBTA AETH) NAK syndromes, as the NACK reasons they mean.
-_AETH_NAKS = {
+_AETH_NAKS: Final = {
     0x60: int(NackReason.SEQ_ERROR),
     0x61: int(NackReason.INVALID_REQUEST),
     0x62: int(NackReason.REMOTE_ACCESS),
 }
 #: A tx_seq no packet carries: a QP without the extension takes no port bitmap from ACKs.
-_NO_PORTS = 1 << 64
+_NO_PORTS: Final = 1 << 64
 #: An ACK's fields as ``Connection._ack`` takes them: port, cum_psn, msn, echo_ev, echo_psn,
 #: echo_ts_ns, sack_base, sack_bitmap, ecn, nack, dup, ooo_count, rcv_bytes.
 _AckFields = tuple[int, int, int, int, int, int, int, int, bool, int, bool, int, int]
 #: Datagrams handed out per ``datagrams_to_send`` call unless the caller asks otherwise.
-DEFAULT_BATCH = 1 << 16
+DEFAULT_BATCH: Final = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,14 @@ class Datagram:
     port: int
     ev: int
 
+    def __reduce__(self) -> tuple[type[Datagram], tuple[object, ...]]:
+        # What pickle and copy use: compiled by mypyc, a frozen dataclass cannot be
+        # restored field by field (mrcd hands QPs to its data-path workers pickled).
+        return (Datagram, (self.data, self.port, self.ev))
 
+
+# Python subclasses of it run beside it compiled (mrcstack.native).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Connection:
     def __init__(
         self,
@@ -471,6 +481,11 @@ class Connection:
         """A packet that was never encoded, as ``decode`` would return it, whose datagram
         would be ``size`` bytes long: the simulator hands over packets this way.  Payloads
         are read during the call only, as with ``receive_datagram``."""
+        self._receive(pkt, size, now=now, port=port, ecn=ecn)
+
+    def _receive(self, pkt: Packet, size: int, *, now: float, port: int, ecn: bool = False) -> None:
+        """``receive_packet``'s work; the datagram path's too once decoded (a subclass that
+        wraps ``receive_packet``, as the benchmark's timing one does, is not entered twice)."""
         if self.failed is not None and (not self._draining or type(pkt) not in _DRAINED):
             return
         stats = self.stats
@@ -531,10 +546,6 @@ class Connection:
             self._probe_reply(pkt, now)
         elif type(pkt) is AcknowledgePacket:
             self._acknowledge(pkt, now)
-
-    # The datagram path's handling once decoded: the same as a packet's (a subclass that
-    # wraps receive_packet, as the benchmark's timing one does, is not entered twice).
-    _receive = receive_packet
 
     def _probe_reply(self, pkt: ProbeReplyPacket, now: float) -> None:
         """The peer's endpoint answered one of our EV probes (matched by its probe id)."""
@@ -694,30 +705,14 @@ class Connection:
         entry = slot.entry
         out_port = entry.port
         self._tx_seq += 1
-        # AckPacket(...), its fields stored one by one: a dataclass's constructor call
-        # costs more than its stores, once per data packet received.
-        ack = new_record(AckPacket)
-        ack.qpn = self._remote_qpn
-        ack.cum_psn = cum_psn
-        ack.msn = msn
-        ack.ev = entry.value
-        ack.port = out_port
-        ack.tx_seq = self._tx_seq
-        ack.echo_ev = echo_ev
-        ack.echo_psn = echo_psn
-        ack.echo_ts_ns = echo_ts_ns
-        ack.sack_base = sack_base
-        ack.sack_bitmap = sack_bitmap
-        ack.port_state = self._port_bits
-        ack.flags = (_ECN_ECHO if ecn else 0) | (self._dup_flag if dup else 0)
-        ack.nack_reason = nack
-        # skip: an ECN-marked packet's path is busier than the others: skip it a while.
-        ack.skip = _SKIP_ONCE if ecn else _SKIP_NONE
-        ack.ooo_count = ooo_count
-        ack.rcv_bytes = rcv_bytes
-        ack.window = self._window
-        ack.cc_type = 0
-        ack.scid = self._scid
+        ack = AckPacket(
+            self._remote_qpn, cum_psn, msn, entry.value, out_port, self._tx_seq,
+            echo_ev, echo_psn, echo_ts_ns, sack_base, sack_bitmap, self._port_bits,
+            (_ECN_ECHO if ecn else 0) | (self._dup_flag if dup else 0), nack,
+            # skip: an ECN-marked packet's path is busier than the others: skip it a while.
+            _SKIP_ONCE if ecn else _SKIP_NONE,
+            ooo_count, rcv_bytes, self._window, 0, self._scid,
+        )  # fmt: skip
         # _queue, inline: one per data packet received.
         size = self._nack_len if nack else self._sack_len
         self._control.append((ack, size))

@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from mrcstack.core.events import EvState, EvStateChanged
 from mrcstack.core.reasons import EvReason
@@ -53,7 +54,7 @@ class EvSignal(enum.StrEnum):
 
 #: The EV state machine: (state, signal) -> new state.  Signals not listed for a state are
 #: ignored.  UNKNOWN is a backup EV that is not in use; ``activate`` puts it in use.
-TRANSITIONS: dict[tuple[EvState, EvSignal], EvState] = {
+TRANSITIONS: Final[dict[tuple[EvState, EvSignal], EvState]] = {
     (GOOD, EvSignal.ECN): SKIP,  # a mark means this path is busier than the others
     (GOOD, EvSignal.TRIM): SKIP,  # a trim means congestion on this path, not breakage
     (GOOD, EvSignal.SKIP_ONCE): SKIP,  # the receiver's SACK said m = SKIP_ONCE
@@ -85,22 +86,24 @@ TRANSITIONS: dict[tuple[EvState, EvSignal], EvState] = {
     (DENIED, EvSignal.REPLACE): UNKNOWN,
 }
 
-USABLE = (GOOD, SKIP)
+USABLE: Final = (GOOD, SKIP)
 #: Signals that condemn an EV (count a drop; bounded by ev_min_active).
-DEMOTIONS = frozenset({EvSignal.LOSS, EvSignal.TIMEOUT, EvSignal.PROBE_LOST, EvSignal.ALWAYS_SKIP})
+DEMOTIONS: Final = frozenset(
+    {EvSignal.LOSS, EvSignal.TIMEOUT, EvSignal.PROBE_LOST, EvSignal.ALWAYS_SKIP}
+)
 #: Signals that skip an EV a while (:meth:`EvTable.skip`), with the reason each reports.
-SKIP_REASONS: dict[EvSignal, EvReason] = {
+SKIP_REASONS: Final[dict[EvSignal, EvReason]] = {
     EvSignal.ECN: EvReason.ECN,
     EvSignal.TRIM: EvReason.TRIM,
     EvSignal.SKIP_ONCE: EvReason.SKIP_ONCE,
     EvSignal.LOSSY: EvReason.LOSSY,
 }
 #: Congestion signals: one for an EV already skipped only extends its skip (no change).
-_CONGESTION = frozenset({EvSignal.ECN, EvSignal.TRIM, EvSignal.SKIP_ONCE})
-EV_MAX = 0xFFFFFFFF  # EVs travel in a 32-bit field
+_CONGESTION: Final = frozenset({EvSignal.ECN, EvSignal.TRIM, EvSignal.SKIP_ONCE})
+EV_MAX: Final = 0xFFFFFFFF  # EVs travel in a 32-bit field
 #: One in this many of a plane's EVs is held back as a backup (at least one per plane that
 #: lists two or more), so an EV found bad is replaced from the same plane.
-BACKUP_DIVISOR = 4
+BACKUP_DIVISOR: Final = 4
 
 
 def backups_for(listed: int) -> int:
@@ -132,6 +135,11 @@ class EvEntry:
     value: int
     port: int
 
+    def __reduce__(self) -> tuple[type[EvEntry], tuple[object, ...]]:
+        # What pickle and copy use: compiled by mypyc, a frozen dataclass cannot be
+        # restored field by field (mrcd hands QPs to its data-path workers pickled).
+        return (EvEntry, (self.value, self.port))
+
 
 @dataclass(frozen=True, slots=True)
 class EvStatus:
@@ -142,6 +150,11 @@ class EvStatus:
     state: EvState
     in_use: bool  # sprayed on (GOOD/SKIP) or, if not, a backup or out of service
     drop_count: int
+
+    def __reduce__(self) -> tuple[type[EvStatus], tuple[object, ...]]:
+        # What pickle and copy use: compiled by mypyc, a frozen dataclass cannot be
+        # restored field by field (mrcd hands QPs to its data-path workers pickled).
+        return (EvStatus, (self.value, self.port, self.state, self.in_use, self.drop_count))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +174,11 @@ class EvField:
         for v in range(self.min, top + 1):
             if self.mask is None or v & ~self.mask == 0:
                 yield v
+
+    def __reduce__(self) -> tuple[type[EvField], tuple[object, ...]]:
+        # What pickle and copy use: compiled by mypyc, a frozen dataclass cannot be
+        # restored field by field (mrcd hands QPs to its data-path workers pickled).
+        return (EvField, (self.name, self.width, self.min, self.max, self.mask))
 
 
 def generate_evs(fields: Sequence[EvField], port_field: str = "plane") -> tuple[EvEntry, ...]:

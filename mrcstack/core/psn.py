@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from mrcstack.wire.packets import PSN_MASK, PSN_MOD
 
-HALF = PSN_MOD // 2
+HALF: Final = PSN_MOD // 2
 
 
 def to_psn(seq: int) -> int:

@@ -16,6 +16,7 @@ and after a refusal the QP places only what came before the refused write
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
 from mrcstack.core.events import Event, WriteImmReceived
@@ -25,20 +26,20 @@ from mrcstack.core.reasons import RejectReason
 from mrcstack.errors import AccessError
 from mrcstack.wire.packets import PSN_MASK, PSN_MOD, DataFlags, DataPacket, NackReason, SkipHint
 
-SACK_BITS = 64
-_SACK_MASK = (1 << SACK_BITS) - 1
+SACK_BITS: Final = 64
+_SACK_MASK: Final = (1 << SACK_BITS) - 1
 # Plain ints: IntFlag arithmetic costs a method call per packet.
-_TRIMMED = int(DataFlags.TRIMMED)
-_TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
-_LAST = int(DataFlags.LAST)
-_SKIP_ONCE = int(SkipHint.SKIP_ONCE)
+_TRIMMED: Final = int(DataFlags.TRIMMED)
+_TRIM_LASTHOP: Final = int(DataFlags.TRIM_LASTHOP)
+_LAST: Final = int(DataFlags.LAST)
+_SKIP_ONCE: Final = int(SkipHint.SKIP_ONCE)
 #: A duplicate further behind than this gets no feedback: SETH states the echoed PSN as a
 #: signed 16-bit offset from the cumulative PSN (and the sender has long forgotten it).
-OLD_DUPLICATE = 1 << 15
-_OOO_MAX = (1 << 15) - 1  # CC_STATE ooo_count saturates at 15 bits
-_BYTES_MASK = (1 << 24) - 1  # CC_STATE received bytes wrap at 24 bits...
-_UNIT_SHIFT = 8  # ...and count 256-byte units (rounded up), section 7.5.5.4 as transcribed
-_UNIT = 1 << _UNIT_SHIFT
+OLD_DUPLICATE: Final = 1 << 15
+_OOO_MAX: Final = (1 << 15) - 1  # CC_STATE ooo_count saturates at 15 bits
+_BYTES_MASK: Final = (1 << 24) - 1  # CC_STATE received bytes wrap at 24 bits...
+_UNIT_SHIFT: Final = 8  # ...and count 256-byte units (rounded up), section 7.5.5.4 as transcribed
+_UNIT: Final = 1 << _UNIT_SHIFT
 
 
 class Receiver:

@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from heapq import heappop, heappush
-from typing import Protocol
+from typing import Final, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
@@ -34,28 +36,28 @@ from mrcstack.core.tx import Tx
 
 #: RACK reordering window: a quarter of the smoothed RTT (RFC 8985 uses min_rtt/4), and
 #: never less than a microsecond so packets sent in one burst are never compared.
-RACK_REO_FRACTION = 0.25
+RACK_REO_FRACTION: Final = 0.25
 #: The window widens (doubling, up to this many smoothed RTTs) on each spurious retransmission
 #: and narrows back after RACK_REO_DECAY acks without one (RFC 8985 section 6.2 adapts alike).
-RACK_REO_MAX_FRACTION = 2.0
-RACK_REO_DECAY = 4096
-RACK_MIN_REO = 1e-6
+RACK_REO_MAX_FRACTION: Final = 2.0
+RACK_REO_DECAY: Final = 4096
+RACK_MIN_REO: Final = 1e-6
 #: Tail-loss probe (RFC 8985 section 7): with packets in flight and no ack for this many
 #: smoothed RTTs, the newest one is sent again on another EV, so that a lost tail is found
 #: by the ack of the probe (and RACK) within about two RTTs instead of an RTO.
-TLP_RTTS = 2.0
+TLP_RTTS: Final = 2.0
 #: Packets declared lost by the RTO that are remembered, to tell their duplicate reports from
 #: those of RACK's misjudgments (the oldest are forgotten first).
-RTO_MEMORY = 4096
+RTO_MEMORY: Final = 4096
 #: Time-detected losses in a row, with no reply on that EV in between, that condemn the EV.
-RACK_LOSSES_TO_BLAME = 2
+RACK_LOSSES_TO_BLAME: Final = 2
 #: RFC 6298 smoothing gains.
-RTT_ALPHA = 1 / 8
-RTT_BETA = 1 / 4
+RTT_ALPHA: Final = 1 / 8
+RTT_BETA: Final = 1 / 4
 #: A timeout's back-off doubles at most this many times (then ``max_rto`` caps it anyway).
-MAX_BACKOFF_EXPONENT = 16
+MAX_BACKOFF_EXPONENT: Final = 16
 
-_TIMEOUT = RetxReason.TIMEOUT
+_TIMEOUT: Final = RetxReason.TIMEOUT
 
 
 class SendWindow(Protocol):
@@ -80,6 +82,8 @@ class _RtoGroup:
         self.head = 0
 
 
+# Python subclasses of it (and of its kin below) run beside it compiled (mrcstack.native).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Recovery:
     """MRC's loss recovery for one sending direction: same-path evidence, RACK, the
     tail-loss probe, the per-packet RTO and the stall timer.
@@ -649,6 +653,7 @@ class Recovery:
         self._end_stall()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class GoBackN(Recovery):
     """The RoCE baseline's recovery: it infers nothing from order or time (no same-path
     evidence, no RACK, no tail-loss probe), and a timeout or a NACK asking for a retry
@@ -674,4 +679,4 @@ class GoBackN(Recovery):
 
 
 #: Loss recovery by connection mode (``ConnectionConfig.mode``).
-STRATEGIES: dict[str, type[Recovery]] = {"mrc": Recovery, "roce": GoBackN}
+STRATEGIES: Final[dict[str, type[Recovery]]] = {"mrc": Recovery, "roce": GoBackN}

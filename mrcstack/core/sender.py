@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from mrcstack.core.cc import CongestionController
 from mrcstack.core.config import ConnectionConfig, ConnectionStats
@@ -20,7 +21,7 @@ from mrcstack.core.evs import EvSignal, EvSlot, EvTable
 from mrcstack.core.psn import unwrap
 from mrcstack.core.reasons import NACK_NAMES, EvReason, RetxReason
 from mrcstack.core.recovery import STRATEGIES
-from mrcstack.core.tx import U64, Outgoing, Tx, WorkRequest, new_record
+from mrcstack.core.tx import U64, Outgoing, Tx, WorkRequest
 from mrcstack.wire.codec import DATA_HDR_LEN, DATA_IMM_HDR_LEN
 from mrcstack.wire.packets import (
     PSN_MASK,
@@ -35,28 +36,28 @@ from mrcstack.wire.packets import (
 from mrcstack.wire.plain import plain_header_length
 
 # Plain ints: IntFlag arithmetic costs a method call per packet.
-_RETX = int(DataFlags.RETX)
-_LAST = int(DataFlags.LAST)
-_FIRST = int(DataFlags.FIRST)
-_ACK_REQ = int(DataFlags.ACK_REQ)
-_SKIP_ONCE = int(SkipHint.SKIP_ONCE)
-_ALWAYS_SKIP = int(SkipHint.ALWAYS_SKIP)
-_ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
-_DUPLICATE = int(FeedbackFlags.DUPLICATE)
+_RETX: Final = int(DataFlags.RETX)
+_LAST: Final = int(DataFlags.LAST)
+_FIRST: Final = int(DataFlags.FIRST)
+_ACK_REQ: Final = int(DataFlags.ACK_REQ)
+_SKIP_ONCE: Final = int(SkipHint.SKIP_ONCE)
+_ALWAYS_SKIP: Final = int(SkipHint.ALWAYS_SKIP)
+_ECN_ECHO: Final = int(FeedbackFlags.ECN_ECHO)
+_DUPLICATE: Final = int(FeedbackFlags.DUPLICATE)
 # Enum members as module constants: a class attribute lookup costs more, once per ACK.
-_TLP = RetxReason.TLP
-_ECN_SIGNAL = EvSignal.ECN
-_SKIP_ONCE_SIGNAL = EvSignal.SKIP_ONCE
+_TLP: Final = RetxReason.TLP
+_ECN_SIGNAL: Final = EvSignal.ECN
+_SKIP_ONCE_SIGNAL: Final = EvSignal.SKIP_ONCE
 
-_TRIMS = frozenset({NackReason.TRIMMED, NackReason.TRIMMED_LASTHOP})
+_TRIMS: Final = frozenset({NackReason.TRIMMED, NackReason.TRIMMED_LASTHOP})
 #: NACKs that refuse a write for good: its completion status, and the error's name.
-_REFUSALS: dict[int, tuple[WcStatus, str]] = {
+_REFUSALS: Final[dict[int, tuple[WcStatus, str]]] = {
     NackReason.REMOTE_ACCESS: (WcStatus.REMOTE_ACCESS_ERROR, "remote access error"),
     NackReason.INVALID_REQUEST: (WcStatus.REMOTE_INVALID_REQUEST, "remote invalid request"),
     NackReason.PSN_OOR_WINDOW: (WcStatus.REMOTE_INVALID_REQUEST, "PSN out of the peer's window"),
 }
 #: NACKs that ask for the packet again (the receiver had no room for it now).
-_RETRY_NACKS = frozenset(
+_RETRY_NACKS: Final = frozenset(
     {
         NackReason.NO_BITMAP,
         NackReason.NO_PKT_BUFFER,
@@ -246,17 +247,7 @@ class Sender:
         offset = (seq - wr.first) * self.mtu
         order = self._tx_order + 1
         self._tx_order = order
-        # Tx(seq, wr, size, slot, now, order), written out: once per data packet, and a
-        # constructor call costs more than its stores.
-        tx = new_record(Tx)
-        tx.seq = seq
-        tx.order = order
-        tx.slot = slot
-        tx.wr = wr
-        tx.size = size
-        tx.ev = ev
-        tx.sent = now
-        tx.acked = tx.lost = tx.queued = tx.trimmed = False
+        tx = Tx(seq, wr, size, slot, now, order)
         flags = 0
         if retx is not None:
             tx.timeouts = retx.timeouts
@@ -265,9 +256,6 @@ class Sender:
             # would otherwise hold back the news that the hole is filled, which the
             # write's completion and the loss detection of what follows wait for.
             flags = _RETX | _ACK_REQ
-        else:
-            tx.timeouts = 0
-            tx.retx = False
         last = seq == wr.first + wr.npkts - 1
         if last:
             flags |= _LAST
@@ -286,24 +274,14 @@ class Sender:
         stats = self.stats
         stats.packets_sent[port] += 1
         stats.bytes_sent[port] += length
-        # DataPacket(...), its fields stored one by one: a dataclass's constructor call
-        # costs more than its stores, once per data packet.
-        pkt = new_record(DataPacket)
-        pkt.qpn = self._remote_qpn
-        pkt.psn = seq & PSN_MASK
-        pkt.va = wr.va + offset
-        pkt.rkey = wr.rkey
-        pkt.payload = wr.src[offset : offset + size]
-        pkt.ev = ev
-        pkt.port = port
-        pkt.tx_seq = 0  # numbered by the connection
-        pkt.ts_ns = ts_ns
-        pkt.flags = flags
-        pkt.imm = imm
-        pkt.dma_len = wr.length  # the whole write: its receiver checks it as one
-        pkt.msn = wr.msn
-        pkt.offset = offset
-        pkt.rq_msn = 0
+        pkt = DataPacket(
+            self._remote_qpn, seq & PSN_MASK, wr.va + offset, wr.rkey,
+            wr.src[offset : offset + size], ev, port,
+            0,  # tx_seq: numbered by the connection
+            ts_ns, flags, imm,
+            wr.length,  # dma_len, the whole write: its receiver checks it as one
+            wr.msn, offset,
+        )  # fmt: skip
         return pkt, length
 
     # Feedback -------------------------------------------------------------------------

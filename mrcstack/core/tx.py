@@ -4,19 +4,17 @@ ready to leave (:data:`Outgoing`)."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from mrcstack.core.evs import EvSlot
 from mrcstack.wire.packets import Packet
 
 #: Wire timestamps and remote addresses are 64-bit.
-U64 = (1 << 64) - 1
+U64: Final = (1 << 64) - 1
 
 #: A packet to send and the length of its datagram once encoded.  It goes out on NIC port
 #: ``packet.port``, to the path that EV ``packet.ev`` names.
 Outgoing = tuple[Packet, int]
-
-#: ``object.__new__``: a slotted record made without its constructor (stores follow), where
-#: one is built per packet and a constructor call costs more than its stores.
-new_record = object.__new__
 
 
 class WorkRequest:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from mrcstack.wire import plain
 from mrcstack.wire.integrity import (
@@ -177,36 +177,36 @@ __all__ = [
     "write_opcode",
 ]
 
-_SWITCH = int(SWITCH_FLAGS)
-_VALID_DATA_FLAGS = SENDER_DATA_FLAGS | _SWITCH
-_VALID_FEEDBACK_FLAGS = ECN_ECHO | DUPLICATE | PROBE_RESPONSE | FB_RETX
-_TAG = AEAD_TAG_FLAG
-_NOT_SENDER_OR_SWITCH = 0xFF & ~(_SWITCH | _TAG)
-_XETH_FLAGS_FROM_END = XETH_LEN - 1  # flags byte offset, counted back from the header end
+_SWITCH: Final = int(SWITCH_FLAGS)
+_VALID_DATA_FLAGS: Final = SENDER_DATA_FLAGS | _SWITCH
+_VALID_FEEDBACK_FLAGS: Final = ECN_ECHO | DUPLICATE | PROBE_RESPONSE | FB_RETX
+_TAG: Final = AEAD_TAG_FLAG
+_NOT_SENDER_OR_SWITCH: Final = 0xFF & ~(_SWITCH | _TAG)
+_XETH_FLAGS_FROM_END: Final = XETH_LEN - 1  # flags byte offset, counted back from the header end
 _NEXT0, _NEXT1 = NEXT_EXT >> 1, (NEXT_EXT & 1) << 7  # an extension follows: bytes 0 and 1
 
-_DATA = struct.Struct(BTH + WRITE + XETH)
-_DATA_IMM = struct.Struct(BTH + WRITE + "I" + XETH)
-_SACK = struct.Struct(BTH + SETH + CC_STATE + XFETH)
-_NACK = struct.Struct(BTH + NETH + XFETH)
-_PROBE = struct.Struct(BTH + ERTH + XETH)
-_PROBE_REPLY = struct.Struct(BTH + EETH + XFETH)
-_RELIABILITY_PROBE = struct.Struct(BTH + PETH + XETH)
-_U32 = struct.Struct(">I")
-_DATA_CHECK_AT = DATA_HDR_LEN - HDR_CHECK_LEN
+_DATA: Final = struct.Struct(BTH + WRITE + XETH)
+_DATA_IMM: Final = struct.Struct(BTH + WRITE + "I" + XETH)
+_SACK: Final = struct.Struct(BTH + SETH + CC_STATE + XFETH)
+_NACK: Final = struct.Struct(BTH + NETH + XFETH)
+_PROBE: Final = struct.Struct(BTH + ERTH + XETH)
+_PROBE_REPLY: Final = struct.Struct(BTH + EETH + XFETH)
+_RELIABILITY_PROBE: Final = struct.Struct(BTH + PETH + XETH)
+_U32: Final = struct.Struct(">I")
+_DATA_CHECK_AT: Final = DATA_HDR_LEN - HDR_CHECK_LEN
 #: The usual write's opcode and BTH byte 8 (shifted into its PSN word) by its flags: no
 #: immediate, not trimmed, any of RETX, ACK_REQ, FIRST and LAST.
-_USUAL_FLAGS = [
+_USUAL_FLAGS: Final = [
     f | r | a for f in (0, FIRST, LAST, FIRST | LAST) for r in (0, RETX) for a in (0, ACK_REQ)
 ]
-_USUAL_OPCODE: dict[int, int] = {f: int(write_opcode(f, None)) for f in _USUAL_FLAGS}
-_USUAL_BTH8: dict[int, int] = {
+_USUAL_OPCODE: Final[dict[int, int]] = {f: int(write_opcode(f, None)) for f in _USUAL_FLAGS}
+_USUAL_BTH8: Final[dict[int, int]] = {
     f: (BTH_TS | (BTH_RTX if f & RETX else 0) | (BTH_ACK_REQ if f & ACK_REQ else 0)) << U24_SHIFT
     for f in _USUAL_FLAGS
 }
-_ZERO_CHECK = bytes(HDR_CHECK_LEN)
+_ZERO_CHECK: Final = bytes(HDR_CHECK_LEN)
 
-_HEADER_LEN: dict[int, int] = {
+_HEADER_LEN: Final[dict[int, int]] = {
     **{op: DATA_IMM_HDR_LEN if op in IMM_OPCODES else DATA_HDR_LEN for op in WRITE_OPCODES},
     Opcode.RELIABILITY_SACK: SACK_HDR_LEN,
     Opcode.RELIABILITY_NACK: NACK_HDR_LEN,
@@ -518,7 +518,7 @@ def trim(pkt: DataPacket, lasthop: bool) -> DataPacket:
 
 
 #: Header bytes of the packets whose length does not depend on their fields.
-_FIXED_HEADER_LEN: dict[type, int] = {
+_FIXED_HEADER_LEN: Final[dict[type, int]] = {
     ProbePacket: PROBE_HDR_LEN,
     PortStatusPacket: PROBE_HDR_LEN,
     ProbeReplyPacket: PROBE_REPLY_HDR_LEN,

@@ -25,9 +25,11 @@ import ipaddress
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Final
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from mypy_extensions import mypyc_attr
 
 from mrcstack.errors import LocalError, PeerError
 from mrcstack.wire.evformat import stev_source_port
@@ -41,40 +43,40 @@ from mrcstack.wire.packets import (
 
 BytesLike = bytes | bytearray | memoryview
 
-CRC_TRAILER_LEN = 4
-AEAD_TAG_LEN = 16  # AES-GCM full-length tag
-AEAD_KEY_LENS = (16, 32)  # AES-128-GCM or AES-256-GCM
-SENDER_ID_BITS = 32  # first 4 bytes of the 12-byte GCM nonce
-TX_SEQ_BITS = 64  # last 8 bytes of the nonce
-U32_MAX = (1 << 32) - 1
-U64_MAX = (1 << 64) - 1
-DEFAULT_REPLAY_WINDOW = 4096
+CRC_TRAILER_LEN: Final = 4
+AEAD_TAG_LEN: Final = 16  # AES-GCM full-length tag
+AEAD_KEY_LENS: Final = (16, 32)  # AES-128-GCM or AES-256-GCM
+SENDER_ID_BITS: Final = 32  # first 4 bytes of the 12-byte GCM nonce
+TX_SEQ_BITS: Final = 64  # last 8 bytes of the nonce
+U32_MAX: Final = (1 << 32) - 1
+U64_MAX: Final = (1 << 64) - 1
+DEFAULT_REPLAY_WINDOW: Final = 4096
 #: How far behind the newest sealed tx_seq a packet may still be sealed (nonce-reuse guard;
 #: a wider window costs more per packet: 4096 bits is about 0.4 us, 65536 about 1.6 us).
-SEAL_GUARD_WINDOW = DEFAULT_REPLAY_WINDOW
+SEAL_GUARD_WINDOW: Final = DEFAULT_REPLAY_WINDOW
 
-HDR_CHECK_LEN = 4
-BTH_LEN = 12
-XETH_LEN = 32  # mrcstack's extension on writes and EV probes
-XFETH_LEN = 36  # mrcstack's extension on feedback (SACK, NACK, probe reply)
-_FLAGS_OFFSET_IN_EXT = 1
-_ZERO_CHECK = bytes(HDR_CHECK_LEN)
-_CLEAR_SWITCH_FLAGS = 0xFF & ~int(SWITCH_FLAGS)
-_U32 = struct.Struct(">I")
-_ICRC = struct.Struct("<I")  # the ICRC goes out least significant byte first (as Scapy's)
-_NONCE_SEQ = struct.Struct(">Q")
+HDR_CHECK_LEN: Final = 4
+BTH_LEN: Final = 12
+XETH_LEN: Final = 32  # mrcstack's extension on writes and EV probes
+XFETH_LEN: Final = 36  # mrcstack's extension on feedback (SACK, NACK, probe reply)
+_FLAGS_OFFSET_IN_EXT: Final = 1
+_ZERO_CHECK: Final = bytes(HDR_CHECK_LEN)
+_CLEAR_SWITCH_FLAGS: Final = 0xFF & ~int(SWITCH_FLAGS)
+_U32: Final = struct.Struct(">I")
+_ICRC: Final = struct.Struct("<I")  # the ICRC goes out least significant byte first (as Scapy's)
+_NONCE_SEQ: Final = struct.Struct(">Q")
 # ICRC pseudo header (RoCEv2 annex A17): 8 bytes of ones stand for the absent LRH; in the IPv6
 # header traffic class, flow label and hop limit are ones (routers change them), as are the
 # UDP checksum and BTH byte 4 (FECN, BECN, reserved).
-_ICRC_START = zlib.crc32(b"\xff" * 8 + b"\x6f\xff\xff\xff")
+_ICRC_START: Final = zlib.crc32(b"\xff" * 8 + b"\x6f\xff\xff\xff")
 # The rest of the pseudo IPv6 header (payload length, next header UDP, hop limit as ones,
 # the two addresses) and the UDP header (ports, length, checksum as ones), in one pack.
-_ICRC_PSEUDO = struct.Struct(">HBB32sHHHH")
-_ICRC_BTH_VARIANT = b"\xff"
-_IPV6_UDP_NEXT = 17
-_UDP_HEADER = 8
-_UNSPECIFIED = bytes(16)
-_UNSPECIFIED_PAIR = _UNSPECIFIED * 2
+_ICRC_PSEUDO: Final = struct.Struct(">HBB32sHHHH")
+_ICRC_BTH_VARIANT: Final = b"\xff"
+_IPV6_UDP_NEXT: Final = 17
+_UDP_HEADER: Final = 8
+_UNSPECIFIED: Final = bytes(16)
+_UNSPECIFIED_PAIR: Final = _UNSPECIFIED * 2
 
 
 class DecodeReason(enum.Enum):
@@ -132,6 +134,8 @@ def crc32_header(header: BytesLike) -> int:
     return zlib.crc32(_ZERO_CHECK, crc)
 
 
+# Python subclasses of it (and of its kin below) run beside it compiled (mrcstack.native).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Integrity(abc.ABC):
     """Seals outgoing packets with a trailer and opens incoming ones."""
 
@@ -211,7 +215,13 @@ class IcrcPath:
     local_port: int = ROCEV2_UDP_PORT
     peer_port: int = ROCEV2_UDP_PORT
 
+    def __reduce__(self) -> tuple[type[IcrcPath], tuple[object, ...]]:
+        # What pickle and copy use: compiled by mypyc, a frozen dataclass cannot be
+        # restored field by field (mrcd hands QPs to its data-path workers pickled).
+        return (IcrcPath, (self.local, self.peer, self.local_port, self.peer_port))
 
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CrcIntegrity(Integrity):
     """The RoCEv2 ICRC trailer: detects corruption, not forgery.
 
@@ -369,6 +379,7 @@ def _check_id(name: str, value: int) -> None:
         raise WireUsageError(f"{name} must be a 32-bit unsigned int, got {value!r}")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AeadIntegrity(Integrity):
     """AES-GCM: a 16-byte tag authenticates header and payload; optionally encrypts the payload.
 

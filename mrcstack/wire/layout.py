@@ -11,6 +11,7 @@ ambiguous is a constant in the "Readings" block, so a correction is one edit
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from mrcstack.wire.integrity import (
     BTH_LEN,
@@ -39,88 +40,88 @@ from mrcstack.wire.packets import (
     SkipHint,
 )
 
-METH_LEN = 4
-TSETH_LEN = 4
-RETH_LEN = 16
-IMMDT_LEN = 4
-AETH_LEN = 4
-SETH_LEN = 28
-CC_STATE_LEN = 8
-NETH_LEN = 20
-ERTH_LEN = 16
-EETH_LEN = 36
-PETH_LEN = 16
+METH_LEN: Final = 4
+TSETH_LEN: Final = 4
+RETH_LEN: Final = 16
+IMMDT_LEN: Final = 4
+AETH_LEN: Final = 4
+SETH_LEN: Final = 28
+CC_STATE_LEN: Final = 8
+NETH_LEN: Final = 20
+ERTH_LEN: Final = 16
+EETH_LEN: Final = 36
+PETH_LEN: Final = 16
 #: A write's headers with mrcstack's extension (also a trimmed write's whole length).
-DATA_HDR_LEN = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 68
-DATA_IMM_HDR_LEN = DATA_HDR_LEN + IMMDT_LEN  # 72
-SACK_HDR_LEN = BTH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 84
-NACK_HDR_LEN = BTH_LEN + NETH_LEN + XFETH_LEN  # 68
-PROBE_HDR_LEN = BTH_LEN + ERTH_LEN + XETH_LEN  # 60
-PROBE_REPLY_HDR_LEN = BTH_LEN + EETH_LEN + XFETH_LEN  # 84
-RELIABILITY_PROBE_HDR_LEN = BTH_LEN + PETH_LEN + XETH_LEN  # 60
-ACKNOWLEDGE_HDR_LEN = BTH_LEN + AETH_LEN  # 16, with or without the extension
-BTH_PKEY = 0xFFFF  # default partition key, as RoCEv2 NICs send
-QPN_MASK = (1 << 24) - 1
-U24_SHIFT = 24  # a u24 field shares a u32 with the byte above it
+DATA_HDR_LEN: Final = BTH_LEN + METH_LEN + TSETH_LEN + RETH_LEN + XETH_LEN  # 68
+DATA_IMM_HDR_LEN: Final = DATA_HDR_LEN + IMMDT_LEN  # 72
+SACK_HDR_LEN: Final = BTH_LEN + SETH_LEN + CC_STATE_LEN + XFETH_LEN  # 84
+NACK_HDR_LEN: Final = BTH_LEN + NETH_LEN + XFETH_LEN  # 68
+PROBE_HDR_LEN: Final = BTH_LEN + ERTH_LEN + XETH_LEN  # 60
+PROBE_REPLY_HDR_LEN: Final = BTH_LEN + EETH_LEN + XFETH_LEN  # 84
+RELIABILITY_PROBE_HDR_LEN: Final = BTH_LEN + PETH_LEN + XETH_LEN  # 60
+ACKNOWLEDGE_HDR_LEN: Final = BTH_LEN + AETH_LEN  # 16, with or without the extension
+BTH_PKEY: Final = 0xFFFF  # default partition key, as RoCEv2 NICs send
+QPN_MASK: Final = (1 << 24) - 1
+U24_SHIFT: Final = 24  # a u24 field shares a u32 with the byte above it
 
 # Readings: where the public record of OCP MRC 1.0 leaves a choice, this is ours.
 #: TSETH/CC_STATE/NETH/ERTH/PETH/EETH timestamps: 16 bits of nanoseconds >> 10 (1.024 us
 #: units, the spec's timer unit), wrapping every 67 ms.  Our own 64-bit time travels in
 #: XETH/XFETH when the extension is on.
-TS_UNIT_NS_SHIFT = 10
-TS_MASK = 0xFFFF
-FTYPE = 0x1  # TSETH / ERTH / PETH ftype (the transcription's only value)
+TS_UNIT_NS_SHIFT: Final = 10
+TS_MASK: Final = 0xFFFF
+FTYPE: Final = 0x1  # TSETH / ERTH / PETH ftype (the transcription's only value)
 #: Extension headers open with a 4-bit type (bits 7-4 of byte 0) and a 5-bit next header
 #: (bits 3-0 of byte 0, then bit 7 of byte 1), as the transcription's Tables 7-14 to 7-23
 #: place them.  It names no values and sends both as 0: so do we (type 0), and a next header
 #: of 0 means nothing follows; ``NEXT_EXT`` (the top of the 5-bit space) says that
 #: mrcstack's XETH/XFETH follows, which only a QP that negotiated it sends.
-NEXT_NONE = 0
-NEXT_EXT = 0x1F
+NEXT_NONE: Final = 0
+NEXT_EXT: Final = 0x1F
 #: SETH byte 1 (Table 7-14): next[0] bit 7, ``m`` bits 6-5, reserved 4-2, ``pr`` bit 1,
 #: reserved bit 0.
-SETH_M_SHIFT = 5
-SETH_PR = 0x02
-SETH_BYTE1_RESERVED = 0x1D
+SETH_M_SHIFT: Final = 5
+SETH_PR: Final = 0x02
+SETH_BYTE1_RESERVED: Final = 0x1D
 #: EETH byte 1 (Table 7-22): next[0] bit 7, reserved 6, ``op`` bits 5-4, reserved 3-0.
-EETH_OP_SHIFT = 4
-EETH_BYTE1_RESERVED = 0x4F
+EETH_OP_SHIFT: Final = 4
+EETH_BYTE1_RESERVED: Final = 0x4F
 #: ERTH byte 1 (Table 7-20): next[0] bit 7, reserved 6-2, ``op`` bits 1-0.
-ERTH_BYTE1_RESERVED = 0x7C
+ERTH_BYTE1_RESERVED: Final = 0x7C
 #: NETH/PETH byte 1: next[0] bit 7, the rest reserved.
-BYTE1_RESERVED = 0x7F
+BYTE1_RESERVED: Final = 0x7F
 #: SETH/NETH cc byte: cc_type in the high nibble (carried, 0 sent), flags low; flag bit 0 is
 #: our ECN echo, the others must be 0.
-CC_ECN = 0x01
+CC_ECN: Final = 0x01
 #: CC_STATE received bytes count 256-byte units (7.5.5.4 as transcribed), mod 2**24.
-RCV_BYTES_SHIFT = 8
+RCV_BYTES_SHIFT: Final = 8
 #: AETH syndromes (IBTA): 000xxxxx ACK (with a credit count), 011xxxxx NAK; the NAK codes.
-AETH_ACK_MAX = 0x1F
-AETH_NAK = 0x60
-AETH_NAK_MASK = 0xE0
-AETH_NAK_SEQ = 0x60
-AETH_NAK_INVALID = 0x61
-AETH_NAK_ACCESS = 0x62
+AETH_ACK_MAX: Final = 0x1F
+AETH_NAK: Final = 0x60
+AETH_NAK_MASK: Final = 0xE0
+AETH_NAK_SEQ: Final = 0x60
+AETH_NAK_INVALID: Final = 0x61
+AETH_NAK_ACCESS: Final = 0x62
 
-TRIMMED = int(DataFlags.TRIMMED)
-TRIM_LASTHOP = int(DataFlags.TRIM_LASTHOP)
-RETX = int(DataFlags.RETX)
-LAST = int(DataFlags.LAST)
-FIRST = int(DataFlags.FIRST)
-ACK_REQ = int(DataFlags.ACK_REQ)
-SENDER_DATA_FLAGS = RETX | LAST | FIRST | ACK_REQ
-BTH_ACK_REQ = int(BthFlags.ACK_REQ)
-BTH_RTX = int(BthFlags.RTX)
-BTH_TS = int(BthFlags.TS)
-ECN_ECHO = int(FeedbackFlags.ECN_ECHO)
-DUPLICATE = int(FeedbackFlags.DUPLICATE)
-PROBE_RESPONSE = int(FeedbackFlags.PROBE_RESPONSE)
-FB_RETX = int(FeedbackFlags.RETX)
-NACK_REASONS = frozenset(int(r) for r in NackReason)
-SKIPS = frozenset(int(m) for m in SkipHint)
+TRIMMED: Final = int(DataFlags.TRIMMED)
+TRIM_LASTHOP: Final = int(DataFlags.TRIM_LASTHOP)
+RETX: Final = int(DataFlags.RETX)
+LAST: Final = int(DataFlags.LAST)
+FIRST: Final = int(DataFlags.FIRST)
+ACK_REQ: Final = int(DataFlags.ACK_REQ)
+SENDER_DATA_FLAGS: Final = RETX | LAST | FIRST | ACK_REQ
+BTH_ACK_REQ: Final = int(BthFlags.ACK_REQ)
+BTH_RTX: Final = int(BthFlags.RTX)
+BTH_TS: Final = int(BthFlags.TS)
+ECN_ECHO: Final = int(FeedbackFlags.ECN_ECHO)
+DUPLICATE: Final = int(FeedbackFlags.DUPLICATE)
+PROBE_RESPONSE: Final = int(FeedbackFlags.PROBE_RESPONSE)
+FB_RETX: Final = int(FeedbackFlags.RETX)
+NACK_REASONS: Final = frozenset(int(r) for r in NackReason)
+SKIPS: Final = frozenset(int(m) for m in SkipHint)
 
 # opcode of a write from (first, last, has imm)
-_WRITE_OPCODE = {
+_WRITE_OPCODE: Final = {
     (True, True, False): Opcode.RDMA_WRITE_ONLY,
     (True, True, True): Opcode.RDMA_WRITE_ONLY_IMM,
     (True, False, False): Opcode.RDMA_WRITE_FIRST,
@@ -128,40 +129,40 @@ _WRITE_OPCODE = {
     (False, True, False): Opcode.RDMA_WRITE_LAST,
     (False, True, True): Opcode.RDMA_WRITE_LAST_IMM,
 }
-OPCODE_FLAGS = {int(op): (FIRST if f else 0) | (LAST if la else 0)
+OPCODE_FLAGS: Final = {int(op): (FIRST if f else 0) | (LAST if la else 0)
                 for (f, la, _), op in _WRITE_OPCODE.items()}  # fmt: skip
 # The same table keyed by FIRST|LAST flag bits, and whether there is an immediate.
-_OPCODE_OF: dict[tuple[int, bool], Opcode] = {
+_OPCODE_OF: Final[dict[tuple[int, bool], Opcode]] = {
     (flags, imm): op for (f, la, imm), op in _WRITE_OPCODE.items()
     for flags in [(FIRST if f else 0) | (LAST if la else 0)]
 }  # fmt: skip
 
-BTH = ">BBHII"  # opcode, M/SE/PadCnt/TVer, P_Key, resv|DestQP, A/R/RTX/TS|PSN
+BTH: Final = ">BBHII"  # opcode, M/SE/PadCnt/TVer, P_Key, resv|DestQP, A/R/RTX/TS|PSN
 #: Where two BTH fields lie, for code that sorts datagrams before decoding them (a slice and
 #: ``int.from_bytes``, cheaper per datagram than a call): the destination QP (24 bits) and
 #: an endpoint packet's probe id (its PSN's low 16 bits).
-BTH_QPN_BYTES = slice(5, 8)
-BTH_PROBE_ID_BYTES = slice(10, 12)
-WRITE = "HH" + "HH" + "QII"  # METH, TSETH, RETH
-WRITE_NO_TS = "HH" + "QII"  # METH, RETH (no TSETH: the BTH's TS bit clear)
-XETH = "BBBBIQQII"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check
-XFETH = "BBBBIQQIHHI"  # ver, flags, port, rsvd, ev, tx_seq, echo_ts_ns, msn, port_state,
+BTH_QPN_BYTES: Final = slice(5, 8)
+BTH_PROBE_ID_BYTES: Final = slice(10, 12)
+WRITE: Final = "HH" + "HH" + "QII"  # METH, TSETH, RETH
+WRITE_NO_TS: Final = "HH" + "QII"  # METH, RETH (no TSETH: the BTH's TS bit clear)
+XETH: Final = "BBBBIQQII"  # ver, flags, port, rsvd, ev, tx_seq, ts_ns, offset, hdr_check
+XFETH: Final = "BBBBIQQIHHI"  # ver, flags, port, rsvd, ev, tx_seq, echo_ts_ns, msn, port_state,
 #                        rsvd, hdr_check
-SETH = "BBhIHHIBBhQ"  # type|next, next|m|pr, ack_psn_offset, entropy, src ctx, dst ctx,
+SETH: Final = "BBhIHHIBBhQ"  # type|next, next|m|pr, ack_psn_offset, entropy, src ctx, dst ctx,
 #                       rsvd|cack_psn, cc, MPR, sack_offset, bitmap
-CC_STATE = "HHI"  # ts echo, rsvd|ooo_count, R/C|penalty|received bytes (256-byte units)
-NETH = "BBBBIHHIBBH"  # type|next, next|rsvd, reason, vendor, entropy, ctx, ctx, rsvd|psn,
+CC_STATE: Final = "HHI"  # ts echo, rsvd|ooo_count, R/C|penalty|received bytes (256-byte units)
+NETH: Final = "BBBBIHHIBBH"  # type|next, next|rsvd, reason, vendor, entropy, ctx, ctx, rsvd|psn,
 #                       cc, rsvd, tx_timestamp
-ERTH = "BBBBIIHH"  # type|next, next|rsvd|op, rsvd, vendor, port mask, rsvd, ts, TSR|ftype
-PETH = "BBBBHHHHHH"  # type|next, next|rsvd, rsvd, vendor, probe id, rsvd, ctx, ctx, ts,
+ERTH: Final = "BBBBIIHH"  # type|next, next|rsvd|op, rsvd, vendor, port mask, rsvd, ts, TSR|ftype
+PETH: Final = "BBBBHHHHHH"  # type|next, next|rsvd, rsvd, vendor, probe id, rsvd, ctx, ctx, ts,
 #                      TSR|ftype
-EETH = "BBHIIQQHHI"  # type|next, next|rsvd|op, rsvd, 24 reserved bytes, ts echo, rsvd,
+EETH: Final = "BBHIIQQHHI"  # type|next, next|rsvd|op, rsvd, 24 reserved bytes, ts echo, rsvd,
 #                      rsvd
-AETH = "I"  # syndrome | MSN
-U32 = struct.Struct(">I")
+AETH: Final = "I"  # syndrome | MSN
+U32: Final = struct.Struct(">I")
 
 # Wire width of every numeric field, for the error message when a pack fails.
-FIELD_BITS: dict[type, dict[str, int]] = {
+FIELD_BITS: Final[dict[type, dict[str, int]]] = {
     DataPacket: {
         "qpn": 24, "psn": 24, "va": 64, "rkey": 32, "ev": 32, "port": 8, "tx_seq": 64,
         "ts_ns": 64, "flags": 8, "imm": 32, "dma_len": 32, "msn": 16, "offset": 32,

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mrcstack import native
 from mrcstack.api import (
     ApiError,
     AsyncEvent,
@@ -361,6 +362,8 @@ def test_sigterm_lets_pending_writes_finish_then_flushes_the_rest(tmp_path: Path
     n, size = 8, 256 * KIB
     with daemons(b, patient, hasty):
         b.start()
+        # The ready line says which copy of the per-packet modules runs (mrcstack.native).
+        assert f"data_path={native.state()!r}" in b.text()
         for a, peer_answers in ((patient, True), (hasty, False)):
             a.start()
             ca, cb, qa, ma, mb = connected(a, b, n * size)

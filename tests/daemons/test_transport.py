@@ -17,6 +17,7 @@ from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event, SendCompleted, WcStatus, WriteImmReceived
 from mrcstack.core.evs import EvEntry
 from mrcstack.core.memory import MemoryTable
+from mrcstack.core.tx import Outgoing
 from mrcstack.daemons.mrcd.datapath import transport as transport_module
 from mrcstack.daemons.mrcd.datapath.rxbatch import IPV6_FLOWINFO, BatchReceiver
 from mrcstack.daemons.mrcd.datapath.transport import (
@@ -32,6 +33,27 @@ PLANES = 2
 MTU = 8192
 
 
+class FedConnection(Connection):
+    """A connection that notes (port, ecn) of each datagram fed to it once ``fed`` is a list
+    (a subclass: a compiled connection's methods cannot be replaced on the instance)."""
+
+    fed: list[tuple[int, bool]] | None = None
+
+    def receive_datagram(
+        self,
+        data: bytes | memoryview,
+        *,
+        now: float,
+        port: int,
+        ecn: bool = False,
+        ev: int = 0,
+        tclass: int = 0,
+    ) -> None:
+        if self.fed is not None:
+            self.fed.append((port, ecn))
+        super().receive_datagram(data, now=now, port=port, ecn=ecn, ev=ev, tclass=tclass)
+
+
 class Pair:
     """Two endpoints in one loop, each with PLANES sockets on ::1."""
 
@@ -44,8 +66,8 @@ class Pair:
         self.events: list[list[Event]] = [[], []]
         evs = tuple(EvEntry(p << 8 | i, p) for p in range(PLANES) for i in range(4))
         params = CCParams(max_cwnd=32 * MTU)
-        self.conns = [
-            Connection(
+        self.conns: list[Connection] = [
+            FedConnection(
                 ConnectionConfig(
                     local_qpn=1 + 2 * s,  # (QP 2 is the endpoint's)
                     remote_qpn=3 - 2 * s,
@@ -207,15 +229,9 @@ JUNK_FOR_QP3 = bytes([0x0A, 0, 0xFF, 0xFF, 0, 0, 0, 3, 0, 0, 0, 1]) + bytes(80)
 
 def fed(conn: Connection) -> list[tuple[int, bool]]:
     """(port, ecn) of every datagram the transport feeds ``conn`` from now on."""
-    seen: list[tuple[int, bool]] = []
-    receive = conn.receive_datagram
-
-    def spy(data: memoryview, *, now: float, port: int, ecn: bool = False) -> None:
-        seen.append((port, ecn))
-        receive(data, now=now, port=port, ecn=ecn)
-
-    conn.receive_datagram = spy  # type: ignore[method-assign]
-    return seen
+    assert isinstance(conn, FedConnection)
+    conn.fed = []
+    return conn.fed
 
 
 async def test_plane_sockets_are_read_in_turns() -> None:
@@ -341,15 +357,15 @@ async def test_ce_marks_are_counted_and_echoed_end_to_end() -> None:
         pair.close()
 
 
-class _TimerOnly:
-    """Just what the transport's timer asks of a connection: a deadline, and what ran."""
+class _TimerOnly(Connection):
+    """A connection whose timer is a given deadline, noting when it ran (and sending
+    nothing): what the transport's timer asks of a connection."""
 
     def __init__(self, deadline: float) -> None:
+        cfg = ConnectionConfig(local_qpn=1, remote_qpn=3, planes=1, evs=(EvEntry(0, 0),))
+        super().__init__(cfg, memory=MemoryTable(), rng=random.Random(0), now=0.0)
         self.deadline: float | None = deadline
         self.fired: list[float] = []
-        self.cfg = ConnectionConfig(local_qpn=1, remote_qpn=3, planes=1, evs=(EvEntry(0, 0),))
-        self.plain = False
-        self.probe_ids = None
 
     def get_timer(self) -> float | None:
         return self.deadline
@@ -362,7 +378,9 @@ class _TimerOnly:
     def next_event(self) -> None:
         return None
 
-    def packets_to_send(self, now: float, limit: int) -> list[object]:
+    def packets_to_send(
+        self, now: float, limit: int = 0, data_limit: int | None = None
+    ) -> list[Outgoing]:
         return []
 
 
@@ -374,7 +392,7 @@ def test_a_later_deadline_keeps_the_armed_timer_which_rearms_for_it() -> None:
     try:
         t = Transport(loop, [], lambda *_: ("::1", 1))
         conn = _TimerOnly(clock() + 0.02)
-        t.add(1, conn, 0, lambda _: None)  # type: ignore[arg-type]
+        t.add(1, conn, 0, lambda _: None)
         t._arm_timer()
         first = t._timer
         assert first is not None

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from mrcstack.core.connection import Connection
 from mrcstack.core.endpoint import ENDPOINT_QPN, ProbeIds
@@ -51,43 +52,45 @@ from mrcstack.wire import (
 #: setsockopt(IPPROTO_UDP, ...) values from <linux/udp.h>: zero UDP checksums on IPv6, which
 #: uSID needs (the checksum would be computed against the full uSID destination;
 #: docs/linux.md, trap 2).  Integrity is the MRC packet's own CRC or AES-GCM tag.
-UDP_NO_CHECK6_TX = 101
-UDP_NO_CHECK6_RX = 102
+UDP_NO_CHECK6_TX: Final = 101
+UDP_NO_CHECK6_RX: Final = 102
 #: Datagrams drained (from all plane sockets) per readable callback before yielding to the
 #: loop (fairness), in turns of READ_TURN per socket.
-DRAIN_LIMIT = 256
-READ_TURN = 16
+DRAIN_LIMIT: Final = 256
+READ_TURN: Final = 16
 #: A readable callback this soon (seconds) after a drain ended is one of the same poll's.
-SAME_TURN = 20e-6
+SAME_TURN: Final = 20e-6
 #: Datagrams one flush hands to the sockets before yielding (a 1 GiB write must not starve
 #: the receive path).
-SEND_BATCH = 256
+SEND_BATCH: Final = 256
 #: Datagrams per ``sendmmsg`` call on one plane socket (``txbatch.py``).
-SEND_TURN = 64
-SOCKET_BUFFER = 8 << 20
+SEND_TURN: Final = 64
+SOCKET_BUFFER: Final = 8 << 20
 #: Destinations of connectionless datagrams kept as ready sockaddrs (probers' paths to us);
 #: past this the table starts over.
-RAW_DESTINATIONS = 4096
-_SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
-_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+RAW_DESTINATIONS: Final = 4096
+_SO_SNDBUFFORCE: Final = getattr(socket, "SO_SNDBUFFORCE", 32)
+_SO_RCVBUFFORCE: Final = getattr(socket, "SO_RCVBUFFORCE", 33)
 #: The core's clock (seconds); the node reads the same one.
 clock = time.monotonic
 #: Destination QPN of endpoint operations (EV probes, port status updates), never a QP's.
-PROBE_QPN = ENDPOINT_QPN
-_ENDPOINT_RESPONSE = int(Opcode.ENDPOINT_RESPONSE)
+PROBE_QPN: Final = ENDPOINT_QPN
+_ENDPOINT_RESPONSE: Final = int(Opcode.ENDPOINT_RESPONSE)
 #: Traffic classes: writes go in the trimmable class (DSCP 4), everything else in the control
 #: class (DSCP 46), both ECT(0) so switches may mark instead of drop.  The socket's default
 #: is the data class; a control packet says otherwise in its own ancillary data.
-_CONTROL_CMSG = [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, struct.pack("@i", TCLASS_CONTROL))]
-_CONTROL_MESSAGE = txbatch.ControlMessage(*_CONTROL_CMSG[0])
+_CONTROL_CMSG: Final = [
+    (socket.IPPROTO_IPV6, socket.IPV6_TCLASS, struct.pack("@i", TCLASS_CONTROL))
+]
+_CONTROL_MESSAGE: Final = txbatch.ControlMessage(*_CONTROL_CMSG[0])
 #: The ECN bits of a datagram a switch marked Congestion Experienced (in the traffic class,
 #: and where the flow information's second byte holds them).
-ECN_CE = rxbatch.ECN_CE
-_FLOW_CE = rxbatch.FLOW_ECN_CE
+ECN_CE: Final = rxbatch.ECN_CE
+_FLOW_CE: Final = rxbatch.FLOW_ECN_CE
 
 Address = tuple[str, int]
-_U16 = struct.Struct(">H")
-IPV6_HEADER = 40
+_U16: Final = struct.Struct(">H")
+IPV6_HEADER: Final = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,11 @@ class RawRoute:
     data_header: bytes  # IPv6 [+ SRH] + UDP, in the data traffic class
     control_header: bytes  # the same in the control class
     udp_at: int  # offset of the UDP header
+
+    def __reduce__(self) -> tuple[type[RawRoute], tuple[object, ...]]:
+        # What pickle and copy use: compiled by mypyc, a frozen dataclass cannot be
+        # restored field by field (mrcd hands QPs to its data-path workers pickled).
+        return (RawRoute, (self.first_hop, self.data_header, self.control_header, self.udp_at))
 
 
 #: (remote host, plane, EV, EV format, striped) -> where a datagram goes: a socket address
@@ -686,6 +694,6 @@ class Transport:
         self.raw_sockets.clear()
 
 
-_LOSS_ERRNOS = frozenset(
+_LOSS_ERRNOS: Final = frozenset(
     {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EADDRNOTAVAIL, errno.ENOBUFS}
 )

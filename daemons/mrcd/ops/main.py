@@ -22,6 +22,7 @@ import sys
 
 import uvloop
 
+from mrcstack import native
 from mrcstack.daemons import lifecycle
 from mrcstack.daemons.lifecycle import Cleanup, daemon_args, stop_on_signals, teardown
 from mrcstack.daemons.mrcd.agent.agent import MapperAgent
@@ -83,7 +84,8 @@ async def run(cfg: MrcdConfig, web: str, stop: asyncio.Event | None = None) -> N
                 cleanups.append(agent.stop)
                 metrics.registry.register(AgentCollector(agent.snapshot))
             lifecycle.settle()
-            log.info("event=ready host=%s", cfg.host_name)
+            # data_path: the per-packet modules compiled (mypyc) or run as Python, and why
+            log.info("event=ready host=%s data_path=%r", cfg.host_name, native.state())
             await stop.wait()
             log.info("event=stopping host=%s drain_timeout=%g", cfg.host_name, cfg.drain_timeout)
             node.quiesce()
