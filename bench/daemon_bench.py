@@ -565,7 +565,10 @@ def compare(rev: str, shaped_fabric: bool = False) -> dict[str, float]:
                 bps, more = udp_blast(state, duration)
                 goodput["blast"].append(bps)
                 _add(udp_stats, more)
+        # (1: the per-packet modules ran compiled, mrcstack.native; 0: as Python)
+        compiled = {label: float(sim_bench.runs_compiled(tree)) for label, tree in sides}
     out = {"rounds": float(rounds)}
+    out |= {f"{label}_compiled": value for label, value in compiled.items()}
     if udp_stats:
         out["udp_blast_gbps"] = statistics.median(goodput["blast"]) / 1e9
         blast = cpu_per_packet(stats["after"], udp_stats)
@@ -639,6 +642,8 @@ def run() -> dict[str, float]:
         return {}
     duration, rounds = seconds(), repeat()
     out: dict[str, float] = {"seconds_per_run": duration, "rounds": float(rounds)}
+    # 1: mrcd ran its per-packet modules compiled (mrcstack.native); 0: as Python.
+    out["mrcd_compiled"] = float(sim_bench.runs_compiled(None))
     mrcd, udp, tcp = [], [], []
     formats: dict[str, list[float]] = {"srh": [], "stev": []}
     stats: dict[str, float] = {}

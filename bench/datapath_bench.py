@@ -236,9 +236,14 @@ def compare(rev: str, rounds: int = ROUNDS, packets: int = PACKETS) -> dict[str,
         for _ in range(rounds):
             for label, tree in (("before", old_tree), ("after", REPO)):
                 runs[label].append(_measure_in(tree, packets))
+        # (1: the per-packet modules ran compiled, mrcstack.native; 0: as Python)
+        compiled = {label: float(sim_bench.runs_compiled(tree))
+                    for label, tree in (("before", old_tree), ("after", REPO))}  # fmt: skip
     out: dict[str, float] = {
         "rounds": float(rounds),
         "data_packets": runs["after"][0]["data_packets"],
+        "before_compiled": compiled["before"],
+        "after_compiled": compiled["after"],
     }
     for phase in (*PHASES, "total"):
         key = f"{phase}_us_per_packet"

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mrcstack import native
 from mrcstack.core.config import ConnectionConfig
 from mrcstack.core.connection import Connection
 from mrcstack.core.events import Event
@@ -250,9 +251,29 @@ def _run_cases(tree: Path, repeat: int) -> dict[str, CaseSpeed]:
     return {name: CaseSpeed(**case) for name, case in out["cases"].items()}
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a process that imports mrcstack from ``tree``."""
+    return os.environ | {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
+
+
+def runs_compiled(tree: Path | None) -> bool:
+    """Whether mrcstack imported from ``tree`` (None: this one) runs its per-packet modules
+    compiled (mrcstack.native; a revision without it runs Python)."""
+    if tree is None:
+        return native.compiled()
+    code = "import mrcstack; n = getattr(mrcstack, 'native', None); print(bool(n and n.compiled()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=tree_env(tree), capture_output=True, text=True,
+        check=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout.strip() == "True"
+
+
 def export(rev: str, into: Path) -> bool:
     """Write revision ``rev`` of this repository into ``into``; False if git or the
-    revision is not available (a source tarball, a shallow clone)."""
+    revision is not available (a source tarball, a shallow clone).  When this tree runs
+    compiled and the revision has the build (mrcstack.native), it is built too, so that a
+    comparison sets like against like; the comparisons print which ran compiled."""
     if shutil.which("git") is None:
         return False
     probe = subprocess.run(
@@ -269,6 +290,13 @@ def export(rev: str, into: Path) -> bool:
     )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
+    if native.compiled() and (into / "mrcstack" / "native.py").exists():
+        built = subprocess.run(
+            [sys.executable, "-m", "mrcstack", "native", "build"], cwd=into,
+            env=tree_env(into), capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if built.returncode != 0:
+            raise RuntimeError(f"building {rev} with mypyc failed:\n{built.stderr[-2000:]}")
     return True
 
 
