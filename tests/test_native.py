@@ -158,3 +158,17 @@ def test_written_out_constructors_match_their_fields(cls: type) -> None:
     for p, f in zip(params, fields, strict=True):
         want = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
         assert p.default == want, f.name
+
+
+@pytest.mark.timeout(900)
+def test_the_core_and_codec_tests_pass_as_python() -> None:
+    """The suite runs the compiled modules; a researcher who edits one runs them as Python.
+    The core's and the codec's tests, run again on the Python source, must pass too."""
+    environ = os.environ | {native.PURE_ENV: "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         str(native.ROOT / "tests" / "core"), str(native.ROOT / "tests" / "wire")],
+        env=environ, cwd=native.ROOT, capture_output=True, text=True, timeout=850, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
