@@ -182,7 +182,10 @@ def build(force: bool = False) -> bool:
     from mypyc.build import mypycify  # noqa: PLC0415
     from setuptools import Distribution  # type: ignore[import-untyped]  # noqa: PLC0415
 
-    MANIFEST.unlink(missing_ok=True)  # half a build never counts as the sources'
+    # The old build's files go first (the record too: half a build never counts as the
+    # sources'): the new ones are new files, where writing over the old ones would change
+    # them under a running mrcd that has them mapped.
+    clean()
     sources = {p: _record(p) for p in MODULES}
     cwd = Path.cwd()
     os.chdir(ROOT)  # mypyc names the modules by their paths from here
